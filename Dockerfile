@@ -1,0 +1,24 @@
+# Multi-stage build: a static supervisor binary (with the reference agent
+# embedded) on a distroless, non-root base.
+#
+#   docker build -t supervisor .
+#   docker run --rm -p 9464:9464 supervisor       # supervises the reference agent
+#
+# To supervise your own agent, build FROM this image and add it (see docs/operations.md).
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/supervisor ./cmd/supervisor \
+ && mkdir -p /out/data
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/supervisor /usr/local/bin/supervisor
+COPY --from=build --chown=65532:65532 /out/data /data
+USER 65532:65532
+VOLUME ["/data"]
+EXPOSE 9464
+ENTRYPOINT ["/usr/local/bin/supervisor"]
+CMD ["run", "--data-dir", "/data", "--http-addr", "0.0.0.0:9464"]

@@ -1,0 +1,170 @@
+package supervisor
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/agent-sidecar/supervisor/evolution"
+)
+
+// RestartPolicy says when an agent that stopped is started again.
+type RestartPolicy string
+
+const (
+	RestartAlways    RestartPolicy = "always"     // restart whatever the exit
+	RestartOnFailure RestartPolicy = "on-failure" // restart unless it exited 0
+	RestartNever     RestartPolicy = "never"      // never restart
+)
+
+// ParseRestartPolicy parses the --restart flag.
+func ParseRestartPolicy(s string) (RestartPolicy, error) {
+	switch p := RestartPolicy(s); p {
+	case RestartAlways, RestartOnFailure, RestartNever:
+		return p, nil
+	}
+	return "", fmt.Errorf("unknown restart policy %q: use always, on-failure or never", s)
+}
+
+// Config is everything `supervisor run` is told. Zero durations and counts are
+// replaced by the defaults documented on each field (see DefaultConfig).
+type Config struct {
+	DataDir string
+	Command []string // the agent command and its arguments
+	// Stdio selects the transport: frames on the agent's stdin/stdout (true) or
+	// on fd 3 (agent reads) and fd 4 (agent writes).
+	Stdio    bool
+	HTTPAddr string // "" disables the HTTP listener
+
+	HeartbeatTimeout time.Duration // 5s
+	StartTimeout     time.Duration // 30s, covers the first heartbeat
+	KillTimeout      time.Duration // 5s between SIGTERM and SIGKILL
+	ShutdownTimeout  time.Duration // 10s for a graceful stop
+
+	Restart        RestartPolicy
+	BackoffInitial time.Duration // 100ms
+	BackoffMax     time.Duration // 30s
+	MaxRestarts    int           // 5; 0 = never give up
+	RestartWindow  time.Duration // 60s
+	// HealthyReset: after running and heartbeating this long, the back-off
+	// starts again from BackoffInitial. 10s.
+	HealthyReset time.Duration
+	// PoisonGrace: a death within this long after a restore counts against the
+	// checkpoint it was restored from. 10s.
+	PoisonGrace time.Duration
+
+	WALSync         string        // always | batch | none
+	WALSyncInterval time.Duration // 10ms
+	WALOperations   []string      // operations accepted besides the built-in three
+	WALSegmentSize  int64         // 64 MiB
+
+	CheckpointRetain int // 5
+	CheckpointLevel  int // zstd level 1..4 (klauspost's fastest..best); 0 = store default
+	MaxFrameSize     int // 128 MiB
+
+	ShadowDuration time.Duration // 30s
+	// EvolutionThresholds are the promotion limits (SPEC §6).
+	EvolutionThresholds evolution.Thresholds
+	// EvolutionMinReports is the minimum number of metrics reports from each
+	// of the primary and the shadow during a trial. 1.
+	EvolutionMinReports int
+
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the defaults of SPEC §3–§5 and §10.
+func DefaultConfig() Config {
+	return Config{
+		DataDir:          "./supervisor-data",
+		Stdio:            true,
+		HTTPAddr:         "127.0.0.1:9464",
+		HeartbeatTimeout: 5 * time.Second,
+		StartTimeout:     30 * time.Second,
+		KillTimeout:      5 * time.Second,
+		ShutdownTimeout:  10 * time.Second,
+		Restart:          RestartAlways,
+		BackoffInitial:   100 * time.Millisecond,
+		BackoffMax:       30 * time.Second,
+		MaxRestarts:      5,
+		RestartWindow:    60 * time.Second,
+		HealthyReset:     10 * time.Second,
+		PoisonGrace:      10 * time.Second,
+		WALSync:          "batch",
+		WALSyncInterval:  10 * time.Millisecond,
+		WALSegmentSize:   64 << 20,
+		CheckpointRetain: 5,
+		MaxFrameSize:     128 << 20,
+		ShadowDuration:   30 * time.Second,
+
+		EvolutionThresholds: evolution.DefaultThresholds(),
+		EvolutionMinReports: 1,
+	}
+}
+
+// ErrConfig marks configuration errors (exit code 2).
+var ErrConfig = errors.New("configuration error")
+
+// Validate checks the configuration and says what to fix.
+func (c *Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))
+	}
+	if c.DataDir == "" {
+		return bad("--data-dir must not be empty")
+	}
+	if len(c.Command) == 0 || c.Command[0] == "" {
+		return bad("no agent command: put it after --, e.g. supervisor run -- ./my-agent --flag")
+	}
+	positive := []struct {
+		name string
+		d    time.Duration
+	}{
+		{"--heartbeat-timeout", c.HeartbeatTimeout}, {"--start-timeout", c.StartTimeout},
+		{"--kill-timeout", c.KillTimeout}, {"--shutdown-timeout", c.ShutdownTimeout},
+		{"--backoff-initial", c.BackoffInitial}, {"--backoff-max", c.BackoffMax},
+		{"--restart-window", c.RestartWindow}, {"--wal-sync-interval", c.WALSyncInterval},
+		{"--shadow-duration", c.ShadowDuration},
+	}
+	for _, p := range positive {
+		if p.d <= 0 {
+			return bad("%s must be a positive duration, got %s", p.name, p.d)
+		}
+	}
+	if c.BackoffMax < c.BackoffInitial {
+		return bad("--backoff-max (%s) must not be below --backoff-initial (%s)", c.BackoffMax, c.BackoffInitial)
+	}
+	if _, err := ParseRestartPolicy(string(c.Restart)); err != nil {
+		return bad("%v", err)
+	}
+	if c.MaxRestarts < 0 {
+		return bad("--max-restarts must be 0 (never give up) or more, got %d", c.MaxRestarts)
+	}
+	if c.CheckpointRetain < 1 {
+		return bad("--checkpoint-retain must be at least 1, got %d", c.CheckpointRetain)
+	}
+	if c.MaxFrameSize < 1024 {
+		return bad("--max-frame-size must be at least 1024 bytes, got %d", c.MaxFrameSize)
+	}
+	switch c.WALSync {
+	case "always", "batch", "none":
+	default:
+		return bad("--wal-sync must be always, batch or none, got %q", c.WALSync)
+	}
+	if err := c.EvolutionThresholds.Validate(); err != nil {
+		return bad("evolution thresholds: %v", err)
+	}
+	if c.EvolutionMinReports < 1 {
+		return bad("--evolution-min-reports must be at least 1, got %d", c.EvolutionMinReports)
+	}
+	if c.HealthyReset <= 0 {
+		c.HealthyReset = 10 * time.Second
+	}
+	if c.PoisonGrace <= 0 {
+		c.PoisonGrace = 10 * time.Second
+	}
+	if c.WALSegmentSize <= 0 {
+		c.WALSegmentSize = 64 << 20
+	}
+	return nil
+}

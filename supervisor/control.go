@@ -1,0 +1,267 @@
+package supervisor
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-sidecar/supervisor/checkpoint"
+)
+
+// The control socket DATA_DIR/supervisor.sock speaks one JSON request line and
+// one JSON response line per connection. It is mode 0600 inside a 0700
+// directory, and every peer's uid is checked with SO_PEERCRED.
+
+const socketName = "supervisor.sock"
+
+// Control operations.
+const (
+	OpStatus  = "status"
+	OpRestore = "restore"
+)
+
+// ErrNotRunning: no supervisor answers on the data directory's socket.
+var ErrNotRunning = errors.New("no supervisor is running on this data directory")
+
+// ControlRequest is a request on the control socket.
+type ControlRequest struct {
+	Op           string `json:"op"`
+	CheckpointID string `json:"checkpoint_id,omitempty"`
+	NoWAL        bool   `json:"no_wal,omitempty"`
+}
+
+// ControlResponse is the answer.
+type ControlResponse struct {
+	OK      bool         `json:"ok"`
+	Error   string       `json:"error,omitempty"`
+	Message string       `json:"message,omitempty"`
+	Status  *Status      `json:"status,omitempty"`
+	Restore *RestoreInfo `json:"restore,omitempty"`
+}
+
+// RestoreInfo describes a restore the supervisor sent or recorded.
+type RestoreInfo struct {
+	CheckpointID string `json:"checkpoint_id"`
+	Watermark    uint64 `json:"watermark"`
+	WALEntries   int    `json:"wal_entries"`
+	LastSequence uint64 `json:"last_sequence"`
+	Sent         bool   `json:"sent"` // false: recorded for the agent's next start
+	NoWAL        bool   `json:"no_wal"`
+}
+
+// Status is what `supervisor status` shows.
+type Status struct {
+	Running            bool      `json:"running"` // a supervisor holds the data directory
+	SupervisorPID      int       `json:"supervisor_pid,omitempty"`
+	State              string    `json:"state"`
+	PID                int       `json:"agent_pid,omitempty"`
+	Incarnation        int       `json:"incarnation,omitempty"`
+	AgentStartedAt     time.Time `json:"agent_started_at,omitempty"`
+	UptimeSeconds      float64   `json:"agent_uptime_seconds,omitempty"`
+	LastHeartbeat      time.Time `json:"last_heartbeat,omitempty"`
+	Restarts           int       `json:"restarts"`
+	LastRestartReason  string    `json:"last_restart_reason,omitempty"`
+	NewestCheckpoint   string    `json:"newest_checkpoint,omitempty"`
+	LastWALSequence    uint64    `json:"last_wal_sequence"`
+	DurableWALSequence uint64    `json:"durable_wal_sequence"`
+}
+
+type controlCall struct {
+	req   ControlRequest
+	reply chan ControlResponse
+}
+
+func (s *Supervisor) listenControl() (net.Listener, error) {
+	path := filepath.Join(s.cfg.DataDir, socketName)
+	// We hold the data directory's lock, so a socket file here is stale.
+	_ = os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen on control socket %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("restrict control socket %s to its owner: %w", path, err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(true)
+	return ln, nil
+}
+
+// serveControl accepts connections until ctx is done or the listener closes.
+func (s *Supervisor) serveControl(ctx context.Context, ln net.Listener) {
+	go func() { <-ctx.Done(); ln.Close() }()
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go s.serveControlConn(ctx, conn.(*net.UnixConn))
+	}
+}
+
+func (s *Supervisor) serveControlConn(ctx context.Context, conn *net.UnixConn) {
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	respond := func(r ControlResponse) { _ = json.NewEncoder(conn).Encode(r) }
+	if err := checkPeer(conn); err != nil {
+		s.log.Warn("control socket: refused a peer", "err", err)
+		respond(ControlResponse{Error: err.Error()})
+		return
+	}
+	line, err := bufio.NewReader(io.LimitReader(conn, 64<<10)).ReadBytes('\n')
+	if err != nil && !(errors.Is(err, io.EOF) && len(line) > 0) {
+		respond(ControlResponse{Error: "read request: " + err.Error()})
+		return
+	}
+	var req ControlRequest
+	if err := json.Unmarshal(line, &req); err != nil {
+		respond(ControlResponse{Error: "request is not valid JSON: " + err.Error()})
+		return
+	}
+	call := controlCall{req: req, reply: make(chan ControlResponse, 1)}
+	select {
+	case s.control <- call:
+	case <-ctx.Done():
+		respond(ControlResponse{Error: "supervisor is stopping"})
+		return
+	}
+	select {
+	case r := <-call.reply:
+		respond(r)
+	case <-ctx.Done():
+		respond(ControlResponse{Error: "supervisor is stopping"})
+	}
+}
+
+// checkPeer admits only our own user (and root).
+func checkPeer(conn *net.UnixConn) error {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("read peer credentials: %w", cerr)
+	}
+	if uid := os.Getuid(); int(cred.Uid) != uid && cred.Uid != 0 {
+		return fmt.Errorf("peer uid %d is not the supervisor's uid %d", cred.Uid, uid)
+	}
+	return nil
+}
+
+// handleControl runs on the owner goroutine.
+func (s *Supervisor) handleControl(req ControlRequest) ControlResponse {
+	switch req.Op {
+	case OpStatus:
+		st := s.Status()
+		return ControlResponse{OK: true, Status: &st}
+	case OpRestore:
+		id, err := checkpoint.ParseID(req.CheckpointID)
+		if err != nil {
+			return ControlResponse{Error: fmt.Sprintf("checkpoint id %q: %v", req.CheckpointID, err)}
+		}
+		s.storeMu.Lock()
+		meta, err := s.store.Stat(id)
+		s.storeMu.Unlock()
+		if err != nil {
+			return ControlResponse{Error: fmt.Sprintf("checkpoint %s: %v (list them with `supervisor checkpoints list`)", id, err)}
+		}
+		point := &restorePoint{checkpointID: meta.ID, noWAL: req.NoWAL}
+		in := s.cur
+		if in == nil || in.stopping || s.shutting {
+			s.pendingPoint = point
+			return ControlResponse{OK: true, Message: "the agent is not running; the restore will be sent when it next starts",
+				Restore: &RestoreInfo{CheckpointID: meta.ID, Watermark: meta.Watermark, NoWAL: req.NoWAL}}
+		}
+		if v := in.version.Load(); v > s.agentVersion {
+			s.agentVersion = v
+		}
+		plan, err := s.buildRestore(point)
+		if err != nil {
+			return ControlResponse{Error: err.Error()}
+		}
+		if plan == nil {
+			return ControlResponse{Error: "nothing to restore"}
+		}
+		if req.NoWAL {
+			if err := s.rewindWAL(meta); err != nil {
+				return ControlResponse{Error: err.Error()}
+			}
+		}
+		if !s.sendRestore(in, plan, "operator") {
+			return ControlResponse{Error: "the agent is not accepting input; try again after it restarts"}
+		}
+		return ControlResponse{OK: true, Message: "restore sent to the agent",
+			Restore: &RestoreInfo{CheckpointID: plan.checkpointID, Watermark: plan.watermark, WALEntries: plan.entries,
+				LastSequence: plan.lastSeq, Sent: true, NoWAL: req.NoWAL}}
+	default:
+		return ControlResponse{Error: fmt.Sprintf("unknown operation %q (want %s or %s)", req.Op, OpStatus, OpRestore)}
+	}
+}
+
+// Status returns the supervisor's current status. Safe from any goroutine.
+func (s *Supervisor) Status() Status {
+	s.statusMu.Lock()
+	st := s.status
+	s.statusMu.Unlock()
+	st.Running = true
+	st.SupervisorPID = os.Getpid()
+	if in := s.curPtr.Load(); in != nil {
+		st.UptimeSeconds = time.Since(in.started).Seconds()
+		if last := in.lastHeartbeat.Load(); last != 0 {
+			st.LastHeartbeat = time.Unix(0, last).UTC()
+		}
+	} else {
+		st.PID = 0
+		st.AgentStartedAt = time.Time{}
+	}
+	st.NewestCheckpoint, _ = s.newestCkp.Load().(string)
+	if s.wal != nil {
+		st.LastWALSequence = s.wal.LastSequence()
+		st.DurableWALSequence = s.wal.DurableSequence()
+	}
+	return st
+}
+
+// Call sends one request to the supervisor running on dataDir. It returns an
+// error wrapping ErrNotRunning when nobody listens there.
+func Call(dataDir string, req ControlRequest, timeout time.Duration) (ControlResponse, error) {
+	path := filepath.Join(dataDir, socketName)
+	conn, err := net.DialTimeout("unix", path, timeout)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return ControlResponse{}, fmt.Errorf("%w (%s)", ErrNotRunning, path)
+		}
+		return ControlResponse{}, fmt.Errorf("connect to control socket %s: %w", path, err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(timeout))
+	b, _ := json.Marshal(req)
+	if _, err := conn.Write(append(b, '\n')); err != nil {
+		return ControlResponse{}, fmt.Errorf("send control request: %w", err)
+	}
+	var resp ControlResponse
+	if err := json.NewDecoder(conn).Decode(&resp); err != nil {
+		return ControlResponse{}, fmt.Errorf("read control response: %w", err)
+	}
+	if !resp.OK && resp.Error != "" {
+		return resp, errors.New(resp.Error)
+	}
+	return resp, nil
+}

@@ -1,0 +1,323 @@
+package supervisor
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/evolution"
+	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/wal"
+)
+
+// trial is one evolution under test: a shadow agent restored from a pinned
+// backup, hot-reloaded with the proposed code, compared with the primary for
+// --shadow-duration. The owner goroutine alone changes it.
+type trial struct {
+	id        string
+	intent    schema.Hypothesis
+	backup    checkpoint.Meta
+	dir       string // scratch data directory of the shadow
+	wal       *wal.Log
+	store     *checkpoint.Store
+	shadow    *instance
+	collector *evolution.Collector
+	started   time.Time
+	timer     *time.Timer
+	failure   string // why the shadow failed, "" while healthy
+	decided   bool
+}
+
+// shadowSinks keep a shadow's state in its trial's scratch stores.
+type shadowSinks struct {
+	s *Supervisor
+	t *trial
+}
+
+func (k shadowSinks) appendWAL(in *instance, recs []schema.WALRecord) {
+	k.s.appendWAL(in, k.t.wal, recs)
+}
+
+func (k shadowSinks) checkpoint(in *instance, cp *schema.Checkpoint, _ time.Time) {
+	// Stored in the scratch store only, so the shadow behaves as it would for
+	// real; it never reaches the primary's store.
+	meta, err := k.t.store.Save(cp.Data, k.t.wal.LastSequence())
+	if err != nil {
+		in.sendMsg(schema.NewError(schema.CodeCheckpointFailed, "shadow checkpoint not stored: "+err.Error(), nil))
+		return
+	}
+	in.sendMsg(&schema.CheckpointAck{CheckpointID: meta.ID, Size: meta.StoredSize})
+}
+
+func (k shadowSinks) agentMetrics(in *instance, m *schema.Metrics) {
+	k.s.met.agentReport(RoleShadow, m.Data)
+	k.t.collector.Add(evolution.Shadow, m.Data, time.Now())
+}
+
+func (k shadowSinks) agentError(in *instance, m *schema.Error) {
+	in.log.Warn("shadow reported an error", "code", m.Error.Code, "message", m.Error.Message)
+}
+
+func (k shadowSinks) invalid(in *instance, err error) { k.s.invalidMessage(in, err) }
+
+// evolutionIntent handles an evolution_intent from the primary (owner only).
+func (s *Supervisor) evolutionIntent(in *instance, m *schema.EvolutionIntent) {
+	h := m.Hypothesis
+	reject := func(reason string) {
+		s.decided(in, nil, h, "", evolution.Decision{Decision: evolution.DecisionRejected, Metrics: map[string]float64{}, Reason: reason})
+	}
+	if s.trial != nil {
+		reject(fmt.Sprintf("another evolution (target %q, started %s ago) is being tested; propose again after its evolution_result",
+			s.trial.intent.Target, time.Since(s.trial.started).Round(time.Second)))
+		return
+	}
+	if s.shutting || in.stopping {
+		reject("the supervisor is stopping the agent")
+		return
+	}
+	s.storeMu.Lock()
+	backup, _, _, err := s.store.Latest()
+	if err == nil {
+		err = s.store.Pin(backup.ID)
+	}
+	s.storeMu.Unlock()
+	if errors.Is(err, checkpoint.ErrNotFound) {
+		reject("no checkpoint to back up: send a checkpoint first, then propose the evolution again")
+		return
+	}
+	if err != nil {
+		reject("cannot pin a backup checkpoint: " + err.Error())
+		return
+	}
+	t, err := s.startTrial(h, backup)
+	if err != nil {
+		s.unpin(backup.ID)
+		in.log.Error("cannot start the shadow agent", "err", err)
+		reject("the shadow agent could not be started: " + err.Error())
+		return
+	}
+	s.trial = t
+	s.trialPtr.Store(t)
+	in.log.Info("evolution trial started", "trial", t.id, "target", h.Target, "backup_checkpoint_id", backup.ID,
+		"shadow_pid", t.shadow.proc.pid, "duration", s.cfg.ShadowDuration)
+}
+
+// startTrial creates the scratch stores, spawns the shadow, restores it from
+// the backup and hot-reloads it with the new code.
+func (s *Supervisor) startTrial(h schema.Hypothesis, backup checkpoint.Meta) (t *trial, err error) {
+	id := newUUID()
+	dir := filepath.Join(s.cfg.DataDir, "shadow", id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create shadow scratch directory: %w", err)
+	}
+	t = &trial{id: id, intent: h, backup: backup, dir: dir, collector: evolution.NewCollector(), started: time.Now()}
+	defer func() {
+		if err != nil {
+			t.close()
+		}
+	}()
+	if t.wal, err = wal.Open(wal.Options{Dir: filepath.Join(dir, "wal"), Sync: wal.SyncNone, Logger: s.log.With("component", "shadow-wal")}); err != nil {
+		return nil, fmt.Errorf("open shadow WAL: %w", err)
+	}
+	if t.store, err = checkpoint.Open(filepath.Join(dir, "checkpoints"), checkpoint.Options{Retain: 2}); err != nil {
+		return nil, fmt.Errorf("open shadow checkpoint store: %w", err)
+	}
+	plan, err := s.buildRestore(&restorePoint{checkpointID: backup.ID})
+	if err != nil {
+		return nil, fmt.Errorf("assemble the shadow's restore: %w", err)
+	}
+	proc, err := startProcess(procSpec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RoleShadow, plan != nil), Stdio: s.cfg.Stdio})
+	if err != nil {
+		return nil, err
+	}
+	t.shadow = newInstance(s.incarnation, RoleShadow, proc, s.codec, s.cfg.MaxFrameSize, shadowSinks{s: s, t: t}, s.events, s.met, s.log.With("trial", id))
+	if plan != nil {
+		s.sendRestore(t.shadow, plan, "shadow")
+	}
+	t.shadow.sendMsg(&schema.HotReload{Code: h.NewCode, Module: h.Target, BackupCheckpointID: backup.ID})
+	t.timer = time.NewTimer(s.cfg.ShadowDuration)
+	return t, nil
+}
+
+// close releases the scratch stores and removes the scratch directory.
+func (t *trial) close() {
+	if t.wal != nil {
+		_ = t.wal.Close()
+	}
+	_ = os.RemoveAll(t.dir)
+}
+
+func (s *Supervisor) unpin(id string) {
+	s.storeMu.Lock()
+	defer s.storeMu.Unlock()
+	if err := s.store.Unpin(id); err != nil {
+		s.log.Warn("cannot unpin evolution backup", "checkpoint_id", id, "err", err)
+	}
+}
+
+// trialTimer returns the running trial's timer channel (nil: none).
+func (s *Supervisor) trialTimer() <-chan time.Time {
+	if s.trial == nil || s.trial.decided || s.trial.timer == nil {
+		return nil
+	}
+	return s.trial.timer.C
+}
+
+// shadowEvent handles events from a shadow instance (owner only).
+func (s *Supervisor) shadowEvent(ev event) {
+	t := s.trial
+	if t == nil || ev.inst != t.shadow {
+		return
+	}
+	switch ev.kind {
+	case evExited:
+		st := ev.inst.finish(drainTimeout)
+		if !t.decided {
+			desc, _ := exitDescription(st)
+			t.failure = "shadow " + desc
+			s.concludeTrial()
+		}
+		s.endTrial()
+	case evStreamEnded:
+		if ev.err != nil && !errors.Is(ev.err, errEOF) && !errors.Is(ev.err, os.ErrClosed) && !t.decided {
+			t.failure = "shadow broke the framing: " + ev.err.Error()
+			s.concludeTrial()
+		}
+	case evUnresponsive:
+		if !t.decided {
+			t.failure = "shadow stopped reading its input"
+			s.concludeTrial()
+		}
+	case evEvolutionIntent:
+		ev.inst.sendMsg(&schema.EvolutionResult{Success: false, Decision: evolution.DecisionRejected, Metrics: map[string]float64{},
+			Reason: "a shadow agent cannot propose evolutions"})
+	}
+}
+
+// checkShadowHeartbeat fails the trial when the shadow stops heartbeating.
+func (s *Supervisor) checkShadowHeartbeat() {
+	t := s.trial
+	if t == nil || t.decided || t.shadow == nil {
+		return
+	}
+	age, seen := t.shadow.heartbeatAge(time.Now())
+	switch {
+	case !seen && age >= s.cfg.StartTimeout:
+		t.failure = fmt.Sprintf("shadow sent no heartbeat within --start-timeout (%s)", s.cfg.StartTimeout)
+	case seen && age >= s.cfg.HeartbeatTimeout:
+		t.failure = fmt.Sprintf("shadow hung: no heartbeat for %s", age.Round(time.Millisecond))
+	default:
+		return
+	}
+	s.concludeTrial()
+}
+
+// concludeTrial decides, tells the primary, records the decision and stops
+// the shadow. The trial ends when the shadow has exited (endTrial).
+func (s *Supervisor) concludeTrial() {
+	t := s.trial
+	if t == nil || t.decided {
+		return
+	}
+	t.decided = true
+	t.timer.Stop()
+	if t.failure == "" {
+		s.checkShadowHeartbeatOnly(t)
+	}
+	d := evolution.Decide(t.collector.Summary(evolution.Primary), t.collector.Summary(evolution.Shadow),
+		evolution.Outcome{ShadowAlive: t.failure == "", ShadowFailure: t.failure, MinReports: s.cfg.EvolutionMinReports},
+		s.cfg.EvolutionThresholds)
+	primary := s.cur
+	if d.Promote && (primary == nil || primary.stopping) {
+		d = evolution.Decision{Decision: evolution.DecisionRejected, Metrics: d.Metrics,
+			Reason: "the primary agent restarted during the trial; propose the evolution again"}
+	}
+	if d.Promote {
+		p := evolution.Promotion{Module: t.intent.Target, Code: t.intent.NewCode, Target: t.intent.Target, Reason: t.intent.Reason,
+			BackupCheckpointID: t.backup.ID, At: time.Now(), Metrics: d.Metrics}
+		if err := s.ledger.Record(p); err != nil {
+			d = evolution.Decision{Decision: evolution.DecisionRejected, Metrics: d.Metrics,
+				Reason: "the promotion could not be recorded durably, so it was not applied: " + err.Error()}
+		}
+	}
+	s.decided(primary, t, t.intent, t.backup.ID, d)
+	if !d.Promote {
+		s.unpin(t.backup.ID)
+	}
+	if !t.shadow.stopping {
+		t.shadow.stopping = true
+		go t.shadow.proc.stopGroup(s.cfg.KillTimeout)
+	}
+}
+
+// checkShadowHeartbeatOnly records a stale shadow heartbeat at decision time.
+func (s *Supervisor) checkShadowHeartbeatOnly(t *trial) {
+	if age, seen := t.shadow.heartbeatAge(time.Now()); !seen {
+		t.failure = "shadow never sent a heartbeat"
+	} else if age >= s.cfg.HeartbeatTimeout {
+		t.failure = fmt.Sprintf("shadow hung: no heartbeat for %s", age.Round(time.Millisecond))
+	}
+}
+
+// decided tells the primary the outcome and records it.
+func (s *Supervisor) decided(primary *instance, t *trial, h schema.Hypothesis, backupID string, d evolution.Decision) {
+	if d.Metrics == nil {
+		d.Metrics = map[string]float64{}
+	}
+	if primary != nil {
+		if d.Promote {
+			primary.sendMsg(&schema.HotReload{Code: h.NewCode, Module: h.Target, BackupCheckpointID: backupID})
+		}
+		primary.sendMsg(&schema.EvolutionResult{Success: d.Promote, Decision: d.Decision, Metrics: d.Metrics, Reason: d.Reason})
+	}
+	s.met.evolutions.WithLabelValues(d.Decision).Inc()
+	fields := map[string]any{"decision": d.Decision, "reason": d.Reason, "metrics": d.Metrics, "target": h.Target,
+		"hypothesis_reason": h.Reason, "backup_checkpoint_id": backupID}
+	if t != nil {
+		fields["trial"] = t.id
+		fields["primary_reports"] = t.collector.Summary(evolution.Primary).Reports
+		fields["shadow_reports"] = t.collector.Summary(evolution.Shadow).Reports
+		fields["duration_seconds"] = time.Since(t.started).Seconds()
+	}
+	_ = s.audit.Record(AuditEvolution, fields)
+	s.log.Info("evolution decided", "decision", d.Decision, "target", h.Target, "reason", d.Reason)
+}
+
+// endTrial forgets a finished trial once its shadow has exited.
+func (s *Supervisor) endTrial() {
+	t := s.trial
+	if t == nil {
+		return
+	}
+	s.trial = nil
+	s.trialPtr.Store(nil)
+	t.close()
+}
+
+// abortTrial ends a trial at once (supervisor stopping).
+func (s *Supervisor) abortTrial(reason string) {
+	t := s.trial
+	if t == nil {
+		return
+	}
+	if !t.decided {
+		t.failure = reason
+		s.concludeTrial()
+	}
+	_ = t.shadow.proc.signalGroup(syscall.SIGKILL)
+	t.shadow.finish(drainTimeout)
+	s.endTrial()
+}
+
+// resendPromotions re-sends, after a restore from a checkpoint created at
+// created (zero: none), the promoted code newer than that checkpoint.
+func (s *Supervisor) resendPromotions(in *instance, created time.Time) {
+	for _, p := range s.ledger.Since(created) {
+		in.sendMsg(&schema.HotReload{Code: p.Code, Module: p.Module, BackupCheckpointID: p.BackupCheckpointID})
+		in.log.Info("re-sent promoted code after restore", "module", p.Module, "promoted_at", p.At)
+	}
+}

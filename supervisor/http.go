@@ -1,0 +1,144 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/agent-sidecar/supervisor/schema"
+)
+
+// maxRequestBody caps POST /v1/requests bodies.
+const maxRequestBody = 1 << 20
+
+func (s *Supervisor) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", s.handleHealthz)
+	mux.HandleFunc("GET /readyz", s.handleReadyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.met.reg, promhttp.HandlerOpts{
+		ErrorLog: slogPrinter{s}, Registry: s.met.reg,
+	}))
+	mux.HandleFunc("POST /v1/requests", s.handleRequest)
+	return mux
+}
+
+type slogPrinter struct{ s *Supervisor }
+
+func (p slogPrinter) Println(v ...any) { p.s.log.Error("metrics endpoint", "err", fmt.Sprint(v...)) }
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// /healthz is the sidecar's own liveness: 200 while it supervises (even while
+// the agent restarts), 503 once it has given up on a crash loop.
+func (s *Supervisor) handleHealthz(w http.ResponseWriter, _ *http.Request) {
+	st := s.Status()
+	if s.gaveUp.Load() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "given_up", "state": st.State})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "state": st.State})
+}
+
+// /readyz is 200 while the primary agent is up and heartbeating.
+func (s *Supervisor) handleReadyz(w http.ResponseWriter, _ *http.Request) {
+	ready, reason, st := s.readiness()
+	body := map[string]any{"ready": ready, "state": st.State}
+	if st.PID != 0 {
+		body["agent_pid"] = st.PID
+	}
+	if !ready {
+		body["reason"] = reason
+		writeJSON(w, http.StatusServiceUnavailable, body)
+		return
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+func (s *Supervisor) readiness() (bool, string, Status) {
+	st := s.Status()
+	in := s.curPtr.Load()
+	if in == nil {
+		switch State(st.State) {
+		case StateBackingOff:
+			return false, "the agent is restarting (back-off after: " + st.LastRestartReason + ")", st
+		case StateGivenUp:
+			return false, "the supervisor gave up on a crash-looping agent", st
+		default:
+			return false, "the agent is not running (state " + st.State + ")", st
+		}
+	}
+	age, seen := in.heartbeatAge(time.Now())
+	switch {
+	case !seen:
+		return false, "waiting for the agent's first heartbeat", st
+	case st.State == string(StateStopping):
+		return false, "the agent is being stopped", st
+	case age >= s.cfg.HeartbeatTimeout:
+		return false, fmt.Sprintf("no heartbeat for %s", age.Round(time.Millisecond)), st
+	}
+	return true, "", st
+}
+
+type requestBody struct {
+	Message *string        `json:"message"`
+	Context map[string]any `json:"context"`
+	UserID  string         `json:"user_id"`
+}
+
+// POST /v1/requests forwards work to the agent as process_request.
+func (s *Supervisor) handleRequest(w http.ResponseWriter, r *http.Request) {
+	code, body := s.acceptRequest(w, r)
+	s.met.requests.WithLabelValues(strconv.Itoa(code)).Inc()
+	writeJSON(w, code, body)
+}
+
+func (s *Supervisor) acceptRequest(w http.ResponseWriter, r *http.Request) (int, map[string]any) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
+	var req requestBody
+	dec := json.NewDecoder(r.Body)
+	if err := dec.Decode(&req); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return http.StatusRequestEntityTooLarge, map[string]any{"error": fmt.Sprintf("body larger than %d bytes", maxRequestBody)}
+		}
+		return http.StatusBadRequest, map[string]any{"error": "body is not a JSON object {message, context, user_id}: " + err.Error()}
+	}
+	if dec.More() {
+		return http.StatusBadRequest, map[string]any{"error": "body has data after the JSON object"}
+	}
+	if req.Message == nil {
+		return http.StatusBadRequest, map[string]any{"error": "missing required field \"message\" (a string)"}
+	}
+	in := s.curPtr.Load()
+	if ready, reason, _ := s.readiness(); !ready || in == nil {
+		return http.StatusServiceUnavailable, map[string]any{"error": "no agent is ready: " + reason}
+	}
+	var ctxRaw msgpack.RawMessage
+	if req.Context != nil {
+		b, err := msgpack.Marshal(req.Context)
+		if err != nil {
+			return http.StatusBadRequest, map[string]any{"error": "context cannot be encoded: " + err.Error()}
+		}
+		ctxRaw = b
+	}
+	id := newUUID()
+	msg := &schema.ProcessRequest{RequestID: id, Data: schema.RequestData{Message: *req.Message, Context: ctxRaw, UserID: req.UserID}}
+	if !in.sendMsg(msg) {
+		return http.StatusServiceUnavailable, map[string]any{"error": "the agent is not accepting input"}
+	}
+	// During an evolution trial the shadow gets the same traffic.
+	if t := s.trialPtr.Load(); t != nil && t.shadow != nil {
+		t.shadow.sendMsg(msg)
+	}
+	return http.StatusAccepted, map[string]any{"request_id": id}
+}

@@ -1,0 +1,231 @@
+package supervisor
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// maxGenericAgentGauges caps the distinct unknown metric keys an agent may
+// create, so a misbehaving agent cannot explode the label cardinality.
+const maxGenericAgentGauges = 64
+
+// metrics holds every Prometheus collector of the supervisor, on its own
+// registry. Labels are bounded: message types, directions, error codes, rules,
+// restart reasons, decisions and roles — never ids.
+type metrics struct {
+	reg *prometheus.Registry
+
+	agentUp          *prometheus.GaugeVec
+	restarts         *prometheus.CounterVec
+	heartbeatAge     prometheus.GaugeFunc
+	frames           *prometheus.CounterVec
+	frameBytes       *prometheus.CounterVec
+	invalid          *prometheus.CounterVec
+	agentErrors      prometheus.Counter
+	outboundDropped  prometheus.Counter
+	walAppends       prometheus.Counter
+	walBytes         prometheus.Counter
+	walDuplicates    prometheus.Counter
+	walGaps          prometheus.Counter
+	walErrors        *prometheus.CounterVec
+	walFsync         prometheus.Histogram
+	walLastSeq       prometheus.Gauge
+	checkpoints      prometheus.Counter
+	checkpointFailed prometheus.Counter
+	checkpointSize   prometheus.Gauge
+	checkpointRaw    prometheus.Gauge
+	checkpointDur    prometheus.Histogram
+	checkpointSkip   prometheus.Counter
+	checkpointPoison prometheus.Counter
+	restores         *prometheus.CounterVec
+	restoreEntries   prometheus.Counter
+	evolutions       *prometheus.CounterVec
+	requests         *prometheus.CounterVec
+
+	agentLatency  *prometheus.GaugeVec
+	agentErrRate  *prometheus.GaugeVec
+	agentMemory   *prometheus.GaugeVec
+	agentThruput  *prometheus.GaugeVec
+	agentTools    *prometheus.GaugeVec
+	agentBlocks   *prometheus.GaugeVec
+	agentGeneric  *prometheus.GaugeVec
+	genericMu     sync.Mutex
+	genericKeys   map[string]struct{}
+	genericDenied prometheus.Counter
+}
+
+func newMetrics(heartbeatAge func() float64) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry(), genericKeys: map[string]struct{}{}}
+	f := func(c prometheus.Collector) { m.reg.MustRegister(c) }
+	f(collectors.NewGoCollector())
+	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	m.agentUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "supervisor_agent_up", Help: "1 while the agent process is running and has sent its first heartbeat, else 0.",
+	}, []string{"role"})
+	m.restarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "supervisor_agent_restarts_total", Help: "Agent restarts, by the reason the previous run ended.",
+	}, []string{"reason"})
+	m.heartbeatAge = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "supervisor_agent_heartbeat_age_seconds", Help: "Seconds since the primary agent's last heartbeat (0 before the first).",
+	}, heartbeatAge)
+	m.frames = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "supervisor_frames_total", Help: "Valid frames exchanged with agents, by direction (in: from the agent) and message type.",
+	}, []string{"direction", "type"})
+	m.frameBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "supervisor_frame_bytes_total", Help: "Payload bytes of frames exchanged with agents, by direction.",
+	}, []string{"direction"})
+	m.invalid = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "supervisor_invalid_frames_total", Help: "Frames rejected, by error code (INVALID_MESSAGE for payload errors, FRAMING_ERROR for a broken stream) and rule.",
+	}, []string{"code", "rule"})
+	m.agentErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_agent_reported_errors_total", Help: "error messages sent by the agent.",
+	})
+	m.outboundDropped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_outbound_queue_full_total", Help: "Times a message to the agent found its queue full (the agent stopped reading its input).",
+	})
+	m.walAppends = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_wal_appends_total", Help: "WAL entries appended.",
+	})
+	m.walBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_wal_append_bytes_total", Help: "Bytes of WAL entries appended (entry payloads).",
+	})
+	m.walDuplicates = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_wal_duplicates_total", Help: "WAL entries skipped because their sequence was at or below the last appended.",
+	})
+	m.walGaps = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_wal_gaps_total", Help: "Gaps in WAL sequence numbers (allowed, logged).",
+	})
+	m.walErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "supervisor_wal_errors_total", Help: "WAL appends that failed, by the error code reported to the agent.",
+	}, []string{"code"})
+	m.walFsync = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "supervisor_wal_fsync_duration_seconds", Help: "Duration of WAL group-commit fsyncs.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 15), // 100µs .. ~1.6s
+	})
+	m.walLastSeq = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "supervisor_wal_last_sequence", Help: "Highest sequence appended to the WAL.",
+	})
+	m.checkpoints = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_checkpoints_total", Help: "Checkpoints stored and acknowledged.",
+	})
+	m.checkpointFailed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_checkpoint_failures_total", Help: "Checkpoints that could not be stored (CHECKPOINT_FAILED sent).",
+	})
+	m.checkpointSize = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "supervisor_checkpoint_stored_bytes", Help: "Size on disk of the newest stored checkpoint (compressed).",
+	})
+	m.checkpointRaw = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "supervisor_checkpoint_uncompressed_bytes", Help: "Uncompressed size of the newest stored checkpoint.",
+	})
+	m.checkpointDur = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "supervisor_checkpoint_duration_seconds", Help: "Time from a checkpoint frame's arrival to its acknowledgement (WAL wait, compress, fsync).",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14), // 1ms .. ~8s
+	})
+	m.checkpointSkip = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_checkpoint_corrupt_total", Help: "Checkpoints skipped at restore because they failed their checksum or could not be read.",
+	})
+	m.checkpointPoison = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_checkpoint_poisoned_total", Help: "Checkpoints marked bad because the agent died twice right after restoring them.",
+	})
+	m.restores = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "supervisor_restores_total", Help: "restore messages sent, by trigger (start, operator).",
+	}, []string{"trigger"})
+	m.restoreEntries = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_restore_wal_entries_total", Help: "WAL entries replayed in restore messages.",
+	})
+	m.evolutions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "supervisor_evolutions_total", Help: "Evolution decisions, by decision.",
+	}, []string{"decision"})
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "supervisor_http_requests_total", Help: "POST /v1/requests calls, by HTTP status code.",
+	}, []string{"code"})
+
+	role := []string{"role"}
+	m.agentLatency = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "supervisor_agent_reported_latency_seconds", Help: "Latency the agent reported (avg, p50, p95, p99), converted from milliseconds.",
+	}, []string{"role", "stat"})
+	m.agentErrRate = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "supervisor_agent_reported_error_ratio", Help: "Error rate the agent reported (0..1).",
+	}, role)
+	m.agentMemory = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "supervisor_agent_reported_memory_bytes", Help: "Memory usage the agent reported.",
+	}, role)
+	m.agentThruput = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "supervisor_agent_reported_throughput_per_second", Help: "Throughput the agent reported.",
+	}, role)
+	m.agentTools = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "supervisor_agent_reported_active_tools", Help: "Active tools the agent reported.",
+	}, role)
+	m.agentBlocks = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "supervisor_agent_reported_memory_blocks", Help: "Memory blocks the agent reported.",
+	}, role)
+	m.agentGeneric = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "supervisor_agent_reported_gauge", Help: "Other numeric values the agent reported in metrics, by key (at most 64 distinct keys).",
+	}, []string{"role", "key"})
+	m.genericDenied = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_agent_reported_keys_dropped_total", Help: "Agent metric values dropped because the distinct-key cap was reached.",
+	})
+
+	for _, c := range []prometheus.Collector{
+		m.agentUp, m.restarts, m.heartbeatAge, m.frames, m.frameBytes, m.invalid, m.agentErrors,
+		m.outboundDropped, m.walAppends, m.walBytes, m.walDuplicates, m.walGaps, m.walErrors,
+		m.walFsync, m.walLastSeq, m.checkpoints, m.checkpointFailed, m.checkpointSize,
+		m.checkpointRaw, m.checkpointDur, m.checkpointSkip, m.checkpointPoison, m.restores,
+		m.restoreEntries, m.evolutions, m.requests, m.agentLatency, m.agentErrRate, m.agentMemory,
+		m.agentThruput, m.agentTools, m.agentBlocks, m.agentGeneric, m.genericDenied,
+	} {
+		f(c)
+	}
+	for _, r := range []string{"primary", "shadow"} {
+		m.agentUp.WithLabelValues(r).Set(0)
+	}
+	return m
+}
+
+// agentReport converts an agent's metrics message to base units.
+func (m *metrics) agentReport(role string, data map[string]float64) {
+	for k, v := range data {
+		switch k {
+		case "avg_latency":
+			m.agentLatency.WithLabelValues(role, "avg").Set(v / 1000)
+		case "p50_latency":
+			m.agentLatency.WithLabelValues(role, "p50").Set(v / 1000)
+		case "p95_latency":
+			m.agentLatency.WithLabelValues(role, "p95").Set(v / 1000)
+		case "p99_latency":
+			m.agentLatency.WithLabelValues(role, "p99").Set(v / 1000)
+		case "error_rate":
+			m.agentErrRate.WithLabelValues(role).Set(v)
+		case "memory_usage":
+			m.agentMemory.WithLabelValues(role).Set(v)
+		case "throughput":
+			m.agentThruput.WithLabelValues(role).Set(v)
+		case "active_tools":
+			m.agentTools.WithLabelValues(role).Set(v)
+		case "memory_blocks":
+			m.agentBlocks.WithLabelValues(role).Set(v)
+		default:
+			m.genericMu.Lock()
+			_, known := m.genericKeys[k]
+			if !known && len(m.genericKeys) < maxGenericAgentGauges {
+				m.genericKeys[k] = struct{}{}
+				known = true
+			}
+			m.genericMu.Unlock()
+			if known {
+				m.agentGeneric.WithLabelValues(role, k).Set(v)
+			} else {
+				m.genericDenied.Inc()
+			}
+		}
+	}
+}
+
+// walSynced is the WAL's OnSync hook.
+func (m *metrics) walSynced(d time.Duration, _ int, _ int) {
+	m.walFsync.Observe(d.Seconds())
+}

@@ -1,0 +1,243 @@
+package supervisor
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// procSpec describes how to start one agent process.
+type procSpec struct {
+	Path  string
+	Args  []string // without argv[0]
+	Env   []string // full environment
+	Dir   string
+	Stdio bool // true: frames on stdin/stdout; false: frames on fd 3 (agent reads) and fd 4 (agent writes)
+}
+
+// process is one running agent process and the pipes to it. The leader is kept
+// unreaped (a zombie) after it exits until reap is called, so its pid — which is
+// also the process group id — cannot be reused while we may still signal it.
+type process struct {
+	cmd   *exec.Cmd
+	pid   int
+	pidfd int
+
+	// Parent ends of the pipes.
+	toAgent   *os.File // the agent's frame input
+	fromAgent *os.File // the agent's frame output
+	logs      []*os.File
+
+	exited chan struct{} // closed when the leader has exited (not yet reaped)
+
+	mu     sync.Mutex
+	reaped bool
+	state  *os.ProcessState
+	// release is closed by reap so the spawning goroutine (which holds the OS
+	// thread the child's Pdeathsig is tied to) may unlock and exit.
+	release chan struct{}
+}
+
+// startProcess spawns the agent in its own process group. The fork happens on a
+// goroutine locked to its OS thread, and that goroutine keeps the thread until
+// the child has exited: Linux delivers Pdeathsig when the *thread* that forked
+// the child dies, and Go may otherwise retire an idle thread.
+func startProcess(spec procSpec) (*process, error) {
+	p := &process{
+		pidfd:   -1,
+		exited:  make(chan struct{}),
+		release: make(chan struct{}),
+	}
+	// Pipes: child ends are handed to the child and closed here after Start.
+	inR, inW, err := os.Pipe() // supervisor → agent
+	if err != nil {
+		return nil, fmt.Errorf("create agent input pipe: %w", err)
+	}
+	outR, outW, err := os.Pipe() // agent → supervisor
+	if err != nil {
+		closeAll(inR, inW)
+		return nil, fmt.Errorf("create agent output pipe: %w", err)
+	}
+	errR, errW, err := os.Pipe() // agent stderr
+	if err != nil {
+		closeAll(inR, inW, outR, outW)
+		return nil, fmt.Errorf("create agent stderr pipe: %w", err)
+	}
+	childEnds := []*os.File{inR, outW, errW}
+	p.toAgent, p.fromAgent = inW, outR
+	p.logs = []*os.File{errR}
+
+	cmd := exec.Command(spec.Path, spec.Args...)
+	cmd.Env = spec.Env
+	cmd.Dir = spec.Dir
+	cmd.Stderr = errW
+	if spec.Stdio {
+		cmd.Stdin = inR
+		cmd.Stdout = outW
+	} else {
+		// fd 3 = agent reads frames, fd 4 = agent writes frames; stdout is a log.
+		logR, logW, err := os.Pipe()
+		if err != nil {
+			closeAll(inR, inW, outR, outW, errR, errW)
+			return nil, fmt.Errorf("create agent stdout pipe: %w", err)
+		}
+		childEnds = append(childEnds, logW)
+		p.logs = append(p.logs, logR)
+		cmd.Stdin = nil // /dev/null
+		cmd.Stdout = logW
+		cmd.ExtraFiles = []*os.File{inR, outW}
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Setpgid:   true,
+		Pdeathsig: syscall.SIGKILL,
+		PidFD:     &p.pidfd,
+	}
+	p.cmd = cmd
+
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			runtime.UnlockOSThread()
+			return
+		}
+		started <- nil
+		p.waitExit()
+		close(p.exited)
+		// Keep the thread until the owner has finished with the child: if this
+		// goroutine returned while locked, Go would kill the thread and the
+		// kernel would deliver Pdeathsig to a child that is still running.
+		<-p.release
+		runtime.UnlockOSThread()
+	}()
+	err = <-started
+	closeAll(childEnds...)
+	if err != nil {
+		closeAll(p.toAgent, p.fromAgent)
+		closeAll(p.logs...)
+		return nil, fmt.Errorf("start agent %q: %w", spec.Path, err)
+	}
+	p.pid = cmd.Process.Pid
+	registerManaged(p.pid)
+	return p, nil
+}
+
+// waitExit blocks until the leader exits, without reaping it.
+func (p *process) waitExit() {
+	for {
+		var info unix.Siginfo
+		var err error
+		if p.pidfd >= 0 {
+			err = unix.Waitid(unix.P_PIDFD, p.pidfd, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		} else {
+			err = unix.Waitid(unix.P_PID, p.pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		}
+		if err == unix.EINTR {
+			continue
+		}
+		return // exited, or ECHILD (cannot happen while we hold it unreaped)
+	}
+}
+
+// signalGroup sends sig to the agent's whole process group. It is a no-op once
+// the leader has been reaped: after that the pgid may belong to someone else.
+func (p *process) signalGroup(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.reaped {
+		return nil
+	}
+	err := syscall.Kill(-p.pid, sig)
+	if errors.Is(err, syscall.ESRCH) {
+		return nil
+	}
+	return err
+}
+
+// reap kills whatever is left of the group, collects the leader's exit status
+// and releases the spawning thread. It must only be called after exited is
+// closed. It is idempotent.
+func (p *process) reap() *os.ProcessState {
+	<-p.exited
+	p.mu.Lock()
+	if p.reaped {
+		st := p.state
+		p.mu.Unlock()
+		return st
+	}
+	// Leftover group members (grandchildren) die with the agent. The leader is
+	// a zombie, so the group id is still ours.
+	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+	err := p.cmd.Wait()
+	p.reaped = true
+	p.state = p.cmd.ProcessState
+	if p.pidfd >= 0 {
+		_ = unix.Close(p.pidfd)
+		p.pidfd = -1
+	}
+	p.mu.Unlock()
+	unregisterManaged(p.pid)
+	close(p.release)
+	closeAll(p.toAgent)
+	if p.state == nil && err != nil {
+		return nil
+	}
+	return p.state
+}
+
+// closeReaders closes the parent's read ends, unblocking any reader still
+// waiting on them (for example when an escaped grandchild holds a pipe).
+func (p *process) closeReaders() {
+	closeAll(p.fromAgent)
+	closeAll(p.logs...)
+}
+
+func closeAll(files ...*os.File) {
+	for _, f := range files {
+		if f != nil {
+			_ = f.Close()
+		}
+	}
+}
+
+// exitDescription renders an exit status for logs and audit records.
+func exitDescription(st *os.ProcessState) (desc string, failed bool) {
+	if st == nil {
+		return "unknown exit status", true
+	}
+	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return fmt.Sprintf("killed by signal %s", ws.Signal()), true
+	}
+	code := st.ExitCode()
+	return fmt.Sprintf("exited with code %d", code), code != 0
+}
+
+// stopGroup asks the group to stop with SIGTERM and SIGKILLs it after
+// killTimeout unless the leader exits first. It returns when the leader has
+// exited.
+func (p *process) stopGroup(killTimeout time.Duration) (killed bool) {
+	select {
+	case <-p.exited:
+		return false
+	default:
+	}
+	_ = p.signalGroup(syscall.SIGTERM)
+	t := time.NewTimer(killTimeout)
+	defer t.Stop()
+	select {
+	case <-p.exited:
+		return false
+	case <-t.C:
+		_ = p.signalGroup(syscall.SIGKILL)
+		<-p.exited
+		return true
+	}
+}

@@ -1,0 +1,324 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/evolution"
+	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/wal"
+)
+
+var errEOF = io.EOF
+
+// walDurableTimeout bounds how long a checkpoint waits for the WAL entries
+// ahead of it to become durable before it is refused with CHECKPOINT_FAILED.
+const walDurableTimeout = 30 * time.Second
+
+func zstdLevel(n int) zstd.EncoderLevel {
+	return zstd.EncoderLevelFromZstd(n)
+}
+
+// primarySinks route a primary's messages into the supervisor's stores.
+type primarySinks struct{ s *Supervisor }
+
+func (p primarySinks) appendWAL(in *instance, recs []schema.WALRecord) {
+	p.s.appendWAL(in, p.s.wal, recs)
+}
+
+func (p primarySinks) checkpoint(in *instance, cp *schema.Checkpoint, arrived time.Time) {
+	s := p.s
+	// The reader appends WAL entries in frame order, so everything the agent
+	// logged before this checkpoint is appended now: that is the watermark.
+	wm := s.wal.LastSequence()
+	s.ckptWG.Add(1)
+	s.ckptJobs <- ckptJob{inst: in, data: cp.Data, watermark: wm, arrived: arrived}
+}
+
+func (p primarySinks) agentMetrics(in *instance, m *schema.Metrics) {
+	p.s.met.agentReport(in.role, m.Data)
+	if t := p.s.trialPtr.Load(); t != nil {
+		t.collector.Add(evolution.Primary, m.Data, time.Now())
+	}
+}
+
+func (p primarySinks) agentError(in *instance, m *schema.Error) {
+	p.s.met.agentErrors.Inc()
+	if ok, sup := p.s.limiter.allow(time.Now()); ok {
+		in.log.Warn("agent reported an error", "code", m.Error.Code, "message", m.Error.Message, "suppressed_before", sup)
+	}
+}
+
+func (p primarySinks) invalid(in *instance, err error) {
+	p.s.invalidMessage(in, err)
+}
+
+// invalidMessage answers a payload error with INVALID_MESSAGE, counts, logs
+// and audits it (logs and audit records are rate-limited). Nothing is stored.
+func (s *Supervisor) invalidMessage(in *instance, err error) {
+	rule := string(schema.RuleMalformed)
+	var ve *schema.ValidationError
+	if errors.As(err, &ve) {
+		rule = string(ve.Rule)
+	}
+	s.met.invalid.WithLabelValues(schema.CodeInvalidMessage, rule).Inc()
+	in.sendMsg(schema.ErrorReply(err))
+	if ok, sup := s.limiter.allow(time.Now()); ok {
+		in.log.Warn("invalid message from the agent; replied INVALID_MESSAGE", "err", err, "suppressed_before", sup)
+		fields := map[string]any{"role": in.role, "pid": in.proc.pid, "rule": rule, "error": err.Error()}
+		if ve != nil {
+			fields["type"], fields["field"] = ve.Type, ve.Field
+		}
+		_ = s.audit.Record(AuditInvalid, fields)
+	}
+}
+
+// appendWAL appends entries as one unit and reports storage failures to the
+// agent as WAL_FULL / WAL_FAILED.
+func (s *Supervisor) appendWAL(in *instance, l *wal.Log, recs []schema.WALRecord) {
+	entries := make([]wal.Entry, len(recs))
+	size := 0
+	for i, r := range recs {
+		entries[i] = wal.Entry{Sequence: r.Sequence, Data: r.Raw}
+		size += len(r.Raw)
+	}
+	res, err := l.Append(entries...)
+	if err != nil {
+		code := schema.CodeWALFailed
+		if errors.Is(err, wal.ErrNoSpace) {
+			code = schema.CodeWALFull
+		}
+		if errors.Is(err, wal.ErrOutOfOrder) {
+			// The batch itself is malformed: a payload error, not storage.
+			s.invalidMessage(in, &schema.ValidationError{Type: schema.TypeWALBatch, Field: "data", Rule: schema.RuleFieldValue,
+				Reason: "entries of a wal_batch must have increasing sequences"})
+			return
+		}
+		s.met.walErrors.WithLabelValues(code).Inc()
+		details := map[string]any{"first_sequence": recs[0].Sequence, "last_sequence": recs[len(recs)-1].Sequence, "entries": len(recs)}
+		in.sendMsg(schema.NewError(code, "the supervisor could not append these WAL entries: "+err.Error(), details))
+		if ok, sup := s.limiter.allow(time.Now()); ok {
+			in.log.Error("WAL append failed; told the agent", "code", code, "err", err, "suppressed_before", sup)
+			_ = s.audit.Record(AuditWALError, map[string]any{"role": in.role, "code": code, "error": err.Error(), "first_sequence": recs[0].Sequence})
+		}
+		return
+	}
+	if in.role == RolePrimary {
+		s.met.walAppends.Add(float64(res.Appended))
+		s.met.walBytes.Add(float64(size))
+		s.met.walDuplicates.Add(float64(res.Duplicates))
+		s.met.walGaps.Add(float64(len(res.Gaps)))
+		s.met.walLastSeq.Set(float64(res.Last))
+	}
+	for _, g := range res.Gaps {
+		if ok, _ := s.limiter.allow(time.Now()); ok {
+			in.log.Info("gap in WAL sequences (allowed)", "after", g.After, "next", g.Next)
+		}
+	}
+}
+
+// checkpointWorker stores checkpoints one at a time, in arrival order, until
+// ckptJobs is closed.
+func (s *Supervisor) checkpointWorker() {
+	for job := range s.ckptJobs {
+		s.storeCheckpoint(job)
+		s.ckptWG.Done()
+	}
+}
+
+func (s *Supervisor) storeCheckpoint(job ckptJob) {
+	in := job.inst
+	fail := func(stage string, err error) {
+		s.met.checkpointFailed.Inc()
+		in.log.Error("checkpoint not stored; told the agent CHECKPOINT_FAILED", "stage", stage, "err", err)
+		_ = s.audit.Record(AuditCheckpointError, map[string]any{"stage": stage, "error": err.Error(), "watermark": job.watermark})
+		in.sendMsg(schema.NewError(schema.CodeCheckpointFailed, fmt.Sprintf("checkpoint not stored (%s): %v", stage, err),
+			map[string]any{"watermark": job.watermark}))
+	}
+	// Never acknowledge a checkpoint before the WAL entries ahead of it are durable.
+	ctx, cancel := context.WithTimeout(context.Background(), walDurableTimeout)
+	err := s.wal.WaitDurable(ctx, job.watermark)
+	cancel()
+	if err != nil {
+		fail("wal_durable", err)
+		return
+	}
+	s.storeMu.Lock()
+	meta, err := s.store.Save(job.data, job.watermark)
+	if err != nil {
+		s.storeMu.Unlock()
+		fail("save", err)
+		return
+	}
+	removed, perr := s.store.Prune()
+	if perr != nil {
+		in.log.Warn("checkpoint retention failed; old checkpoints kept", "err", perr)
+	}
+	var truncated int
+	if wm, ok := s.store.OldestRetainedWatermark(); ok {
+		n, terr := s.wal.TruncateBefore(wm)
+		if terr != nil {
+			in.log.Warn("WAL truncation failed; old segments kept", "err", terr)
+		}
+		truncated = n
+	}
+	s.storeMu.Unlock()
+	s.newestCkp.Store(meta.ID)
+	in.sendMsg(&schema.CheckpointAck{CheckpointID: meta.ID, Size: meta.StoredSize})
+	took := time.Since(job.arrived)
+	s.met.checkpoints.Inc()
+	s.met.checkpointSize.Set(float64(meta.StoredSize))
+	s.met.checkpointRaw.Set(float64(meta.Size))
+	s.met.checkpointDur.Observe(took.Seconds())
+	in.log.Info("checkpoint stored", "checkpoint_id", meta.ID, "size", meta.Size, "stored_size", meta.StoredSize,
+		"watermark", meta.Watermark, "seconds", took.Seconds(), "pruned", len(removed), "wal_segments_removed", truncated)
+	_ = s.audit.Record(AuditCheckpoint, map[string]any{"checkpoint_id": meta.ID, "size": meta.Size, "stored_size": meta.StoredSize,
+		"watermark": meta.Watermark, "checksum": meta.Checksum, "pruned": removed})
+}
+
+// restorePlan is an assembled restore, ready to send.
+type restorePlan struct {
+	msg          *schema.Restore
+	checkpointID string
+	created      time.Time
+	watermark    uint64
+	entries      int
+	lastSeq      uint64
+	skipped      []checkpoint.Skipped
+}
+
+// buildRestore assembles a restore from the given point (nil: the newest good
+// checkpoint) plus the WAL after its watermark. It returns nil when there is
+// no state at all.
+func (s *Supervisor) buildRestore(point *restorePoint) (*restorePlan, error) {
+	s.storeMu.Lock()
+	defer s.storeMu.Unlock()
+	plan := &restorePlan{}
+	var (
+		meta checkpoint.Meta
+		data []byte
+		err  error
+	)
+	noWAL := false
+	if point != nil {
+		noWAL = point.noWAL
+		meta, data, err = s.store.Load(point.checkpointID)
+		if err != nil {
+			return nil, fmt.Errorf("load checkpoint %s: %w", point.checkpointID, err)
+		}
+	} else {
+		var skipped []checkpoint.Skipped
+		meta, data, skipped, err = s.store.Latest()
+		plan.skipped = skipped
+		for _, sk := range skipped {
+			s.met.checkpointSkip.Inc()
+			s.log.Error("checkpoint skipped at restore; using an older one with a longer WAL replay", "checkpoint_id", sk.ID, "err", sk.Err)
+			_ = s.audit.Record(AuditCheckpointSkip, map[string]any{"checkpoint_id": sk.ID, "error": sk.Err.Error()})
+		}
+		if errors.Is(err, checkpoint.ErrNotFound) {
+			err = nil
+			meta = checkpoint.Meta{}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("find newest checkpoint: %w", err)
+		}
+	}
+	plan.checkpointID = meta.ID
+	plan.created = meta.Created
+	plan.watermark = meta.Watermark
+	var entries []msgpack.RawMessage
+	if !noWAL {
+		if first := s.wal.FirstSequence(); first > meta.Watermark+1 {
+			s.log.Error("the WAL no longer holds every entry after the restore's checkpoint; the restore will miss entries",
+				"checkpoint_id", meta.ID, "watermark", meta.Watermark, "first_wal_sequence", first)
+		}
+		err := s.wal.ReadAfter(meta.Watermark, func(e wal.Entry) error {
+			entries = append(entries, msgpack.RawMessage(append([]byte(nil), e.Data...)))
+			plan.lastSeq = e.Sequence
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("read WAL after sequence %d: %w", meta.Watermark, err)
+		}
+	}
+	if meta.ID == "" && len(entries) == 0 {
+		return nil, nil
+	}
+	plan.entries = len(entries)
+	if plan.lastSeq == 0 {
+		plan.lastSeq = meta.Watermark
+	}
+	snapshot := msgpack.RawMessage(data)
+	plan.msg = &schema.Restore{
+		CheckpointID: meta.ID,
+		Snapshot:     snapshot,
+		WALEntries:   entries,
+		Compress:     s.agentVersion >= 2 && len(data) > schema.CompressThreshold,
+	}
+	return plan, nil
+}
+
+// sendRestore queues a restore to an instance and records it.
+func (s *Supervisor) sendRestore(in *instance, plan *restorePlan, trigger string) bool {
+	if !in.sendMsg(plan.msg) {
+		in.log.Error("could not queue the restore for the agent", "trigger", trigger)
+		return false
+	}
+	in.restoredFrom = plan.checkpointID
+	in.restoreSentAt = time.Now()
+	s.met.restores.WithLabelValues(trigger).Inc()
+	s.met.restoreEntries.Add(float64(plan.entries))
+	in.log.Info("restore sent", "trigger", trigger, "checkpoint_id", plan.checkpointID, "watermark", plan.watermark,
+		"wal_entries", plan.entries, "last_sequence", plan.lastSeq, "compressed", plan.msg.Compress)
+	_ = s.audit.Record(AuditRestore, map[string]any{"trigger": trigger, "role": in.role, "checkpoint_id": plan.checkpointID,
+		"watermark": plan.watermark, "wal_entries": plan.entries, "last_sequence": plan.lastSeq, "compressed": plan.msg.Compress})
+	return true
+}
+
+// rewindWAL makes a --no-wal restore to the checkpoint with watermark wm
+// stick: WAL entries after wm and checkpoints newer than it describe history
+// the operator abandoned. The entries are removed (so the agent's next
+// sequences, which continue from the checkpoint, are not taken for
+// duplicates) and the newer checkpoints are marked bad (so a later crash does
+// not restore the abandoned history). Both are audited.
+func (s *Supervisor) rewindWAL(cp checkpoint.Meta) error {
+	s.storeMu.Lock()
+	defer s.storeMu.Unlock()
+	id, wm := cp.ID, cp.Watermark
+	metas, err := s.store.List()
+	if err != nil {
+		return fmt.Errorf("list checkpoints: %w", err)
+	}
+	var abandoned []string
+	for _, m := range metas {
+		newer := m.Created.After(cp.Created) || (m.Created.Equal(cp.Created) && m.ID > cp.ID)
+		if m.ID == id || m.Bad || !newer {
+			continue
+		}
+		if err := s.store.MarkBad(m.ID, "abandoned by a --no-wal restore to "+id); err != nil {
+			return fmt.Errorf("mark checkpoint %s abandoned: %w", m.ID, err)
+		}
+		abandoned = append(abandoned, m.ID)
+	}
+	last := s.wal.LastSequence()
+	removed, err := s.wal.TruncateAfter(wm)
+	if err != nil {
+		return fmt.Errorf("remove WAL entries after sequence %d: %w", wm, err)
+	}
+	if len(abandoned) > 0 {
+		s.newestCkp.Store(id)
+	}
+	s.met.walLastSeq.Set(float64(s.wal.LastSequence()))
+	s.log.Warn("history after the checkpoint set aside for a --no-wal restore", "checkpoint_id", id,
+		"wal_entries_removed", removed, "removed_sequences", fmt.Sprintf("%d..%d", wm+1, last), "checkpoints_marked_bad", abandoned)
+	_ = s.audit.Record(AuditRollback, map[string]any{"checkpoint_id": id, "watermark": wm, "wal_entries_removed": removed,
+		"previous_last_sequence": last, "checkpoints_marked_bad": abandoned})
+	return nil
+}
