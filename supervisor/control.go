@@ -165,8 +165,9 @@ func checkPeer(conn *net.UnixConn) error {
 	return nil
 }
 
-// handleControl runs on the owner goroutine.
-func (s *Supervisor) handleControl(req ControlRequest) ControlResponse {
+// handleControl runs on the owner goroutine. A zero response means the
+// answer is sent on reply later.
+func (s *Supervisor) handleControl(req ControlRequest, reply chan ControlResponse) ControlResponse {
 	switch req.Op {
 	case OpStatus:
 		st := s.Status()
@@ -189,27 +190,19 @@ func (s *Supervisor) handleControl(req ControlRequest) ControlResponse {
 			return ControlResponse{OK: true, Message: "the agent is not running; the restore will be sent when it next starts",
 				Restore: &RestoreInfo{CheckpointID: meta.ID, Watermark: meta.Watermark, NoWAL: req.NoWAL}}
 		}
-		if v := in.version.Load(); v > s.agentVersion {
-			s.agentVersion = v
+		// The restore is delivered by restarting the agent: frames it sent
+		// before it would have read an in-place restore belong to the old
+		// history, and nothing in the protocol tells them apart from the new
+		// one. Stopping it, draining its output and starting it with the
+		// restore as its first frame leaves no such window.
+		if s.pendingReply != nil {
+			return ControlResponse{Error: "another operator restore is in progress; try again in a moment"}
 		}
-		plan, err := s.buildRestore(point)
-		if err != nil {
-			return ControlResponse{Error: err.Error()}
-		}
-		if plan == nil {
-			return ControlResponse{Error: "nothing to restore"}
-		}
-		if req.NoWAL {
-			if err := s.rewindWAL(meta); err != nil {
-				return ControlResponse{Error: err.Error()}
-			}
-		}
-		if !s.sendRestore(in, plan, "operator") {
-			return ControlResponse{Error: "the agent is not accepting input; try again after it restarts"}
-		}
-		return ControlResponse{OK: true, Message: "restore sent to the agent",
-			Restore: &RestoreInfo{CheckpointID: plan.checkpointID, Watermark: plan.watermark, WALEntries: plan.entries,
-				LastSequence: plan.lastSeq, Sent: true, NoWAL: req.NoWAL}}
+		s.pendingPoint = point
+		s.pendingReply = reply
+		in.log.Info("operator restore requested: restarting the agent to deliver it", "checkpoint_id", meta.ID, "no_wal", req.NoWAL)
+		s.stopInstance(in, reasonOperatorRestore)
+		return ControlResponse{} // answered when the restore has been sent
 	default:
 		return ControlResponse{Error: fmt.Sprintf("unknown operation %q (want %s or %s)", req.Op, OpStatus, OpRestore)}
 	}

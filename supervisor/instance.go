@@ -27,11 +27,11 @@ const (
 type eventKind int
 
 const (
-	evFirstHeartbeat eventKind = iota + 1
-	evStreamEnded              // the frame reader returned (err: io.EOF or a framing/read error)
-	evExited                   // the process exited (not yet reaped)
-	evUnresponsive             // the outbound queue filled up
-	evEvolutionIntent          // msg holds the *schema.EvolutionIntent
+	evFirstHeartbeat  eventKind = iota + 1
+	evStreamEnded               // the frame reader returned (err: io.EOF or a framing/read error)
+	evExited                    // the process exited (not yet reaped)
+	evUnresponsive              // the outbound queue filled up
+	evEvolutionIntent           // msg holds the *schema.EvolutionIntent
 )
 
 // event is what an instance tells its owner. The owner alone changes

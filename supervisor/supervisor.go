@@ -37,13 +37,17 @@ var (
 type State string
 
 const (
-	StateStarting   State = "starting"   // spawned, waiting for its first heartbeat
-	StateRunning    State = "running"    // heartbeating
-	StateStopping   State = "stopping"   // being stopped (hung, framing error, shutdown)
+	StateStarting   State = "starting"    // spawned, waiting for its first heartbeat
+	StateRunning    State = "running"     // heartbeating
+	StateStopping   State = "stopping"    // being stopped (hung, framing error, shutdown)
 	StateBackingOff State = "backing_off" // waiting to restart
-	StateGivenUp    State = "given_up"   // crash loop: the supervisor is exiting
-	StateStopped    State = "stopped"    // supervisor shutting down or done
+	StateGivenUp    State = "given_up"    // crash loop: the supervisor is exiting
+	StateStopped    State = "stopped"     // supervisor shutting down or done
 )
+
+// reasonOperatorRestore: the agent was stopped to deliver an operator's
+// restore; not a failure, restarted at once.
+const reasonOperatorRestore = "operator_restore"
 
 // drainTimeout bounds how long, after an agent exits, we keep reading what it
 // wrote before dying (normally EOF comes at once).
@@ -51,11 +55,11 @@ const drainTimeout = 2 * time.Second
 
 // Supervisor runs one primary agent. Build it with New, then call Run.
 type Supervisor struct {
-	cfg   Config
-	log   *slog.Logger
-	codec *schema.Codec
-	wal   *wal.Log
-	store *checkpoint.Store
+	cfg    Config
+	log    *slog.Logger
+	codec  *schema.Codec
+	wal    *wal.Log
+	store  *checkpoint.Store
 	audit  *auditLog
 	met    *metrics
 	lock   *os.File
@@ -74,6 +78,7 @@ type Supervisor struct {
 	restarts     int
 	poison       map[string][]time.Time
 	pendingPoint *restorePoint
+	pendingReply chan ControlResponse // operator restore waiting for the agent's restart
 	shutting     bool
 	startedOnce  bool
 	agentVersion int32 // highest protocol version any incarnation used
@@ -339,6 +344,7 @@ func (s *Supervisor) loop(ctx context.Context) error {
 	trialTick := time.NewTicker(250 * time.Millisecond)
 	defer trialTick.Stop()
 	defer s.abortTrial("the supervisor stopped during the trial")
+	defer s.answerPending("the supervisor stopped before the restore was sent")
 
 	for {
 		select {
@@ -376,6 +382,7 @@ func (s *Supervisor) loop(ctx context.Context) error {
 				continue
 			}
 			if err := s.startPrimary(); err != nil {
+				s.answerPending("the agent could not be restarted to deliver the restore: " + err.Error())
 				if errors.Is(err, ErrConfig) {
 					return err
 				}
@@ -430,7 +437,9 @@ func (s *Supervisor) loop(ctx context.Context) error {
 			}
 
 		case call := <-s.control:
-			call.reply <- s.handleControl(call.req)
+			if resp := s.handleControl(call.req, call.reply); resp.OK || resp.Error != "" {
+				call.reply <- resp
+			}
 		}
 	}
 }
@@ -488,13 +497,35 @@ func (s *Supervisor) startPrimary() error {
 	s.statusMu.Unlock()
 	s.log.Info("agent started", "pid", proc.pid, "incarnation", s.incarnation, "command", s.cfg.Command, "restore", plan != nil)
 	created := time.Time{}
+	trigger := "start"
+	if s.pendingReply != nil {
+		trigger = "operator"
+	}
 	if plan != nil {
-		s.sendRestore(inst, plan, "start")
+		s.sendRestore(inst, plan, trigger)
 		created = plan.created
+	}
+	if s.pendingReply != nil {
+		resp := ControlResponse{Error: "the restore point could not be used; the agent was restored from the newest checkpoint instead"}
+		if plan != nil && point != nil {
+			resp = ControlResponse{OK: true, Message: "restore sent to the restarted agent", Restore: &RestoreInfo{
+				CheckpointID: plan.checkpointID, Watermark: plan.watermark, WALEntries: plan.entries,
+				LastSequence: plan.lastSeq, Sent: true, NoWAL: point.noWAL}}
+		}
+		s.pendingReply <- resp
+		s.pendingReply = nil
 	}
 	// Promoted code newer than the restored state is applied again.
 	s.resendPromotions(inst, created)
 	return nil
+}
+
+// answerPending fails an operator restore still waiting for its answer.
+func (s *Supervisor) answerPending(msg string) {
+	if s.pendingReply != nil {
+		s.pendingReply <- ControlResponse{Error: msg}
+		s.pendingReply = nil
+	}
 }
 
 // agentEnv is the environment of an agent process.
@@ -617,7 +648,7 @@ func (s *Supervisor) instanceExited(in *instance, startTimer *time.Timer) (stop 
 			reason = "exited"
 		}
 	}
-	if reason != "exited" && reason != "shutdown" {
+	if reason != "exited" && reason != "shutdown" && reason != reasonOperatorRestore {
 		failed = true
 	}
 	if s.trial != nil && !s.trial.decided {
@@ -632,6 +663,11 @@ func (s *Supervisor) instanceExited(in *instance, startTimer *time.Timer) (stop 
 		return true, nil
 	}
 
+	if reason == reasonOperatorRestore {
+		s.setState(StateBackingOff)
+		startTimer.Reset(0)
+		return false, nil
+	}
 	if first := in.firstHBAt.Load(); first != 0 && now.Sub(time.Unix(0, first)) >= s.cfg.HealthyReset {
 		s.bo.reset()
 	}
