@@ -218,6 +218,11 @@ func (s *Supervisor) buildRestore(point *restorePoint) (*restorePlan, error) {
 		meta, data, skipped, err = s.store.Latest()
 		plan.skipped = skipped
 		for _, sk := range skipped {
+			if errors.Is(sk.Err, checkpoint.ErrMarkedBad) {
+				// Counted and audited once, when it was marked.
+				s.log.Info("checkpoint marked bad earlier is passed over", "checkpoint_id", sk.ID, "err", sk.Err)
+				continue
+			}
 			s.met.checkpointSkip.Inc()
 			s.log.Error("checkpoint skipped at restore; using an older one with a longer WAL replay", "checkpoint_id", sk.ID, "err", sk.Err)
 			_ = s.audit.Record(AuditCheckpointSkip, map[string]any{"checkpoint_id": sk.ID, "error": sk.Err.Error()})
