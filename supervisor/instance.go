@@ -80,7 +80,7 @@ type instance struct {
 
 	// Owner-only fields.
 	restoredFrom   string    // checkpoint id of the restore sent at start
-	restoreSentAt  time.Time // when it was queued
+	restoreSentAt  atomic.Int64 // unix nanos when it was queued
 	stopReason     string    // why we stopped it, if we did
 	stopping       bool
 	unresponsiveEv atomic.Bool

@@ -164,7 +164,7 @@ func newMetrics(heartbeatAge func() float64) *metrics {
 		Name: "supervisor_agent_reported_memory_blocks", Help: "Memory blocks the agent reported.",
 	}, role)
 	m.agentGeneric = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "supervisor_agent_reported_gauge", Help: "Other numeric values the agent reported in metrics, by key (at most 64 distinct keys).",
+		Name: "supervisor_agent_reported_value", Help: "Other numeric values the agent reported in metrics, by key (at most 64 distinct keys).",
 	}, []string{"role", "key"})
 	m.genericDenied = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_agent_reported_keys_dropped_total", Help: "Agent metric values dropped because the distinct-key cap was reached.",

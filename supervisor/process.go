@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -35,7 +36,8 @@ type process struct {
 	fromAgent *os.File // the agent's frame output
 	logs      []*os.File
 
-	exited chan struct{} // closed when the leader has exited (not yet reaped)
+	exited   chan struct{} // closed when the leader has exited (not yet reaped)
+	exitedAt atomic.Int64  // unix nanos when the exit was seen
 
 	mu     sync.Mutex
 	reaped bool
@@ -111,6 +113,7 @@ func startProcess(spec procSpec) (*process, error) {
 		}
 		started <- nil
 		p.waitExit()
+		p.exitedAt.Store(time.Now().UnixNano())
 		close(p.exited)
 		// Keep the thread until the owner has finished with the child: if this
 		// goroutine returned while locked, Go would kill the thread and the

@@ -277,7 +277,7 @@ func (s *Supervisor) sendRestore(in *instance, plan *restorePlan, trigger string
 		return false
 	}
 	in.restoredFrom = plan.checkpointID
-	in.restoreSentAt = time.Now()
+	in.restoreSentAt.Store(time.Now().UnixNano())
 	s.met.restores.WithLabelValues(trigger).Inc()
 	s.met.restoreEntries.Add(float64(plan.entries))
 	in.log.Info("restore sent", "trigger", trigger, "checkpoint_id", plan.checkpointID, "watermark", plan.watermark,

@@ -728,7 +728,7 @@ func (s *Supervisor) scheduleRestart(reason string, failed bool, startTimer *tim
 // restart window, each time soon after being restored from it.
 func (s *Supervisor) trackPoison(in *instance, failed bool, now time.Time) {
 	id := in.restoredFrom
-	if id == "" || !failed || now.Sub(in.restoreSentAt) > s.cfg.PoisonGrace {
+	if id == "" || !failed || now.Sub(time.Unix(0, in.restoreSentAt.Load())) > s.cfg.PoisonGrace {
 		return
 	}
 	deaths := s.poison[id][:0:0]

@@ -73,11 +73,12 @@ type supOpts struct {
 	command   []string // a custom agent command
 	env       []string // extra environment (REFAGENT_* etc.)
 	noHTTP    bool
+	noEvents  bool // no --events file (benchmarks: it costs a write per entry)
 	keepAlive bool // do not stop it at test cleanup (the test waits for its exit)
 }
 
 type sup struct {
-	t       *testing.T
+	t       testing.TB
 	cmd     *exec.Cmd
 	dataDir string
 	addr    string
@@ -87,7 +88,7 @@ type sup struct {
 	code    int
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -99,7 +100,7 @@ func freeAddr(t *testing.T) string {
 }
 
 // startSup starts `supervisor run` with the reference agent.
-func startSup(t *testing.T, o supOpts) *sup {
+func startSup(t testing.TB, o supOpts) *sup {
 	t.Helper()
 	if o.dataDir == "" {
 		o.dataDir = filepath.Join(t.TempDir(), "data")
@@ -118,7 +119,10 @@ func startSup(t *testing.T, o supOpts) *sup {
 	if o.command != nil {
 		args = append(args, o.command...)
 	} else {
-		args = append(args, binPath, "reference-agent", "--events", s.events)
+		args = append(args, binPath, "reference-agent")
+		if !o.noEvents {
+			args = append(args, "--events", s.events)
+		}
 		args = append(args, o.agent...)
 	}
 	s.cmd = exec.Command(binPath, args...)
@@ -220,7 +224,7 @@ func (s *sup) eventsOf(kind string) []ev {
 }
 
 // waitFor polls cond until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -312,7 +316,7 @@ func metricValue(body, name string, labels ...string) float64 {
 }
 
 // cli runs a supervisor subcommand and returns its exit code and output.
-func cli(t *testing.T, args ...string) (int, string, string) {
+func cli(t testing.TB, args ...string) (int, string, string) {
 	t.Helper()
 	cmd := exec.Command(binPath, args...)
 	var stdout, stderr bytes.Buffer
@@ -341,7 +345,7 @@ func alive(pid int) bool {
 }
 
 // auditKinds returns the kinds of the audit records in a data dir.
-func auditRecords(t *testing.T, dataDir string) []map[string]any {
+func auditRecords(t testing.TB, dataDir string) []map[string]any {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dataDir, "audit.jsonl"))
 	if err != nil {

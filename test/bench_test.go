@@ -1,0 +1,74 @@
+package test
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// BenchmarkE2EWALThroughput: the real binary and the reference agent over real
+// pipes; the agent floods 1 KiB memory_add entries and the supervisor appends
+// them to its WAL under the default sync policy (batch). One op is one entry;
+// the clock runs from the supervisor's start until it has appended b.N
+// entries (start-up is amortised over large b.N: use -benchtime=500000x).
+// SPEC §8 target: at least 100,000 entries/s.
+func BenchmarkE2EWALThroughput(b *testing.B) {
+	for _, batch := range []int{1, 100} {
+		b.Run(fmt.Sprintf("frame=%s", map[int]string{1: "wal_entry", 100: "wal_batch100"}[batch]), func(b *testing.B) {
+			n := b.N
+			b.SetBytes(1024)
+			start := time.Now()
+			s := startSup(b, supOpts{noEvents: true, flags: []string{"--checkpoint-retain", "2"},
+				agent: []string{"--wal-rate", "10000000", "--wal-batch", strconv.Itoa(batch), "--entry-size", "1024",
+					"--wal-max", strconv.Itoa(n), "--memory-limit", "1000", "--checkpoint-interval", "0"}})
+			waitFor(b, 10*time.Minute, "all entries appended", func() bool {
+				return s.metric("supervisor_wal_appends_total") >= float64(n)
+			})
+			elapsed := time.Since(start)
+			b.StopTimer()
+			b.ReportMetric(float64(n)/elapsed.Seconds(), "entries/s")
+		})
+	}
+}
+
+// procStat returns the supervisor's CPU time (user+system) and RSS.
+func procStat(b testing.TB, pid int) (cpu time.Duration, rssKiB int) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := string(stat)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	utime, _ := strconv.Atoi(f[11])
+	stime, _ := strconv.Atoi(f[12])
+	cpu = time.Duration(utime+stime) * time.Second / 100 // USER_HZ
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, line := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			rssKiB, _ = strconv.Atoi(strings.Fields(line)[1])
+		}
+	}
+	return cpu, rssKiB
+}
+
+// BenchmarkIdleSupervisor measures the supervisor process alone (not the
+// agent) beside an idle reference agent heartbeating at 1 Hz: CPU share over
+// a 20 s window and resident memory at its end. SPEC §8: under 1% of a core
+// and 20 MiB. Run it with -benchtime=1x.
+func BenchmarkIdleSupervisor(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		s := startSup(b, supOpts{noEvents: true, agent: []string{"--heartbeat-interval", "1s", "--metrics-interval", "10s"}})
+		waitFor(b, 30*time.Second, "agent ready", func() bool { c, _ := s.get("/readyz"); return c == 200 })
+		time.Sleep(3 * time.Second) // settle
+		pid := s.cmd.Process.Pid
+		cpu0, _ := procStat(b, pid)
+		const window = 20 * time.Second
+		time.Sleep(window)
+		cpu1, rss := procStat(b, pid)
+		b.ReportMetric(100*float64(cpu1-cpu0)/float64(window), "%cpu")
+		b.ReportMetric(float64(rss)/1024, "MiB-rss")
+	}
+}
