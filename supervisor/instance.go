@@ -79,9 +79,9 @@ type instance struct {
 	logsEnd   sync.WaitGroup
 
 	// Owner-only fields.
-	restoredFrom   string    // checkpoint id of the restore sent at start
+	restoredFrom   string       // checkpoint id of the restore sent at start
 	restoreSentAt  atomic.Int64 // unix nanos when it was queued
-	stopReason     string    // why we stopped it, if we did
+	stopReason     string       // why we stopped it, if we did
 	stopping       bool
 	unresponsiveEv atomic.Bool
 	// abandoned is closed when the owner starts finishing the instance: events
