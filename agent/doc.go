@@ -1,0 +1,59 @@
+// Package agent is the client side of the supervisor protocol, for people
+// writing an agent in Go. The agent is a child process of the supervisor and
+// talks to it over two pipes in length-prefixed MessagePack frames (see
+// docs/protocol.md); this package does the framing, encoding and validation,
+// and leaves the agent's state and logic to the author.
+//
+// # Obligations
+//
+// An agent that wants the supervisor to keep it alive and its state safe:
+//
+//   - sends a heartbeat about every second ([Conn.Heartbeats]);
+//   - logs every change to its state in the write-ahead log before making it
+//     ([Conn.SendWAL], [Conn.SendWALBatch]), with sequences that start at 1
+//     and only increase, continuing after a restore from the highest sequence
+//     restored;
+//   - on restore, replaces its state by the snapshot (when a checkpoint id is
+//     given) and applies the WAL entries in order, skipping any at or below
+//     its last applied sequence;
+//   - sends checkpoints of its whole state now and then, and a final one on
+//     shutdown when asked to ([Conn.SendCheckpoint], [Conn.AwaitCheckpointAck]);
+//   - exits when the supervisor closes its pipe ([ErrSupervisorGone]) or says
+//     shutdown ([ErrShutdown]).
+//
+// When SUPERVISOR_RESTORE_PENDING=1 ([Config.RestorePending]) a restore is
+// the first frame the agent will read; it should not change its state before
+// that restore has been applied.
+//
+// # Use
+//
+//	conn, err := agent.Connect(agent.Options{})
+//	if err != nil { ... }
+//	defer conn.Close()
+//	go conn.Heartbeats(ctx, time.Second)
+//	err = conn.Run(ctx, agent.Handlers{
+//		Restore:        a.restore,
+//		ProcessRequest: a.handle,
+//		Shutdown: func(m *schema.Shutdown) {
+//			if m.CreateCheckpoint {
+//				if conn.SendCheckpoint(a.state) == nil {
+//					ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+//					conn.AwaitCheckpointAck(ctx)
+//					cancel()
+//				}
+//			}
+//		},
+//	})
+//	if errors.Is(err, agent.ErrShutdown) || errors.Is(err, agent.ErrSupervisorGone) {
+//		return 0
+//	}
+//
+// [Connect] picks the pipes from SUPERVISOR_TRANSPORT: stdin and stdout for
+// "stdio" (then stdout is not free for logs: log to stderr, which the
+// supervisor captures), fds 3 and 4 for "fd". [NewConn] takes any reader and
+// writer, for tests and custom transports.
+//
+// Sends are safe for concurrent use; every frame is written in one piece.
+// Messages are received by one goroutine at a time. The reference agent in
+// examples/refagent uses every part of this package.
+package agent

@@ -1,0 +1,1086 @@
+package schema
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Top-level field names, indexed by the f* constants.
+const (
+	fType = iota
+	fTimestamp
+	fVersion
+	fMetadata
+	fCompressed
+	fCompression
+	fData
+	fHypothesis
+	fError
+	fCheckpointID
+	fSize
+	fSnapshot
+	fWALEntries
+	fCode
+	fModule
+	fBackupCheckpointID
+	fSuccess
+	fDecision
+	fMetrics
+	fReason
+	fRequestID
+	fCreateCheckpoint
+	nTop
+)
+
+var topNames = []string{
+	fType: "type", fTimestamp: "timestamp", fVersion: "version", fMetadata: "metadata",
+	fCompressed: "compressed", fCompression: "compression", fData: "data",
+	fHypothesis: "hypothesis", fError: "error", fCheckpointID: "checkpoint_id", fSize: "size",
+	fSnapshot: "snapshot", fWALEntries: "wal_entries", fCode: "code", fModule: "module",
+	fBackupCheckpointID: "backup_checkpoint_id", fSuccess: "success", fDecision: "decision",
+	fMetrics: "metrics", fReason: "reason", fRequestID: "request_id",
+	fCreateCheckpoint: "create_checkpoint",
+}
+
+// topIndex returns the f* index of a message-level key, or -1.
+func topIndex(key []byte) int {
+	switch string(key) {
+	case "type":
+		return fType
+	case "timestamp":
+		return fTimestamp
+	case "version":
+		return fVersion
+	case "metadata":
+		return fMetadata
+	case "compressed":
+		return fCompressed
+	case "compression":
+		return fCompression
+	case "data":
+		return fData
+	case "hypothesis":
+		return fHypothesis
+	case "error":
+		return fError
+	case "checkpoint_id":
+		return fCheckpointID
+	case "size":
+		return fSize
+	case "snapshot":
+		return fSnapshot
+	case "wal_entries":
+		return fWALEntries
+	case "code":
+		return fCode
+	case "module":
+		return fModule
+	case "backup_checkpoint_id":
+		return fBackupCheckpointID
+	case "success":
+		return fSuccess
+	case "decision":
+		return fDecision
+	case "metrics":
+		return fMetrics
+	case "reason":
+		return fReason
+	case "request_id":
+		return fRequestID
+	case "create_checkpoint":
+		return fCreateCheckpoint
+	}
+	return -1
+}
+
+var (
+	walNames        = []string{"operation", "params", "sequence"}
+	hypothesisNames = []string{"reason", "target", "new_code", "expected_improvement"}
+	errorNames      = []string{"code", "message", "stack_trace", "details", "context"}
+	requestNames    = []string{"message", "context", "user_id"}
+	agentStateNames = []string{"agent_state"}
+	statusNames     = []string{"status"}
+)
+
+// decodeState is the per-call scratch of Decode, pooled by the Codec. The
+// msgpack decoder reads from br, which is reset over one walked value at a
+// time, so the library only ever sees bytes whose lengths walk has checked.
+type decodeState struct {
+	c   *Codec
+	d   *msgpack.Decoder
+	br  bytes.Reader
+	typ string // message type once known, for errors
+}
+
+func (c *Codec) getState() *decodeState {
+	s := c.states.Get().(*decodeState)
+	s.typ = ""
+	return s
+}
+
+func (c *Codec) putState(s *decodeState) {
+	s.br.Reset(nil)
+	s.d.ResetReader(nil)
+	c.states.Put(s)
+}
+
+// Decode checks and decodes one payload that travelled in direction dir:
+// the bounds walk (well-formed MessagePack, lengths within the payload,
+// nesting at most MaxDepth, no trailing bytes), then the type and its
+// direction, the type's size limit, decompression of a v2 body, and every
+// field. It returns one of the 13 message types as a pointer, or a
+// *ValidationError (which unwraps to ErrInvalidMessage) naming the field
+// and the rule.
+//
+// Raw fields of the result (Metadata, Data, Params, Raw, Snapshot, ...)
+// alias payload unless they came out of a compressed body: the caller must
+// not modify payload while it uses the message.
+func (c *Codec) Decode(dir Direction, payload []byte) (Message, error) {
+	if dir != FromAgent && dir != ToAgent {
+		return nil, &ValidationError{Rule: RuleWrongDirection, Reason: fmt.Sprintf("unknown direction %d", dir)}
+	}
+	if max := c.MaxFrameSizeFor(dir); len(payload) > max {
+		return nil, &ValidationError{Rule: RuleTooLarge, Reason: fmt.Sprintf("payload of %d bytes is above the largest accepted frame (%d bytes)", len(payload), max)}
+	}
+	if err := checkValue(payload, MaxDepth); err != nil {
+		return nil, &ValidationError{Rule: RuleMalformed, Reason: "payload is not valid MessagePack: " + err.Error()}
+	}
+	if !isMapCode(payload[0]) {
+		return nil, &ValidationError{Rule: RuleNotMap, Reason: "payload must be a map, got " + describe(payload)}
+	}
+	s := c.getState()
+	defer c.putState(s)
+	var top [nTop][]byte
+	if err := s.fields(payload, "", nil, top[:], true); err != nil {
+		return nil, err
+	}
+	typ, err := s.messageType(top[fType], dir)
+	if err != nil {
+		return nil, err
+	}
+	s.typ = typ
+	if limit := c.limits.frame(typ); len(payload) > limit {
+		return nil, s.fail("", RuleTooLarge, "%s of %d bytes is over its %d-byte limit", typ, len(payload), limit)
+	}
+	var h Header
+	if err := s.header(&top, &h); err != nil {
+		return nil, err
+	}
+	switch typ {
+	case TypeHeartbeat:
+		if err := s.noCompression(&top); err != nil {
+			return nil, err
+		}
+		return &Heartbeat{Header: h}, nil
+	case TypeCheckpoint:
+		return s.checkpoint(&top, h)
+	case TypeWALEntry:
+		return s.walEntry(&top, h)
+	case TypeWALBatch:
+		return s.walBatch(&top, h)
+	case TypeEvolutionIntent:
+		return s.evolutionIntent(&top, h)
+	case TypeMetrics:
+		return s.metrics(&top, h)
+	case TypeError:
+		return s.errorMsg(&top, h)
+	case TypeCheckpointAck:
+		return s.checkpointAck(&top, h)
+	case TypeRestore:
+		return s.restore(&top, h)
+	case TypeHotReload:
+		return s.hotReload(&top, h)
+	case TypeEvolutionResult:
+		return s.evolutionResult(&top, h)
+	case TypeProcessRequest:
+		return s.processRequest(&top, h)
+	case TypeShutdown:
+		return s.shutdown(&top, h)
+	}
+	return nil, s.fail("type", RuleUnknownType, "unknown message type %q", typ) // unreachable: messageType knows all types
+}
+
+// ---- errors and paths
+
+func (s *decodeState) fail(field string, rule Rule, format string, args ...any) *ValidationError {
+	return &ValidationError{Type: s.typ, Field: field, Rule: rule, Reason: fmt.Sprintf(format, args...)}
+}
+
+// path joins a parent path, an optional array index (-1 for none) and a
+// child name; it is only called to build error messages.
+func path(parent string, idx int, name string) string {
+	p := parent
+	if idx >= 0 {
+		p += "[" + strconv.Itoa(idx) + "]"
+	}
+	if name != "" {
+		if p != "" {
+			p += "."
+		}
+		p += name
+	}
+	return p
+}
+
+// describe names the type of the walked value v for an error message.
+func describe(v []byte) string {
+	switch k := kindOf(v[0]); k {
+	case "integer", "float", "boolean", "nil":
+		return k
+	case "array", "extension":
+		return "an " + k
+	default:
+		return "a " + k
+	}
+}
+
+func (s *decodeState) typeErr(field, want string, v []byte) *ValidationError {
+	return s.fail(field, RuleFieldType, "must be %s, got %s", want, describe(v))
+}
+
+func (s *decodeState) missing(field, what string) *ValidationError {
+	return s.fail(field, RuleMissingField, "required field is missing (%s)", what)
+}
+
+// libraryErr reports a failure of msgpack/v5 on walked bytes; only a bug
+// (here or in the library) can produce one.
+func (s *decodeState) libraryErr(field string, err error) *ValidationError {
+	return s.fail(field, RuleMalformed, "undecodable value: %v", err)
+}
+
+// ---- primitive readers; every v is exactly one walked value
+
+// load points the msgpack decoder at v.
+func (s *decodeState) load(v []byte) {
+	s.br.Reset(v)
+	s.d.ResetReader(&s.br)
+}
+
+// pos is the decoder's offset in the value last loaded.
+func (s *decodeState) pos() int { return int(s.br.Size()) - s.br.Len() }
+
+// seek moves the decoder to offset off of the value last loaded.
+func (s *decodeState) seek(off int) { _, _ = s.br.Seek(int64(off), io.SeekStart) }
+
+// tail returns the content bytes of the str or bin value v (aliasing v).
+// v is exactly one walked value, so its content is its last n bytes.
+func (s *decodeState) tail(v []byte) []byte {
+	s.load(v)
+	n, err := s.d.DecodeBytesLen()
+	if err != nil || n < 0 || n > len(v) {
+		return nil // unreachable for walked str/bin values
+	}
+	return v[len(v)-n:]
+}
+
+// present reports whether a field is there and not nil: optional fields
+// sent as nil count as absent.
+func present(v []byte) bool { return len(v) > 0 && v[0] != 0xc0 }
+
+func (s *decodeState) str(v []byte, field string) (string, error) {
+	if !isStrCode(v[0]) {
+		return "", s.typeErr(field, "a string", v)
+	}
+	// The header is read by the library; the bytes are copied straight out
+	// of v (DecodeString would first copy them into a buffer the pooled
+	// decoder keeps, as large as the largest string ever decoded).
+	return string(s.tail(v)), nil
+}
+
+// optStr returns "" for an absent or nil field.
+func (s *decodeState) optStr(v []byte, field string) (string, error) {
+	if !present(v) {
+		return "", nil
+	}
+	return s.str(v, field)
+}
+
+func (s *decodeState) reqStr(v []byte, field string) (string, error) {
+	if v == nil {
+		return "", s.missing(field, "a string")
+	}
+	return s.str(v, field)
+}
+
+// int reads any MessagePack integer encoding that fits an int64.
+func (s *decodeState) int(v []byte, field string) (int64, error) {
+	c := v[0]
+	if !isIntCode(c) {
+		return 0, s.typeErr(field, "an integer", v)
+	}
+	s.load(v)
+	if c == 0xcf { // uint64: may exceed int64
+		u, err := s.d.DecodeUint64()
+		if err != nil {
+			return 0, s.libraryErr(field, err)
+		}
+		if u > math.MaxInt64 {
+			return 0, s.fail(field, RuleFieldValue, "integer %d is out of range (at most %d)", u, int64(math.MaxInt64))
+		}
+		return int64(u), nil
+	}
+	n, err := s.d.DecodeInt64()
+	if err != nil {
+		return 0, s.libraryErr(field, err)
+	}
+	return n, nil
+}
+
+// number reads any integer or float encoding as a finite float64.
+func (s *decodeState) number(v []byte, field string) (float64, error) {
+	c := v[0]
+	var f float64
+	switch {
+	case isFloatCode(c):
+		s.load(v)
+		var err error
+		if f, err = s.d.DecodeFloat64(); err != nil {
+			return 0, s.libraryErr(field, err)
+		}
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return 0, s.fail(field, RuleFieldValue, "must be a finite number, got %v", f)
+		}
+	case c == 0xcf:
+		s.load(v)
+		u, err := s.d.DecodeUint64()
+		if err != nil {
+			return 0, s.libraryErr(field, err)
+		}
+		f = float64(u)
+	case isIntCode(c):
+		s.load(v)
+		n, err := s.d.DecodeInt64()
+		if err != nil {
+			return 0, s.libraryErr(field, err)
+		}
+		f = float64(n)
+	default:
+		return 0, s.typeErr(field, "a number", v)
+	}
+	return f, nil
+}
+
+func (s *decodeState) bool(v []byte, field string) (bool, error) {
+	if v[0] != 0xc2 && v[0] != 0xc3 {
+		return false, s.typeErr(field, "a boolean", v)
+	}
+	return v[0] == 0xc3, nil
+}
+
+// optMap returns v when it is a map, nil when absent or nil.
+func (s *decodeState) optMap(v []byte, field string) (msgpack.RawMessage, error) {
+	if !present(v) {
+		return nil, nil
+	}
+	if !isMapCode(v[0]) {
+		return nil, s.typeErr(field, "a map", v)
+	}
+	return msgpack.RawMessage(v), nil
+}
+
+func (s *decodeState) reqMap(v []byte, field string) (msgpack.RawMessage, error) {
+	if v == nil {
+		return nil, s.missing(field, "a map")
+	}
+	if !isMapCode(v[0]) {
+		return nil, s.typeErr(field, "a map", v)
+	}
+	return msgpack.RawMessage(v), nil
+}
+
+// fields finds the values of names in the map v (already known to be a map)
+// and stores them in out, by index; absent names stay nil. names nil means
+// the message map itself: out has nTop slots indexed by topIndex. With
+// strict, every key must be a string; otherwise other keys are skipped. A
+// name that occurs twice is malformed: two readers of the same bytes must
+// not disagree about which value counts.
+func (s *decodeState) fields(v []byte, field string, names []string, out [][]byte, strict bool) error {
+	s.load(v)
+	n, err := s.d.DecodeMapLen()
+	if err != nil {
+		return s.libraryErr(field, err)
+	}
+	for i := 0; i < n; i++ {
+		p := s.pos()
+		if !isStrCode(v[p]) {
+			if strict {
+				if names == nil {
+					return s.fail("", RuleNotMap, "payload must be a map with string keys, found a key that is %s", describe(v[p:]))
+				}
+				return s.fail(field, RuleFieldType, "keys must be strings, found a key that is %s", describe(v[p:]))
+			}
+			s.seek(skip(v, skip(v, p)))
+			continue
+		}
+		kl, err := s.d.DecodeBytesLen()
+		if err != nil {
+			return s.libraryErr(field, err)
+		}
+		ks := s.pos()
+		key := v[ks : ks+kl]
+		ve := skip(v, ks+kl)
+		s.seek(ve)
+		if names == nil { // the message map: a switch beats a scan
+			if j := topIndex(key); j >= 0 {
+				if out[j] != nil {
+					return s.fail(topNames[j], RuleMalformed, "key %q occurs more than once", topNames[j])
+				}
+				out[j] = v[ks+kl : ve]
+			}
+			continue
+		}
+		for j, name := range names {
+			if string(key) == name {
+				if out[j] != nil {
+					return s.fail(path(field, -1, name), RuleMalformed, "key %q occurs more than once", name)
+				}
+				out[j] = v[ks+kl : ve]
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// arrayLen returns the number of elements of the array v (known to be an
+// array) and the offset of the first; skip finds each one's end.
+func (s *decodeState) arrayLen(v []byte, field string) (n, first int, err error) {
+	s.load(v)
+	n, err = s.d.DecodeArrayLen()
+	if err != nil {
+		return 0, 0, s.libraryErr(field, err)
+	}
+	return n, s.pos(), nil
+}
+
+// numberMap decodes a map of string keys to numbers.
+func (s *decodeState) numberMap(v []byte, field string) (map[string]float64, error) {
+	if !isMapCode(v[0]) {
+		return nil, s.typeErr(field, "a map of numbers", v)
+	}
+	s.load(v)
+	n, err := s.d.DecodeMapLen()
+	if err != nil {
+		return nil, s.libraryErr(field, err)
+	}
+	// Collect spans first: number() reloads the decoder.
+	type kv struct{ k, v []byte }
+	spans := make([]kv, 0, n)
+	for i := 0; i < n; i++ {
+		p := s.pos()
+		if !isStrCode(v[p]) {
+			return nil, s.fail(field, RuleFieldType, "keys must be strings, found a key that is %s", describe(v[p:]))
+		}
+		kl, err := s.d.DecodeBytesLen()
+		if err != nil {
+			return nil, s.libraryErr(field, err)
+		}
+		ks := s.pos()
+		ve := skip(v, ks+kl)
+		spans = append(spans, kv{v[ks : ks+kl], v[ks+kl : ve]})
+		s.seek(ve)
+	}
+	out := make(map[string]float64, n)
+	for _, e := range spans {
+		f, err := s.number(e.v, path(field, -1, string(e.k)))
+		if err != nil {
+			return nil, err
+		}
+		if _, dup := out[string(e.k)]; dup {
+			return nil, s.fail(path(field, -1, string(e.k)), RuleMalformed, "key %q occurs more than once", e.k)
+		}
+		out[string(e.k)] = f
+	}
+	return out, nil
+}
+
+// ---- common fields
+
+func (s *decodeState) messageType(v []byte, dir Direction) (string, error) {
+	if v == nil {
+		return "", s.missing("type", "a string naming the message type")
+	}
+	if !isStrCode(v[0]) {
+		return "", s.typeErr("type", "a string", v)
+	}
+	name := s.tail(v)
+	if len(name) == 0 {
+		return "", s.fail("type", RuleUnknownType, "message type is empty")
+	}
+	for i, t := range allTypes {
+		if string(name) != t {
+			continue
+		}
+		if allDirections[i]&dir == 0 {
+			s.typ = t
+			if dir == FromAgent {
+				return "", s.fail("type", RuleWrongDirection, "%s is sent by the supervisor to the agent, never by the agent", t)
+			}
+			return "", s.fail("type", RuleWrongDirection, "%s is sent by the agent to the supervisor, never to the agent", t)
+		}
+		return t, nil
+	}
+	return "", s.fail("type", RuleUnknownType, "unknown message type %q (valid from this side: %s)", truncate(name, 64), typeList(dir))
+}
+
+func typeList(dir Direction) string {
+	var b bytes.Buffer
+	for i, t := range Types(dir) {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(t)
+	}
+	return b.String()
+}
+
+func truncate(b []byte, n int) string {
+	if len(b) > n {
+		return string(b[:n]) + "..."
+	}
+	return string(b)
+}
+
+func (s *decodeState) header(top *[nTop][]byte, h *Header) error {
+	ts := top[fTimestamp]
+	if ts == nil {
+		return s.missing("timestamp", "an integer, Unix seconds")
+	}
+	if !isIntCode(ts[0]) {
+		return s.fail("timestamp", RuleFieldType, "must be an integer (Unix seconds), got %s", describe(ts))
+	}
+	var err error
+	if h.Timestamp, err = s.int(ts, "timestamp"); err != nil {
+		return err
+	}
+	h.Version = 1
+	if v := top[fVersion]; present(v) {
+		n, err := s.int(v, "version")
+		if err != nil {
+			return err
+		}
+		if n < 1 || n > math.MaxInt32 {
+			return s.fail("version", RuleFieldValue, "must be a protocol version of at least 1, got %d", n)
+		}
+		h.Version = int(n)
+	}
+	h.Metadata, err = s.optMap(top[fMetadata], "metadata")
+	return err
+}
+
+// body returns the value of the body field idx (data or snapshot),
+// decompressed when the message says compressed: true. field names it;
+// limit caps the decompressed size.
+func (s *decodeState) body(top *[nTop][]byte, idx int, field string, limit int) (v []byte, compressed bool, err error) {
+	comp := top[fCompressed]
+	if !present(comp) {
+		return top[idx], false, nil
+	}
+	if compressed, err = s.bool(comp, "compressed"); err != nil || !compressed {
+		return top[idx], false, err
+	}
+	algo := top[fCompression]
+	if !present(algo) {
+		return nil, false, s.fail("compression", RuleCompression, "compressed is true but compression is missing; it must be %q", CompressionZstd)
+	}
+	if !isStrCode(algo[0]) {
+		return nil, false, s.fail("compression", RuleCompression, "must be the string %q, got %s", CompressionZstd, describe(algo))
+	}
+	if name := s.tail(algo); string(name) != CompressionZstd {
+		return nil, false, s.fail("compression", RuleCompression, "unsupported compression %q; only %q is supported", truncate(name, 32), CompressionZstd)
+	}
+	raw := top[idx]
+	if raw == nil {
+		return nil, false, s.missing(field, "compressed bytes")
+	}
+	zdata, ok := s.compressedBytes(raw)
+	if !ok {
+		if isStrCode(raw[0]) {
+			return nil, false, s.fail(field, RuleCompression, "compressed body is a string but not base64")
+		}
+		return nil, false, s.fail(field, RuleCompression, "compressed body must be binary (or a base64 string), got %s", describe(raw))
+	}
+	out, err := s.c.decompress(zdata, limit)
+	if err != nil {
+		if errors.Is(err, errOverLimit) {
+			return nil, false, s.fail(field, RuleCompression, "compressed body is over the %d-byte limit of %s: %v", limit, s.typ, err)
+		}
+		return nil, false, s.fail(field, RuleCompression, "compressed body does not decompress: %v", err)
+	}
+	if werr := checkValue(out, MaxDepth); werr != nil {
+		return nil, false, s.fail(field, RuleMalformed, "decompressed body is not one valid MessagePack value: %v", werr)
+	}
+	return out, true, nil
+}
+
+// noCompression rejects compressed: true on a type without a body field.
+func (s *decodeState) noCompression(top *[nTop][]byte) error {
+	if v := top[fCompressed]; present(v) {
+		on, err := s.bool(v, "compressed")
+		if err != nil {
+			return err
+		}
+		if on {
+			return s.fail("compressed", RuleCompression, "%s messages cannot be compressed (only checkpoint, wal_entry, wal_batch, metrics and restore bodies)", s.typ)
+		}
+	}
+	return nil
+}
+
+// ---- agent → supervisor
+
+func (s *decodeState) checkpoint(top *[nTop][]byte, h Header) (Message, error) {
+	limit := s.c.limits.Checkpoint
+	data, compressed, err := s.body(top, fData, "data", limit)
+	if err != nil {
+		return nil, err
+	}
+	if data, err = s.reqMap(data, "data"); err != nil {
+		return nil, err
+	}
+	if len(data) > limit {
+		return nil, s.fail("data", RuleTooLarge, "checkpoint data of %d bytes is over its %d-byte limit", len(data), limit)
+	}
+	status, err := s.checkpointStatus(data)
+	if err != nil {
+		return nil, err
+	}
+	return &Checkpoint{Header: h, Data: data, Compress: compressed, Status: status}, nil
+}
+
+// checkpointStatus validates data.agent_state.status when present. The
+// agent's data map may use any keys; only these two are interpreted.
+func (s *decodeState) checkpointStatus(data []byte) (string, error) {
+	var as [1][]byte
+	if err := s.fields(data, "data", agentStateNames, as[:], false); err != nil {
+		return "", err
+	}
+	state, err := s.optMap(as[0], "data.agent_state")
+	if err != nil || state == nil {
+		return "", err
+	}
+	var st [1][]byte
+	if err := s.fields(state, "data.agent_state", statusNames, st[:], false); err != nil {
+		return "", err
+	}
+	if !present(st[0]) {
+		return "", nil
+	}
+	if !isStrCode(st[0][0]) {
+		return "", s.typeErr("data.agent_state.status", "a string", st[0])
+	}
+	switch v := s.tail(st[0]); string(v) {
+	case StatusIdle:
+		return StatusIdle, nil
+	case StatusThinking:
+		return StatusThinking, nil
+	case StatusActing:
+		return StatusActing, nil
+	case StatusEvolving:
+		return StatusEvolving, nil
+	default:
+		return "", s.fail("data.agent_state.status", RuleFieldValue, "must be one of idle, thinking, acting, evolving; got %q", truncate(v, 32))
+	}
+}
+
+// walRecord decodes {operation, params, sequence}. checkOp limits operation
+// to the codec's set (agent input); restore entries were checked by the
+// supervisor that stored them, whose set the agent need not know. parent and
+// idx locate the record ("data", -1 or "data", 3); paths are only built for
+// errors, so the happy path allocates nothing for them.
+func (s *decodeState) walRecord(v []byte, parent string, idx int, checkOp bool) (WALRecord, error) {
+	r, err := s.walRecordAt(v, checkOp)
+	if err != nil {
+		var ve *ValidationError
+		if errors.As(err, &ve) {
+			ve.Field = path(parent, idx, ve.Field)
+		}
+	}
+	return r, err
+}
+
+// walRecordAt is walRecord with fields named relative to the record.
+func (s *decodeState) walRecordAt(v []byte, checkOp bool) (WALRecord, error) {
+	if !isMapCode(v[0]) {
+		return WALRecord{}, s.typeErr("", "a map {operation, params, sequence}", v)
+	}
+	var f [3][]byte
+	if err := s.fields(v, "", walNames, f[:], true); err != nil {
+		return WALRecord{}, err
+	}
+	r := WALRecord{Raw: msgpack.RawMessage(v)}
+	op := f[0]
+	switch {
+	case op == nil:
+		return r, s.missing("operation", "a string")
+	case !isStrCode(op[0]):
+		return r, s.typeErr("operation", "a string", op)
+	}
+	name := s.tail(op)
+	if canon, ok := s.c.ops[string(name)]; ok {
+		r.Operation = canon
+	} else if checkOp || len(name) == 0 {
+		return r, s.fail("operation", RuleFieldValue,
+			"%q is not an accepted WAL operation (accepted: %s); to accept it, add it to the supervisor's --wal-operations", truncate(name, 64), s.c.opNames)
+	} else {
+		r.Operation = string(name)
+	}
+	var err error
+	if r.Params, err = s.reqMap(f[1], "params"); err != nil {
+		return r, err
+	}
+	if f[2] == nil {
+		return r, s.missing("sequence", "a positive integer")
+	}
+	n, err := s.int(f[2], "sequence")
+	if err != nil {
+		return r, err
+	}
+	if n <= 0 {
+		return r, s.fail("sequence", RuleFieldValue, "must be a positive integer, got %d", n)
+	}
+	r.Sequence = uint64(n)
+	return r, nil
+}
+
+func (s *decodeState) walEntry(top *[nTop][]byte, h Header) (Message, error) {
+	data, _, err := s.body(top, fData, "data", s.c.limits.WALEntry)
+	if err != nil {
+		return nil, err
+	}
+	if data == nil {
+		return nil, s.missing("data", "a map {operation, params, sequence}")
+	}
+	r, err := s.walRecord(data, "data", -1, true)
+	if err != nil {
+		return nil, err
+	}
+	return &WALEntry{Header: h, Entry: r}, nil
+}
+
+func (s *decodeState) walBatch(top *[nTop][]byte, h Header) (Message, error) {
+	lim := &s.c.limits
+	data, _, err := s.body(top, fData, "data", lim.batchBody())
+	if err != nil {
+		return nil, err
+	}
+	if data == nil {
+		return nil, s.missing("data", "an array of WAL entries")
+	}
+	if !isArrayCode(data[0]) {
+		return nil, s.typeErr("data", "an array of WAL entries", data)
+	}
+	n, off, err := s.arrayLen(data, "data")
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, s.fail("data", RuleFieldValue, "a wal_batch must hold at least one entry")
+	}
+	if n > lim.BatchEntries {
+		return nil, s.fail("data", RuleTooLarge, "a wal_batch holds at most %d entries, got %d; split it", lim.BatchEntries, n)
+	}
+	entries := make([]WALRecord, n)
+	for i := range entries {
+		end := skip(data, off)
+		e := data[off:end]
+		if len(e) > lim.WALEntry {
+			return nil, s.fail(path("data", i, ""), RuleTooLarge, "entry of %d bytes is over the %d-byte wal_entry limit", len(e), lim.WALEntry)
+		}
+		if entries[i], err = s.walRecord(e, "data", i, true); err != nil {
+			return nil, err
+		}
+		off = end
+	}
+	return &WALBatch{Header: h, Entries: entries}, nil
+}
+
+func (s *decodeState) evolutionIntent(top *[nTop][]byte, h Header) (Message, error) {
+	if err := s.noCompression(top); err != nil {
+		return nil, err
+	}
+	hv, err := s.reqMap(top[fHypothesis], "hypothesis")
+	if err != nil {
+		return nil, err
+	}
+	var f [4][]byte
+	if err := s.fields(hv, "hypothesis", hypothesisNames, f[:], true); err != nil {
+		return nil, err
+	}
+	m := &EvolutionIntent{Header: h}
+	hy := &m.Hypothesis
+	if hy.Reason, err = s.reqStr(f[0], "hypothesis.reason"); err != nil {
+		return nil, err
+	}
+	if hy.Target, err = s.reqStr(f[1], "hypothesis.target"); err != nil {
+		return nil, err
+	}
+	if hy.Target == "" {
+		return nil, s.fail("hypothesis.target", RuleFieldValue, "must name the module to change, got an empty string")
+	}
+	if hy.NewCode, err = s.reqStr(f[2], "hypothesis.new_code"); err != nil {
+		return nil, err
+	}
+	if hy.NewCode == "" {
+		return nil, s.fail("hypothesis.new_code", RuleFieldValue, "must hold the code to try, got an empty string")
+	}
+	if present(f[3]) {
+		if hy.ExpectedImprovement, err = s.numberMap(f[3], "hypothesis.expected_improvement"); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (s *decodeState) metrics(top *[nTop][]byte, h Header) (Message, error) {
+	data, _, err := s.body(top, fData, "data", s.c.limits.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	if data == nil {
+		return nil, s.missing("data", "a map of numbers")
+	}
+	m, err := s.numberMap(data, "data")
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range knownMetrics {
+		v, ok := m[k.name]
+		if !ok {
+			continue
+		}
+		if v < 0 || (k.max > 0 && v > k.max) {
+			if k.max > 0 {
+				return nil, s.fail("data."+k.name, RuleFieldValue, "must be between 0 and %g, got %g", k.max, v)
+			}
+			return nil, s.fail("data."+k.name, RuleFieldValue, "must not be negative, got %g", v)
+		}
+	}
+	return &Metrics{Header: h, Data: m}, nil
+}
+
+// The seed's metric keys, all non-negative; max > 0 bounds them above.
+var knownMetrics = []struct {
+	name string
+	max  float64
+}{
+	{"avg_latency", 0}, {"p50_latency", 0}, {"p95_latency", 0}, {"p99_latency", 0},
+	{"error_rate", 1}, {"memory_usage", 0}, {"throughput", 0}, {"active_tools", 0},
+	{"memory_blocks", 0},
+}
+
+func (s *decodeState) errorMsg(top *[nTop][]byte, h Header) (Message, error) {
+	if err := s.noCompression(top); err != nil {
+		return nil, err
+	}
+	ev, err := s.reqMap(top[fError], "error")
+	if err != nil {
+		return nil, err
+	}
+	var f [5][]byte
+	if err := s.fields(ev, "error", errorNames, f[:], true); err != nil {
+		return nil, err
+	}
+	m := &Error{Header: h}
+	b := &m.Error
+	if b.Code, err = s.reqStr(f[0], "error.code"); err != nil {
+		return nil, err
+	}
+	if b.Code == "" {
+		return nil, s.fail("error.code", RuleFieldValue, "must name the error, got an empty string")
+	}
+	if b.Message, err = s.reqStr(f[1], "error.message"); err != nil {
+		return nil, err
+	}
+	if b.StackTrace, err = s.optStr(f[2], "error.stack_trace"); err != nil {
+		return nil, err
+	}
+	if b.Details, err = s.optMap(f[3], "error.details"); err != nil {
+		return nil, err
+	}
+	if b.Context, err = s.optMap(f[4], "error.context"); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// ---- supervisor → agent
+
+func (s *decodeState) checkpointAck(top *[nTop][]byte, h Header) (Message, error) {
+	if err := s.noCompression(top); err != nil {
+		return nil, err
+	}
+	m := &CheckpointAck{Header: h}
+	var err error
+	if m.CheckpointID, err = s.reqStr(top[fCheckpointID], "checkpoint_id"); err != nil {
+		return nil, err
+	}
+	if top[fSize] == nil {
+		return nil, s.missing("size", "an integer, bytes stored")
+	}
+	if m.Size, err = s.int(top[fSize], "size"); err != nil {
+		return nil, err
+	}
+	if m.Size < 0 {
+		return nil, s.fail("size", RuleFieldValue, "must not be negative, got %d", m.Size)
+	}
+	return m, nil
+}
+
+func (s *decodeState) restore(top *[nTop][]byte, h Header) (Message, error) {
+	limit := s.c.limits.Checkpoint
+	snap, compressed, err := s.body(top, fSnapshot, "snapshot", limit)
+	if err != nil {
+		return nil, err
+	}
+	m := &Restore{Header: h, Compress: compressed}
+	if m.CheckpointID, err = s.reqStr(top[fCheckpointID], "checkpoint_id"); err != nil {
+		return nil, err
+	}
+	if m.Snapshot, err = s.reqMap(snap, "snapshot"); err != nil {
+		return nil, err
+	}
+	if len(m.Snapshot) > limit {
+		return nil, s.fail("snapshot", RuleTooLarge, "snapshot of %d bytes is over the %d-byte checkpoint limit", len(m.Snapshot), limit)
+	}
+	wv := top[fWALEntries]
+	if !present(wv) {
+		return m, nil
+	}
+	if !isArrayCode(wv[0]) {
+		return nil, s.typeErr("wal_entries", "an array of WAL entries", wv)
+	}
+	n, off, err := s.arrayLen(wv, "wal_entries")
+	if err != nil {
+		return nil, err
+	}
+	m.WALEntries = make([]msgpack.RawMessage, n)
+	for i := range m.WALEntries {
+		end := skip(wv, off)
+		if _, err := s.walRecord(wv[off:end], "wal_entries", i, false); err != nil {
+			return nil, err
+		}
+		m.WALEntries[i] = msgpack.RawMessage(wv[off:end])
+		off = end
+	}
+	return m, nil
+}
+
+func (s *decodeState) hotReload(top *[nTop][]byte, h Header) (Message, error) {
+	if err := s.noCompression(top); err != nil {
+		return nil, err
+	}
+	m := &HotReload{Header: h}
+	var err error
+	if m.Code, err = s.reqStr(top[fCode], "code"); err != nil {
+		return nil, err
+	}
+	if m.Module, err = s.reqStr(top[fModule], "module"); err != nil {
+		return nil, err
+	}
+	if m.BackupCheckpointID, err = s.optStr(top[fBackupCheckpointID], "backup_checkpoint_id"); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (s *decodeState) evolutionResult(top *[nTop][]byte, h Header) (Message, error) {
+	if err := s.noCompression(top); err != nil {
+		return nil, err
+	}
+	m := &EvolutionResult{Header: h}
+	var err error
+	if top[fSuccess] == nil {
+		return nil, s.missing("success", "a boolean")
+	}
+	if m.Success, err = s.bool(top[fSuccess], "success"); err != nil {
+		return nil, err
+	}
+	if m.Decision, err = s.reqStr(top[fDecision], "decision"); err != nil {
+		return nil, err
+	}
+	if err := checkDecision(m.Success, m.Decision); err != "" {
+		return nil, s.fail("decision", RuleFieldValue, "%s", err)
+	}
+	if present(top[fMetrics]) {
+		if m.Metrics, err = s.numberMap(top[fMetrics], "metrics"); err != nil {
+			return nil, err
+		}
+	}
+	if m.Reason, err = s.optStr(top[fReason], "reason"); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// checkDecision returns why decision (with success) is invalid, or "".
+func checkDecision(success bool, decision string) string {
+	switch decision {
+	case DecisionPromoted:
+		if !success {
+			return `decision "promoted" requires success true`
+		}
+	case DecisionRejected:
+		if success {
+			return `decision "rejected" requires success false`
+		}
+	default:
+		if len(decision) > 32 {
+			decision = decision[:32] + "..."
+		}
+		return fmt.Sprintf("must be %q or %q, got %q", DecisionPromoted, DecisionRejected, decision)
+	}
+	return ""
+}
+
+func (s *decodeState) processRequest(top *[nTop][]byte, h Header) (Message, error) {
+	if err := s.noCompression(top); err != nil {
+		return nil, err
+	}
+	m := &ProcessRequest{Header: h}
+	var err error
+	if m.RequestID, err = s.reqStr(top[fRequestID], "request_id"); err != nil {
+		return nil, err
+	}
+	dv, err := s.reqMap(top[fData], "data")
+	if err != nil {
+		return nil, err
+	}
+	var f [3][]byte
+	if err := s.fields(dv, "data", requestNames, f[:], true); err != nil {
+		return nil, err
+	}
+	if m.Data.Message, err = s.reqStr(f[0], "data.message"); err != nil {
+		return nil, err
+	}
+	if m.Data.Context, err = s.optMap(f[1], "data.context"); err != nil {
+		return nil, err
+	}
+	if m.Data.UserID, err = s.optStr(f[2], "data.user_id"); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (s *decodeState) shutdown(top *[nTop][]byte, h Header) (Message, error) {
+	if err := s.noCompression(top); err != nil {
+		return nil, err
+	}
+	m := &Shutdown{Header: h}
+	var err error
+	if m.Reason, err = s.optStr(top[fReason], "reason"); err != nil {
+		return nil, err
+	}
+	if v := top[fCreateCheckpoint]; present(v) {
+		if m.CreateCheckpoint, err = s.bool(v, "create_checkpoint"); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,521 @@
+package schema
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"reflect"
+	"sort"
+	"time"
+)
+
+// Encode returns the MessagePack payload of m (without the frame header).
+// It writes "type" itself, the current time when Timestamp is 0 (m is not
+// modified), version when not 0 (at least 2 when compressed), metadata when
+// set, then the type's fields. Output is strict MessagePack that any
+// conforming library decodes: a fixmap for the message, str for strings, the
+// smallest integer encodings, float64 for numbers, bin only for compressed
+// bodies, and number maps with sorted keys. Raw fields (Metadata, Data,
+// Params, Raw, Snapshot, WALEntries, Details, Context) are spliced as they
+// are, after a bounds walk checks each is one well-formed map.
+//
+// Encode validates what it sends by the rules Decode applies (required
+// fields, sequences, decisions, batch size, the type's size limit) and
+// returns a *ValidationError otherwise. It does not restrict WAL operation
+// names: the receiving supervisor's --wal-operations decides those.
+func (c *Codec) Encode(m Message) ([]byte, error) {
+	if rv := reflect.ValueOf(m); m == nil || (rv.Kind() == reflect.Pointer && rv.IsNil()) {
+		return nil, &ValidationError{Rule: RuleMissingField, Reason: "cannot encode a nil message"}
+	}
+	e := &encoder{c: c, typ: m.MessageType()}
+	var err error
+	switch m := m.(type) {
+	case *Heartbeat:
+		e.begin(&m.Header, 0, false)
+	case *Checkpoint:
+		err = e.checkpoint(m)
+	case *WALEntry:
+		err = e.walEntry(m)
+	case *WALBatch:
+		err = e.walBatch(m)
+	case *EvolutionIntent:
+		err = e.evolutionIntent(m)
+	case *Metrics:
+		err = e.metrics(m)
+	case *Error:
+		err = e.errorMsg(m)
+	case *CheckpointAck:
+		err = e.checkpointAck(m)
+	case *Restore:
+		err = e.restore(m)
+	case *HotReload:
+		e.begin(&m.Header, 3, false)
+		e.str("code", m.Code)
+		e.str("module", m.Module)
+		e.str("backup_checkpoint_id", m.BackupCheckpointID)
+	case *EvolutionResult:
+		err = e.evolutionResult(m)
+	case *ProcessRequest:
+		err = e.processRequest(m)
+	case *Shutdown:
+		e.begin(&m.Header, 2, false)
+		e.str("reason", m.Reason)
+		e.key("create_checkpoint")
+		e.b = appendBool(e.b, m.CreateCheckpoint)
+	default:
+		return nil, &ValidationError{Rule: RuleUnknownType, Reason: fmt.Sprintf("cannot encode %T: not a message type of package schema", m)}
+	}
+	if err == nil {
+		err = e.err
+	}
+	if err != nil {
+		return nil, err
+	}
+	if limit := c.limits.frame(e.typ); len(e.b) > limit {
+		return nil, e.fail("", RuleTooLarge, "encoded %s of %d bytes is over its %d-byte limit", e.typ, len(e.b), limit)
+	}
+	return e.b, nil
+}
+
+// encoder accumulates one payload. The first error sticks.
+type encoder struct {
+	c   *Codec
+	typ string
+	b   []byte
+	err error
+}
+
+func (e *encoder) fail(field string, rule Rule, format string, args ...any) *ValidationError {
+	return &ValidationError{Type: e.typ, Field: field, Rule: rule, Reason: fmt.Sprintf(format, args...)}
+}
+
+func (e *encoder) setErr(err error) {
+	if e.err == nil {
+		e.err = err
+	}
+}
+
+// begin starts the payload: a fixmap header counting the common fields plus
+// n type fields, then type, timestamp, version and metadata. size is a
+// capacity hint added to the envelope.
+func (e *encoder) begin(h *Header, n int, compressed bool) {
+	e.beginSized(h, n, compressed, 0)
+}
+
+func (e *encoder) beginSized(h *Header, n int, compressed bool, size int) {
+	version := h.Version
+	if compressed && version < 2 {
+		version = 2
+	}
+	n += 2 // type, timestamp
+	if version != 0 {
+		n++
+	}
+	if h.Metadata != nil {
+		n++
+	}
+	if compressed {
+		n += 2 // compressed, compression
+	}
+	// Every message has fewer than 16 top-level fields: one fixmap byte.
+	e.b = make([]byte, 0, 64+len(h.Metadata)+size)
+	e.b = append(e.b, 0x80|byte(n))
+	e.str("type", e.typ)
+	ts := h.Timestamp
+	if ts == 0 {
+		ts = time.Now().Unix()
+	}
+	e.key("timestamp")
+	e.b = appendInt(e.b, ts)
+	if version != 0 {
+		if version < 0 {
+			e.setErr(e.fail("version", RuleFieldValue, "must be at least 1, got %d", version))
+		}
+		e.key("version")
+		e.b = appendInt(e.b, int64(version))
+	}
+	if h.Metadata != nil {
+		e.raw("metadata", h.Metadata)
+	}
+	if compressed {
+		e.key("compressed")
+		e.b = appendBool(e.b, true)
+		e.str("compression", CompressionZstd)
+	}
+}
+
+func (e *encoder) key(k string) { e.b = appendStr(e.b, k) }
+
+func (e *encoder) str(k, v string) {
+	e.key(k)
+	e.b = appendStr(e.b, v)
+}
+
+// raw appends key k and the raw map v, which must be one well-formed map.
+func (e *encoder) raw(k string, v []byte) {
+	e.key(k)
+	e.rawValue(k, v)
+}
+
+func (e *encoder) rawValue(field string, v []byte) {
+	if err := checkMap(v); err != "" {
+		e.setErr(e.fail(field, RuleMalformed, "%s", err))
+		return
+	}
+	e.b = append(e.b, v...)
+}
+
+// checkMap returns why v is not exactly one well-formed MessagePack map.
+func checkMap(v []byte) string {
+	if werr := checkValue(v, MaxDepth); werr != nil {
+		return "raw bytes are not one valid MessagePack value: " + werr.Error()
+	}
+	if !isMapCode(v[0]) {
+		return "raw bytes must encode a map, got " + describe(v)
+	}
+	return ""
+}
+
+// numbers appends a map of numbers with sorted keys; nil encodes {}.
+func (e *encoder) numbers(field string, m map[string]float64) {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	e.b = appendMapHeader(e.b, len(keys))
+	for _, k := range keys {
+		v := m[k]
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			e.setErr(e.fail(path(field, -1, k), RuleFieldValue, "must be a finite number, got %v", v))
+		}
+		e.b = appendStr(e.b, k)
+		e.b = appendFloat(e.b, v)
+	}
+}
+
+func (e *encoder) checkpoint(m *Checkpoint) error {
+	if m.Data == nil {
+		return e.fail("data", RuleMissingField, "checkpoint data is required (a map)")
+	}
+	if err := checkMap(m.Data); err != "" {
+		return e.fail("data", RuleMalformed, "%s", err)
+	}
+	if limit := e.c.limits.Checkpoint; len(m.Data) > limit {
+		return e.fail("data", RuleTooLarge, "checkpoint data of %d bytes is over its %d-byte limit", len(m.Data), limit)
+	}
+	if !m.Compress {
+		e.beginSized(&m.Header, 1, false, len(m.Data))
+		e.key("data")
+		e.b = append(e.b, m.Data...)
+		return nil
+	}
+	z, err := compress(nil, m.Data)
+	if err != nil {
+		return err
+	}
+	e.beginSized(&m.Header, 1, true, len(z))
+	e.key("data")
+	e.b = appendBin(e.b, z)
+	return nil
+}
+
+// walRecord appends one WAL entry map: Raw when set, else built from the
+// fields.
+func (e *encoder) walRecord(field string, r *WALRecord) {
+	if r.Raw != nil {
+		e.rawValue(field, r.Raw)
+		return
+	}
+	if r.Operation == "" {
+		e.setErr(e.fail(path(field, -1, "operation"), RuleMissingField, "a WAL operation name is required"))
+	}
+	if r.Sequence == 0 || r.Sequence > math.MaxInt64 {
+		e.setErr(e.fail(path(field, -1, "sequence"), RuleFieldValue, "must be a positive integer at most %d, got %d", int64(math.MaxInt64), r.Sequence))
+	}
+	e.b = append(e.b, 0x83)
+	e.str("operation", r.Operation)
+	e.key("params")
+	if r.Params == nil {
+		e.b = append(e.b, 0x80)
+	} else {
+		e.rawValue(path(field, -1, "params"), r.Params)
+	}
+	e.key("sequence")
+	e.b = appendUint(e.b, r.Sequence)
+}
+
+func recordSize(r *WALRecord) int {
+	if r.Raw != nil {
+		return len(r.Raw)
+	}
+	return 48 + len(r.Operation) + len(r.Params)
+}
+
+func (e *encoder) walEntry(m *WALEntry) error {
+	e.beginSized(&m.Header, 1, false, recordSize(&m.Entry))
+	e.key("data")
+	e.walRecord("data", &m.Entry)
+	return nil
+}
+
+func (e *encoder) walBatch(m *WALBatch) error {
+	lim := &e.c.limits
+	if len(m.Entries) == 0 {
+		return e.fail("data", RuleFieldValue, "a wal_batch must hold at least one entry")
+	}
+	if len(m.Entries) > lim.BatchEntries {
+		return e.fail("data", RuleTooLarge, "a wal_batch holds at most %d entries, got %d; split it", lim.BatchEntries, len(m.Entries))
+	}
+	size := 5
+	for i := range m.Entries {
+		size += recordSize(&m.Entries[i])
+	}
+	e.beginSized(&m.Header, 1, false, size)
+	e.key("data")
+	e.b = appendArrayHeader(e.b, len(m.Entries))
+	for i := range m.Entries {
+		start := len(e.b)
+		e.walRecord(path("data", i, ""), &m.Entries[i])
+		if n := len(e.b) - start; n > lim.WALEntry {
+			e.setErr(e.fail(path("data", i, ""), RuleTooLarge, "entry of %d bytes is over the %d-byte wal_entry limit", n, lim.WALEntry))
+		}
+	}
+	return nil
+}
+
+func (e *encoder) evolutionIntent(m *EvolutionIntent) error {
+	h := &m.Hypothesis
+	if h.Target == "" {
+		return e.fail("hypothesis.target", RuleFieldValue, "must name the module to change")
+	}
+	if h.NewCode == "" {
+		return e.fail("hypothesis.new_code", RuleFieldValue, "must hold the code to try")
+	}
+	e.beginSized(&m.Header, 1, false, len(h.Reason)+len(h.Target)+len(h.NewCode)+16*len(h.ExpectedImprovement))
+	e.key("hypothesis")
+	if h.ExpectedImprovement == nil {
+		e.b = append(e.b, 0x83)
+	} else {
+		e.b = append(e.b, 0x84)
+	}
+	e.str("reason", h.Reason)
+	e.str("target", h.Target)
+	e.str("new_code", h.NewCode)
+	if h.ExpectedImprovement != nil {
+		e.key("expected_improvement")
+		e.numbers("hypothesis.expected_improvement", h.ExpectedImprovement)
+	}
+	return nil
+}
+
+func (e *encoder) metrics(m *Metrics) error {
+	if m.Data == nil {
+		return e.fail("data", RuleMissingField, "metrics data is required (a map of numbers)")
+	}
+	e.beginSized(&m.Header, 1, false, 24*len(m.Data))
+	e.key("data")
+	e.numbers("data", m.Data)
+	return nil
+}
+
+func (e *encoder) errorMsg(m *Error) error {
+	b := &m.Error
+	if b.Code == "" {
+		return e.fail("error.code", RuleMissingField, "an error code is required")
+	}
+	n := 2
+	for _, set := range []bool{b.StackTrace != "", b.Details != nil, b.Context != nil} {
+		if set {
+			n++
+		}
+	}
+	e.beginSized(&m.Header, 1, false, len(b.Message)+len(b.StackTrace)+len(b.Details)+len(b.Context))
+	e.key("error")
+	e.b = append(e.b, 0x80|byte(n))
+	e.str("code", b.Code)
+	e.str("message", b.Message)
+	if b.StackTrace != "" {
+		e.str("stack_trace", b.StackTrace)
+	}
+	if b.Details != nil {
+		e.key("details")
+		e.rawValue("error.details", b.Details)
+	}
+	if b.Context != nil {
+		e.key("context")
+		e.rawValue("error.context", b.Context)
+	}
+	return nil
+}
+
+func (e *encoder) checkpointAck(m *CheckpointAck) error {
+	if m.Size < 0 {
+		return e.fail("size", RuleFieldValue, "must not be negative, got %d", m.Size)
+	}
+	e.begin(&m.Header, 2, false)
+	e.str("checkpoint_id", m.CheckpointID)
+	e.key("size")
+	e.b = appendInt(e.b, m.Size)
+	return nil
+}
+
+func (e *encoder) restore(m *Restore) error {
+	snap := []byte(m.Snapshot)
+	if len(snap) == 0 {
+		snap = []byte{0x80}
+	}
+	if err := checkMap(snap); err != "" {
+		return e.fail("snapshot", RuleMalformed, "%s", err)
+	}
+	if limit := e.c.limits.Checkpoint; len(snap) > limit {
+		return e.fail("snapshot", RuleTooLarge, "snapshot of %d bytes is over the %d-byte checkpoint limit", len(snap), limit)
+	}
+	body := snap
+	if m.Compress {
+		var err error
+		if body, err = compress(nil, snap); err != nil {
+			return err
+		}
+	}
+	size := len(body) + len(m.CheckpointID) + 5
+	for _, w := range m.WALEntries {
+		size += len(w)
+	}
+	e.beginSized(&m.Header, 3, m.Compress, size)
+	e.str("checkpoint_id", m.CheckpointID)
+	e.key("snapshot")
+	if m.Compress {
+		e.b = appendBin(e.b, body)
+	} else {
+		e.b = append(e.b, body...)
+	}
+	e.key("wal_entries")
+	e.b = appendArrayHeader(e.b, len(m.WALEntries))
+	for i, w := range m.WALEntries {
+		e.rawValue(path("wal_entries", i, ""), w)
+	}
+	return nil
+}
+
+func (e *encoder) evolutionResult(m *EvolutionResult) error {
+	if why := checkDecision(m.Success, m.Decision); why != "" {
+		return e.fail("decision", RuleFieldValue, "%s", why)
+	}
+	e.beginSized(&m.Header, 4, false, len(m.Reason)+24*len(m.Metrics))
+	e.key("success")
+	e.b = appendBool(e.b, m.Success)
+	e.str("decision", m.Decision)
+	e.key("metrics")
+	e.numbers("metrics", m.Metrics)
+	e.str("reason", m.Reason)
+	return nil
+}
+
+func (e *encoder) processRequest(m *ProcessRequest) error {
+	d := &m.Data
+	n := 2
+	if d.Context != nil {
+		n++
+	}
+	e.beginSized(&m.Header, 2, false, len(m.RequestID)+len(d.Message)+len(d.Context)+len(d.UserID))
+	e.str("request_id", m.RequestID)
+	e.key("data")
+	e.b = append(e.b, 0x80|byte(n))
+	e.str("message", d.Message)
+	if d.Context != nil {
+		e.key("context")
+		e.rawValue("data.context", d.Context)
+	}
+	e.str("user_id", d.UserID)
+	return nil
+}
+
+// ---- MessagePack primitives (the encoder side needs only these)
+
+func appendMapHeader(b []byte, n int) []byte {
+	switch {
+	case n < 16:
+		return append(b, 0x80|byte(n))
+	case n <= math.MaxUint16:
+		return binary.BigEndian.AppendUint16(append(b, 0xde), uint16(n))
+	}
+	return binary.BigEndian.AppendUint32(append(b, 0xdf), uint32(n))
+}
+
+func appendArrayHeader(b []byte, n int) []byte {
+	switch {
+	case n < 16:
+		return append(b, 0x90|byte(n))
+	case n <= math.MaxUint16:
+		return binary.BigEndian.AppendUint16(append(b, 0xdc), uint16(n))
+	}
+	return binary.BigEndian.AppendUint32(append(b, 0xdd), uint32(n))
+}
+
+func appendStr(b []byte, s string) []byte {
+	switch n := len(s); {
+	case n < 32:
+		b = append(b, 0xa0|byte(n))
+	case n <= math.MaxUint8:
+		b = append(b, 0xd9, byte(n))
+	case n <= math.MaxUint16:
+		b = binary.BigEndian.AppendUint16(append(b, 0xda), uint16(n))
+	default:
+		b = binary.BigEndian.AppendUint32(append(b, 0xdb), uint32(n))
+	}
+	return append(b, s...)
+}
+
+func appendBin(b, p []byte) []byte {
+	switch n := len(p); {
+	case n <= math.MaxUint8:
+		b = append(b, 0xc4, byte(n))
+	case n <= math.MaxUint16:
+		b = binary.BigEndian.AppendUint16(append(b, 0xc5), uint16(n))
+	default:
+		b = binary.BigEndian.AppendUint32(append(b, 0xc6), uint32(n))
+	}
+	return append(b, p...)
+}
+
+func appendUint(b []byte, u uint64) []byte {
+	switch {
+	case u <= 0x7f:
+		return append(b, byte(u))
+	case u <= math.MaxUint8:
+		return append(b, 0xcc, byte(u))
+	case u <= math.MaxUint16:
+		return binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(u))
+	case u <= math.MaxUint32:
+		return binary.BigEndian.AppendUint32(append(b, 0xce), uint32(u))
+	}
+	return binary.BigEndian.AppendUint64(append(b, 0xcf), u)
+}
+
+func appendInt(b []byte, i int64) []byte {
+	switch {
+	case i >= 0:
+		return appendUint(b, uint64(i))
+	case i >= -32:
+		return append(b, byte(i))
+	case i >= math.MinInt8:
+		return append(b, 0xd0, byte(i))
+	case i >= math.MinInt16:
+		return binary.BigEndian.AppendUint16(append(b, 0xd1), uint16(i))
+	case i >= math.MinInt32:
+		return binary.BigEndian.AppendUint32(append(b, 0xd2), uint32(i))
+	}
+	return binary.BigEndian.AppendUint64(append(b, 0xd3), uint64(i))
+}
+
+func appendFloat(b []byte, f float64) []byte {
+	return binary.BigEndian.AppendUint64(append(b, 0xcb), math.Float64bits(f))
+}
+
+func appendBool(b []byte, v bool) []byte {
+	if v {
+		return append(b, 0xc3)
+	}
+	return append(b, 0xc2)
+}
