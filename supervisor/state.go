@@ -186,6 +186,7 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 // restorePlan is an assembled restore, ready to send.
 type restorePlan struct {
 	msg          *schema.Restore
+	frame        []byte // msg encoded: a restore that cannot be encoded never starts an agent
 	checkpointID string
 	created      time.Time
 	watermark    uint64
@@ -267,15 +268,24 @@ func (s *Supervisor) buildRestore(point *restorePoint) (*restorePlan, error) {
 		WALEntries:   entries,
 		Compress:     s.agentVersion >= 2 && len(data) > schema.CompressThreshold,
 	}
+	frame, err := s.codec.Encode(plan.msg)
+	if err != nil {
+		return nil, fmt.Errorf("the restore (checkpoint %q, %d bytes, + %d WAL entries) cannot be encoded: %w; "+
+			"the agent is not started without its state. Have the agent checkpoint more often (a shorter WAL tail) "+
+			"or speak protocol version 2 so the restore can be compressed", meta.ID, len(data), len(entries), err)
+	}
+	plan.frame = frame
 	return plan, nil
 }
 
 // sendRestore queues a restore to an instance and records it.
 func (s *Supervisor) sendRestore(in *instance, plan *restorePlan, trigger string) bool {
-	if !in.sendMsg(plan.msg) {
+	if !in.send(plan.frame) {
 		in.log.Error("could not queue the restore for the agent", "trigger", trigger)
 		return false
 	}
+	s.met.frames.WithLabelValues("out", schema.TypeRestore).Inc()
+	s.met.frameBytes.WithLabelValues("out").Add(float64(len(plan.frame)))
 	in.restoredFrom = plan.checkpointID
 	in.restoreSentAt.Store(time.Now().UnixNano())
 	s.met.restores.WithLabelValues(trigger).Inc()

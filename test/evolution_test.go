@@ -139,3 +139,45 @@ func TestEvolutionWithoutCheckpointIsRejected(t *testing.T) {
 		t.Fatal("a shadow was started without a backup checkpoint")
 	}
 }
+
+func TestEvolutionShadowCrashIsRejected(t *testing.T) {
+	s := startSup(t, supOpts{flags: evoFlags, agent: evoAgent("latency_ms=1", "--shadow-crash-after", "500ms")})
+	res := waitResult(t, s)
+	if res.str("decision") != "rejected" || !strings.Contains(res.str("reason"), "shadow exited with code 1") {
+		t.Fatalf("result %v", res)
+	}
+	if n := len(roleEvents(s, "hot_reload", "primary")); n != 0 {
+		t.Fatalf("primary got %d hot_reloads", n)
+	}
+	// The primary is untouched: one start, still serving.
+	if n := len(roleEvents(s, "start", "primary")); n != 1 {
+		t.Fatalf("primary restarted (%d starts)", n)
+	}
+	if c, _ := s.get("/readyz"); c != 200 {
+		t.Fatalf("readyz %d", c)
+	}
+}
+
+func TestEvolutionSecondIntentDuringTrialIsRejected(t *testing.T) {
+	s := startSup(t, supOpts{flags: evoFlags, agent: evoAgent("latency_ms=1", "--evolve-repeat", "300ms")})
+	var results []ev
+	waitFor(t, 60*time.Second, "two evolution results", func() bool {
+		results = roleEvents(s, "evolution_result", "primary")
+		return len(results) >= 2
+	})
+	// The second intent arrives 300 ms into a 2 s trial.
+	if results[0].str("decision") != "rejected" || !strings.Contains(results[0].str("reason"), "another evolution") {
+		t.Fatalf("first result %v, want the second intent rejected while the trial runs", results[0])
+	}
+	if n := len(roleEvents(s, "start", "shadow")); n == 0 {
+		t.Fatal("no shadow ran")
+	}
+}
+
+func TestEvolutionWithoutMetricsIsRejected(t *testing.T) {
+	s := startSup(t, supOpts{flags: evoFlags, agent: evoAgent("latency_ms=1", "--metrics-interval", "0")})
+	res := waitResult(t, s)
+	if res.str("decision") != "rejected" || !strings.Contains(res.str("reason"), "not enough data") {
+		t.Fatalf("result %v", res)
+	}
+}

@@ -51,6 +51,8 @@ type Config struct {
 
 	ProtocolVersion int           // --protocol-version: 1 or 2
 	EvolveAfter     time.Duration // --evolve-after: send one evolution_intent (primary only); 0 = never
+	EvolveRepeat    time.Duration // --evolve-repeat: after the first intent, send another every D; 0 = only one
+	ShadowCrash     time.Duration // --shadow-crash-after: as a shadow only, exit 1 after this long; 0 = never
 	EvolveCode      string        // --evolve-code: the intent's new_code
 	EvolveTarget    string        // --evolve-target: the intent's target (module)
 
@@ -112,6 +114,8 @@ func ParseArgs(args []string, lookup func(string) (string, bool), output io.Writ
 	fs.DurationVar(&cfg.StartDelay, "start-delay", cfg.StartDelay, "sleep this long before connecting")
 	fs.IntVar(&cfg.ProtocolVersion, "protocol-version", cfg.ProtocolVersion, "protocol `version` to speak: 1 or 2 (1 never compresses)")
 	fs.DurationVar(&cfg.EvolveAfter, "evolve-after", cfg.EvolveAfter, "send one evolution_intent after this long, as primary only (0 = never)")
+	fs.DurationVar(&cfg.EvolveRepeat, "evolve-repeat", cfg.EvolveRepeat, "after the first evolution_intent, send another this often (0 = only one)")
+	fs.DurationVar(&cfg.ShadowCrash, "shadow-crash-after", cfg.ShadowCrash, "fault: when running as a shadow, exit 1 after this long (0 = never)")
 	fs.StringVar(&cfg.EvolveCode, "evolve-code", cfg.EvolveCode, "the evolution's new_code (module code, e.g. \"latency_ms=2\")")
 	fs.StringVar(&cfg.EvolveTarget, "evolve-target", cfg.EvolveTarget, "the evolution's target module")
 
@@ -160,7 +164,8 @@ func (c Config) validate() error {
 	}{
 		{"heartbeat-interval", c.HeartbeatInterval}, {"checkpoint-interval", c.CheckpointInterval},
 		{"metrics-interval", c.MetricsInterval}, {"crash-after", c.CrashAfter}, {"hang-after", c.HangAfter},
-		{"start-delay", c.StartDelay}, {"evolve-after", c.EvolveAfter},
+		{"start-delay", c.StartDelay}, {"evolve-after", c.EvolveAfter}, {"evolve-repeat", c.EvolveRepeat},
+		{"shadow-crash-after", c.ShadowCrash},
 	}
 	for _, f := range durations {
 		if f.d < 0 {

@@ -171,9 +171,11 @@ func (a *refAgent) run(parent context.Context) error {
 
 	crashC := afterOrNil(a.cfg.CrashAfter)
 	hangC := afterOrNil(a.cfg.HangAfter)
-	var evolveC <-chan time.Time
+	var evolveC, shadowCrashC <-chan time.Time
 	if a.conn.Config().Role == agent.RolePrimary {
 		evolveC = afterOrNil(a.cfg.EvolveAfter)
+	} else {
+		shadowCrashC = afterOrNil(a.cfg.ShadowCrash)
 	}
 	checkpointC, stopCheckpoints := tickerOrNil(a.cfg.CheckpointInterval)
 	defer stopCheckpoints()
@@ -223,6 +225,9 @@ func (a *refAgent) run(parent context.Context) error {
 		case <-crashC:
 			a.emit("crash", "code", a.cfg.CrashCode)
 			return &ExitError{Code: a.cfg.CrashCode, Reason: "--crash-after " + a.cfg.CrashAfter.String()}
+		case <-shadowCrashC:
+			a.emit("crash", "code", 1)
+			return &ExitError{Code: 1, Reason: "--shadow-crash-after " + a.cfg.ShadowCrash.String()}
 		case <-hangC:
 			a.emit("hang")
 			a.log.Warn("hanging as asked by --hang-after: no more heartbeats, no more reading")
@@ -235,6 +240,9 @@ func (a *refAgent) run(parent context.Context) error {
 				break
 			}
 			evolveC = nil
+			if a.cfg.EvolveRepeat > 0 {
+				evolveC = time.After(a.cfg.EvolveRepeat)
+			}
 			err = a.evolve()
 		}
 		if err != nil {
