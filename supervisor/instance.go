@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/wire"
 )
@@ -67,6 +69,10 @@ type instance struct {
 	events  chan<- event
 	met     *metrics
 
+	// Per-frame counters resolved once (label lookups hash on every call).
+	inBytes  prometheus.Counter
+	inFrames map[string]prometheus.Counter
+
 	lastHeartbeat atomic.Int64 // unix nanos; 0 before the first
 	firstHBAt     atomic.Int64
 	version       atomic.Int32 // highest protocol version the agent has used
@@ -100,6 +106,11 @@ func newInstance(n int, role string, proc *process, codec *schema.Codec, maxFram
 		writerEnd: make(chan struct{}),
 		readerEnd: make(chan struct{}),
 		abandoned: make(chan struct{}),
+		inBytes:   met.frameBytes.WithLabelValues("in"),
+		inFrames:  map[string]prometheus.Counter{},
+	}
+	for _, typ := range schema.Types(schema.FromAgent) {
+		inst.inFrames[typ] = met.frames.WithLabelValues("in", typ)
 	}
 	go inst.writeLoop(wire.NewWriter(proc.toAgent, 0))
 	go inst.readLoop(wire.NewReader(proc.fromAgent, maxFrame))
@@ -197,14 +208,15 @@ func (in *instance) readLoop(r *wire.Reader) {
 			in.emit(event{kind: evStreamEnded, err: err})
 			return
 		}
-		in.met.frameBytes.WithLabelValues("in").Add(float64(len(payload)))
+		in.inBytes.Add(float64(len(payload)))
 		msg, err := in.codec.Decode(schema.FromAgent, payload)
 		if err != nil {
 			in.sinks.invalid(in, err)
 			continue
 		}
-		typ := msg.MessageType()
-		in.met.frames.WithLabelValues("in", typ).Inc()
+		if c := in.inFrames[msg.MessageType()]; c != nil {
+			c.Inc()
+		}
 		if v := int32(msg.Head().Version); v > in.version.Load() {
 			in.version.Store(v)
 		}

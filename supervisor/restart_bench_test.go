@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -81,4 +82,20 @@ func BenchmarkRestartLatency(b *testing.B) {
 	b.ReportMetric(float64(detect.Microseconds())/n, "µs-detect")
 	b.ReportMetric(float64(restore.Microseconds())/n, "µs-restore-queued")
 	b.ReportMetric(float64(heartbeat.Microseconds())/n, "µs-first-heartbeat")
+}
+
+// BenchmarkWALFlood: the reference agent (a real child process) floods 1 KiB
+// wal_entry frames over a real pipe; one op is one entry appended by this
+// in-process supervisor under the default sync policy. Use it with
+// -cpuprofile to see the supervisor's side of the end-to-end path.
+func BenchmarkWALFlood(b *testing.B) {
+	n := b.N
+	b.SetBytes(1024)
+	s := runRefAgentSupervisor(b, "--heartbeat-interval", "1s", "--wal-rate", "10000000", "--entry-size", "1024",
+		"--wal-max", strconv.Itoa(n), "--memory-limit", "1000", "--checkpoint-interval", "0")
+	start := time.Now()
+	for s.wal.LastSequence() < uint64(n) {
+		time.Sleep(time.Millisecond)
+	}
+	b.ReportMetric(float64(n)/time.Since(start).Seconds(), "entries/s")
 }
