@@ -181,7 +181,7 @@ func (s *Supervisor) handleControl(req ControlRequest, reply chan ControlRespons
 		meta, err := s.store.Stat(id)
 		s.storeMu.Unlock()
 		if err != nil {
-			return ControlResponse{Error: fmt.Sprintf("checkpoint %s: %v (list them with `supervisor checkpoints list`)", id, err)}
+			return ControlResponse{Error: fmt.Sprintf("cannot restore: %v", err)}
 		}
 		point := &restorePoint{checkpointID: meta.ID, noWAL: req.NoWAL}
 		in := s.cur

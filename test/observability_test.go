@@ -69,7 +69,7 @@ func TestRequestAPI(t *testing.T) {
 }
 
 func TestRequestAPIWhenAgentNotReady(t *testing.T) {
-	s := startSup(t, supOpts{flags: fastFlags, agent: []string{"--start-delay", "1h"}})
+	s := startSup(t, supOpts{flags: append(fastFlags, "--shutdown-timeout", "500ms"), agent: []string{"--start-delay", "1h"}})
 	waitFor(t, 10*time.Second, "listener", func() bool { c, _ := s.get("/healthz"); return c == 200 })
 	code, body := s.post("/v1/requests", `{"message":"hi"}`)
 	if code != 503 || !strings.Contains(body, "first heartbeat") {

@@ -168,7 +168,8 @@ func TestSupervisorRestartRestoresAgent(t *testing.T) {
 }
 
 func TestRestoreByOperatorCommand(t *testing.T) {
-	s := startSup(t, supOpts{flags: fastFlags,
+	// Retention high enough that the first checkpoint survives the whole test.
+	s := startSup(t, supOpts{flags: append(fastFlags, "--checkpoint-retain", "1000"),
 		agent: []string{"--heartbeat-interval", "50ms", "--wal-rate", "300", "--checkpoint-every", "30"}})
 	acks := s.waitEvents("checkpoint_acked", 3, 30*time.Second)
 	a := acks[0]

@@ -86,7 +86,7 @@ func TestAgentIgnoringSIGTERMIsKilled(t *testing.T) {
 }
 
 func TestStartTimeout(t *testing.T) {
-	s := startSup(t, supOpts{flags: append(fastFlags, "--start-timeout", "700ms", "--max-restarts", "0"),
+	s := startSup(t, supOpts{flags: append(fastFlags, "--start-timeout", "700ms", "--max-restarts", "0", "--shutdown-timeout", "500ms"),
 		agent: []string{"--heartbeat-interval", "50ms", "--start-delay", "1h"}})
 	// The delayed agent never connects, so it logs nothing: watch the supervisor.
 	waitFor(t, 30*time.Second, "second start", func() bool { return strings.Count(s.out.String(), `msg="agent started"`) >= 2 })
