@@ -1,0 +1,260 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// faultOps fails writes and fsyncs on demand. A failing write first writes
+// half of its bytes, as a real short write before ENOSPC does.
+type faultOps struct {
+	osOps
+	mu        sync.Mutex
+	writeErr  error
+	writeIf   func(off int64) bool // nil: every write fails while writeErr is set
+	syncErr   error
+	syncFails int // fsyncs left to fail while syncErr is set; < 0: all
+}
+
+var _ fileOps = (*faultOps)(nil)
+
+func (f *faultOps) failWrites(err error, cond func(off int64) bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.writeErr, f.writeIf = err, cond
+}
+
+func (f *faultOps) failSyncs(err error, n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.syncErr, f.syncFails = err, n
+}
+
+func (f *faultOps) heal() {
+	f.failWrites(nil, nil)
+	f.failSyncs(nil, 0)
+}
+
+func (f *faultOps) writeAt(file *os.File, p []byte, off int64) (int, error) {
+	f.mu.Lock()
+	err, cond := f.writeErr, f.writeIf
+	f.mu.Unlock()
+	if err != nil && (cond == nil || cond(off)) {
+		n, _ := file.WriteAt(p[:len(p)/2], off)
+		return n, err
+	}
+	return file.WriteAt(p, off)
+}
+
+func (f *faultOps) datasync(file *os.File) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.syncErr != nil && f.syncFails != 0 {
+		f.syncFails--
+		return f.syncErr
+	}
+	return datasync(file)
+}
+
+// waitHealthy polls until the log accepts and persists an append again (the
+// syncer retries with back-off up to a second).
+func waitHealthy(t *testing.T, l *Log, seq uint64) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		err := l.WaitDurable(ctx, seq)
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the log did not recover: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestWriteFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		policy   SyncPolicy
+		fail     func(*faultOps)
+		sentinel error
+		errno    syscall.Errno
+	}{
+		{"always/ENOSPC on write", SyncAlways, func(f *faultOps) { f.failWrites(syscall.ENOSPC, nil) }, ErrNoSpace, syscall.ENOSPC},
+		{"always/EIO on write", SyncAlways, func(f *faultOps) { f.failWrites(syscall.EIO, nil) }, ErrWriteFailed, syscall.EIO},
+		{"always/EIO on fsync", SyncAlways, func(f *faultOps) { f.failSyncs(syscall.EIO, -1) }, ErrWriteFailed, syscall.EIO},
+		{"always/EDQUOT on write", SyncAlways, func(f *faultOps) { f.failWrites(syscall.EDQUOT, nil) }, ErrNoSpace, syscall.EDQUOT},
+		{"batch/ENOSPC on write", SyncBatch, func(f *faultOps) { f.failWrites(syscall.ENOSPC, nil) }, ErrNoSpace, syscall.ENOSPC},
+		{"batch/EIO on fsync", SyncBatch, func(f *faultOps) { f.failSyncs(syscall.EIO, -1) }, ErrWriteFailed, syscall.EIO},
+		{"none/ENOSPC on write", SyncNone, func(f *faultOps) { f.failWrites(syscall.ENOSPC, nil) }, ErrNoSpace, syscall.ENOSPC},
+		{"always/ENOSPC creating a segment", SyncAlways, func(f *faultOps) {
+			f.failWrites(syscall.ENOSPC, func(off int64) bool { return off == 0 })
+		}, ErrNoSpace, syscall.ENOSPC},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			fo := &faultOps{}
+			o := testOptions(t, dir)
+			o.Sync, o.ops, o.SegmentSize = tc.policy, fo, MinSegmentSize
+			l := mustOpen(t, o)
+			defer l.Close()
+			want := seqEntries(1, 30)
+			mustAppend(t, l, want[:20]...)
+			mustAppend(t, l, want[20:]...)
+			if err := l.WaitDurable(t.Context(), 30); err != nil {
+				t.Fatal(err)
+			}
+			tc.fail(fo)
+
+			check := func(what string, err error) {
+				t.Helper()
+				if !errors.Is(err, tc.sentinel) || !errors.Is(err, tc.errno) {
+					t.Fatalf("%s: %v, want %v wrapping %v", what, err, tc.sentinel, tc.errno)
+				}
+				if other := map[error]error{ErrNoSpace: ErrWriteFailed, ErrWriteFailed: ErrNoSpace}[tc.sentinel]; errors.Is(err, other) {
+					t.Fatalf("%s: %v is also %v", what, err, other)
+				}
+			}
+			// Enough data to need a new segment, for the segment-creation case.
+			failing := seqEntries(31, 60)
+			if tc.policy == SyncAlways {
+				_, err := l.Append(failing...)
+				check("Append while failing", err)
+				if got := l.LastSequence(); got != 30 {
+					t.Fatalf("LastSequence = %d after a failed append, want 30 (not consumed)", got)
+				}
+			} else {
+				// Accepted; the failure surfaces in WaitDurable and later Appends.
+				if _, err := l.Append(failing...); err != nil {
+					t.Fatalf("first Append under %v: %v", tc.policy, err)
+				}
+				ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+				check("WaitDurable while failing", l.WaitDurable(ctx, 60))
+				cancel()
+				_, err := l.Append(seqEntries(61, 61)...)
+				check("Append while failing", err)
+				if got := l.LastSequence(); got != 60 {
+					t.Fatalf("LastSequence = %d, want 60 (61 refused)", got)
+				}
+				err = l.ReadAfter(0, func(Entry) error { return nil })
+				check("ReadAfter while failing", err)
+			}
+			// Readable up to the last good record meanwhile.
+			var got []Entry
+			_ = l.ReadAfter(0, func(e Entry) error {
+				got = append(got, Entry{Sequence: e.Sequence, Data: append([]byte(nil), e.Data...)})
+				return nil
+			})
+			sameEntries(t, "readable while failing", got[:30], want)
+
+			fo.heal()
+			if tc.policy == SyncAlways {
+				if res := mustAppend(t, l, failing...); res.Appended != 30 || res.Duplicates != 0 {
+					t.Fatalf("retried Append = %+v", res)
+				}
+			} else {
+				waitHealthy(t, l, 60)
+			}
+			want = append(want, failing...)
+			mustAppend(t, l, seqEntries(61, 61)...)
+			want = append(want, seqEntries(61, 61)...)
+			if err := l.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			l = mustOpen(t, testOptions(t, dir))
+			if r := l.Recovery(); r.Corruption != nil || r.TruncatedBytes != 0 {
+				t.Fatalf("reopen after recovery from the fault: %+v", r)
+			}
+			sameEntries(t, "after the fault", readAll(t, l, 0), want)
+		})
+	}
+}
+
+// TestFailedAppendNotResurrected crashes (abandons the log without Close)
+// right after a failed Append: the half-written record must not come back.
+func TestFailedAppendNotResurrected(t *testing.T) {
+	dir := t.TempDir()
+	fo := &faultOps{}
+	o := testOptions(t, dir)
+	o.Sync, o.ops = SyncAlways, fo
+	l := mustOpen(t, o)
+	mustAppend(t, l, seqEntries(1, 10)...)
+	fo.failSyncs(syscall.EIO, 1) // the record is written completely, its fsync fails
+	if _, err := l.Append(seqEntries(11, 12)...); !errors.Is(err, ErrWriteFailed) {
+		t.Fatalf("Append = %v", err)
+	}
+	// Simulate the crash: release the lock without the final flush.
+	l.lock.Close()
+	l2 := mustOpen(t, testOptions(t, dir))
+	defer l2.Close()
+	sameEntries(t, "after a crash following a failed append", readAll(t, l2, 0), seqEntries(1, 10))
+	if r := l2.Recovery(); r.Corruption != nil {
+		t.Fatalf("corruption: %v", r.Corruption)
+	}
+	l.Close()
+}
+
+// TestRealDiskFull fills a small tmpfs (needs root and mount; skipped
+// otherwise): ENOSPC maps to ErrNoSpace, the failed entries are not
+// consumed, and once space is freed appends resume without a restart.
+func TestRealDiskFull(t *testing.T) {
+	for _, prealloc := range []bool{false, true} {
+		t.Run(map[bool]string{false: "growing", true: "preallocated"}[prealloc], func(t *testing.T) {
+			mnt := t.TempDir()
+			if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"); err != nil {
+				t.Skipf("cannot mount a tmpfs to fill (%v); the injected-fault tests cover ENOSPC", err)
+			}
+			t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+			dir := filepath.Join(mnt, "wal")
+			o := testOptions(t, dir)
+			o.Sync, o.SegmentSize, o.NoPreallocate = SyncAlways, 64<<10, !prealloc
+			l := mustOpen(t, o)
+			defer l.Close()
+			big := func(s uint64) Entry {
+				return Entry{Sequence: s, Data: append(payload(s), make([]byte, 2000)...)}
+			}
+			var want []Entry
+			var err error
+			s := uint64(1)
+			for ; s < 10000; s++ {
+				if _, err = l.Append(big(s)); err != nil {
+					break
+				}
+				want = append(want, big(s))
+			}
+			if !errors.Is(err, ErrNoSpace) || !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("Append on a full disk = %v, want ErrNoSpace wrapping ENOSPC", err)
+			}
+			if l.LastSequence() != s-1 {
+				t.Fatalf("LastSequence = %d, want %d", l.LastSequence(), s-1)
+			}
+			sameEntries(t, "readable on a full disk", readAll(t, l, 0), want)
+			// Free space the way the supervisor does: drop old segments.
+			if n, err := l.TruncateBefore(s / 2); err != nil || n == 0 {
+				t.Fatalf("TruncateBefore = %d, %v", n, err)
+			}
+			first := l.FirstSequence()
+			mustAppend(t, l, big(s))
+			want = append(want, big(s))
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			l = mustOpen(t, o)
+			if r := l.Recovery(); r.Corruption != nil || r.TruncatedBytes != 0 {
+				t.Fatalf("reopen: %+v", r)
+			}
+			sameEntries(t, "after freeing space", readAll(t, l, first-1), want[first-1:])
+		})
+	}
+}

@@ -1,0 +1,285 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+)
+
+// ReadAfter calls fn, in sequence order, for every entry with a sequence
+// above after, streaming from the segment files (the log is never held in
+// memory). It first waits until everything Append accepted before the call
+// is written. Entry.Data is valid only during fn. It is safe concurrently
+// with Append, TruncateBefore and TruncateAfter.
+//
+// It stops at fn's first error and returns it unchanged. It returns a
+// *CorruptionError (after the entries before the damage) if a record no
+// longer checks out, ErrTruncated if TruncateBefore removed entries it still
+// had to serve, and the sticky ErrNoSpace / ErrWriteFailed (after the
+// written entries) while accepted entries cannot be written.
+func (l *Log) ReadAfter(after uint64, fn func(Entry) error) error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return ErrClosed
+	}
+	target := l.lastSeq
+	var stuck error
+	err := l.waitLocked(context.Background(), func() (bool, error) {
+		switch {
+		case l.readable >= min(target, l.lastSeq):
+			return true, nil
+		case l.err != nil && l.retained:
+			stuck = l.err
+			return true, nil
+		case l.stopped:
+			return true, ErrClosed
+		}
+		return false, nil
+	})
+	l.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	seen := after // every sequence ≤ seen has been served or skipped
+	var prevIndex uint64
+	started := false
+	for {
+		seg, f, ok, err := l.openNext(prevIndex, started, after)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		if started && seg.prevLast > seen && seg.index != prevIndex+1 {
+			f.Close()
+			return fmt.Errorf("%w: segments before %s were deleted while entries after sequence %d were being read; read again",
+				ErrTruncated, seg.name(), seen)
+		}
+		started, prevIndex = true, seg.index
+		stop, err := l.readSegment(f, seg, after, &seen, fn)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		if stop {
+			break
+		}
+	}
+	if stuck != nil {
+		return fmt.Errorf("wal: served the entries up to sequence %d; entries accepted after it are not written yet: %w", seen, stuck)
+	}
+	return nil
+}
+
+// openNext opens the first segment after prevIndex (any, when !started) that
+// may hold entries above after. Opening under the read lock means
+// TruncateBefore cannot delete the file between the lookup and the open.
+func (l *Log) openNext(prevIndex uint64, started bool, after uint64) (segment, *os.File, bool, error) {
+	l.segMu.RLock()
+	defer l.segMu.RUnlock()
+	for _, s := range l.segs {
+		if started && s.index <= prevIndex {
+			continue
+		}
+		if s.last == 0 || s.last <= after {
+			continue
+		}
+		f, err := os.Open(segmentPath(l.dir, s.index))
+		if err != nil {
+			return s, nil, false, fmt.Errorf("wal: open segment %s: %w", s.name(), err)
+		}
+		return s, f, true, nil
+	}
+	return segment{}, nil, false, nil
+}
+
+// readSegment serves the entries above after from one segment, up to the
+// size readers may see. stop reports that the segment shrank under us
+// (TruncateAfter), so nothing after it is valid either.
+func (l *Log) readSegment(f *os.File, seg segment, after uint64, seen *uint64, fn func(Entry) error) (stop bool, err error) {
+	rr := newRecordReader(f, segmentHeaderSize, seg.size)
+	last := seg.prevLast
+	for {
+		h, p, err := rr.next(last, after, true)
+		if errors.Is(err, io.EOF) {
+			return false, nil
+		}
+		var bad *badRecord
+		if errors.As(err, &bad) || err != nil {
+			if l.shrunk(seg.index, rr.off) {
+				return true, nil
+			}
+			if bad == nil {
+				return false, fmt.Errorf("wal: read segment %s: %w", seg.name(), err)
+			}
+			ce := &CorruptionError{Segment: seg.name(), Offset: bad.off, Reason: bad.reason}
+			l.log.Error("WAL corruption found while reading; entries after it are not served", "err", ce)
+			return false, ce
+		}
+		last = h.last
+		if p != nil {
+			if err := forEachEntry(p, func(e Entry) error {
+				if e.Sequence <= after {
+					return nil
+				}
+				*seen = e.Sequence
+				return fn(e)
+			}); err != nil {
+				return false, err
+			}
+		}
+		*seen = max(*seen, h.last)
+	}
+}
+
+// shrunk reports whether segment index is gone or now ends at or before off.
+func (l *Log) shrunk(index uint64, off int64) bool {
+	l.segMu.RLock()
+	defer l.segMu.RUnlock()
+	for _, s := range l.segs {
+		if s.index == index {
+			return s.size <= off
+		}
+	}
+	return true
+}
+
+// ReadDir calls fn, in order, for every entry with a sequence above after in
+// the log in dir, without opening it as a Log: it takes no lock, changes
+// nothing, and is safe while a supervisor runs (for `supervisor wal dump`
+// and `status`). Entry.Data is valid only during fn.
+//
+// It stops quietly at a torn tail (as Open would truncate it) and returns a
+// *CorruptionError, after the entries before it, for damage or a missing
+// segment. Segments whose entries all lie at or below after are skipped
+// unread, so damage there goes unreported. fn's errors are returned
+// unchanged.
+func ReadDir(dir string, after uint64, fn func(Entry) error) error {
+	if fn == nil {
+		return errors.New("wal: ReadDir needs a function to call")
+	}
+	return walkDir(dir, after, fn, nil)
+}
+
+// SegmentInfo describes one segment file.
+type SegmentInfo struct {
+	Name        string
+	Size        int64  // file size (preallocated segments are full size)
+	DataSize    int64  // bytes of valid records, header included
+	First, Last uint64 // 0 when the segment holds no entries
+	Entries     int
+}
+
+// DirInfo summarizes a log directory.
+type DirInfo struct {
+	Segments    []SegmentInfo
+	Entries     int
+	First, Last uint64
+	// TornBytes is a torn tail Open would truncate.
+	TornBytes int64
+	// Corruption (a *CorruptionError) is the damage the scan stopped at;
+	// Segments, Entries and Last describe the good prefix.
+	Corruption error
+}
+
+// Inspect verifies every record of the log in dir, read-only like ReadDir,
+// and summarizes it. Damage is reported in DirInfo.Corruption; the error is
+// for unreadable directories and files.
+func Inspect(dir string) (DirInfo, error) {
+	var info DirInfo
+	err := walkDir(dir, 0, nil, func(sc *segmentScan) {
+		info.Segments = append(info.Segments, SegmentInfo{Name: sc.name, Size: sc.size, DataSize: sc.end,
+			First: sc.first, Last: sc.last, Entries: sc.entries})
+		info.Entries += sc.entries
+		if info.First == 0 {
+			info.First = sc.first
+		}
+		info.Last = sc.lastSeq()
+		if sc.tornEnd > sc.end {
+			info.TornBytes += sc.tornEnd - sc.end
+		}
+		if sc.headerTorn {
+			info.TornBytes += sc.size
+		}
+	})
+	var ce *CorruptionError
+	if errors.As(err, &ce) {
+		info.Corruption = ce
+		return info, nil
+	}
+	return info, err
+}
+
+// walkDir scans the segments of dir read-only, passing entries above after
+// to fn (when set) and each scanned segment to visit (when set).
+func walkDir(dir string, after uint64, fn func(Entry) error, visit func(*segmentScan)) error {
+	idx, err := listSegments(dir)
+	if err != nil {
+		return fmt.Errorf("wal: list segments in %s: %w", dir, err)
+	}
+	var (
+		prev     uint64
+		havePrev bool
+		opened   bool
+	)
+	for i, index := range idx {
+		name := segmentName(index)
+		if i > 0 && index != idx[i-1]+1 {
+			return &CorruptionError{Segment: segmentName(idx[i-1] + 1),
+				Reason: fmt.Sprintf("segment missing: %s is followed by %s", segmentName(idx[i-1]), name)}
+		}
+		isLast := i == len(idx)-1
+		if fn != nil && after > 0 && !isLast {
+			// The next segment's header says where this one ends.
+			if h, ok := peekHeader(dir, idx[i+1]); ok && h.prevLast <= after {
+				havePrev = false
+				continue
+			}
+		}
+		f, err := os.Open(segmentPath(dir, index))
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) && !opened {
+				havePrev = false // deleted by a running supervisor's truncation
+				continue
+			}
+			if errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("%w: segment %s disappeared while reading (a running supervisor removed it); run the command again", ErrTruncated, name)
+			}
+			return fmt.Errorf("wal: open segment %s: %w", name, err)
+		}
+		opened = true
+		sc, err := scanSegment(f, name, index, scanOpts{isLast: isLast, prev: prev, havePrev: havePrev, after: after, fn: fn})
+		f.Close()
+		if err != nil {
+			return err
+		}
+		if visit != nil {
+			visit(&sc)
+		}
+		if sc.corrupt != nil {
+			return sc.corrupt
+		}
+		prev, havePrev = sc.lastSeq(), true
+	}
+	return nil
+}
+
+// peekHeader reads and checks the header of segment index.
+func peekHeader(dir string, index uint64) (segmentHeader, bool) {
+	f, err := os.Open(segmentPath(dir, index))
+	if err != nil {
+		return segmentHeader{}, false
+	}
+	defer f.Close()
+	b := make([]byte, segmentHeaderSize)
+	if _, err := io.ReadFull(f, b); err != nil {
+		return segmentHeader{}, false
+	}
+	h, reason, err := parseSegmentHeader(b)
+	return h, reason == "" && err == nil && h.index == index
+}

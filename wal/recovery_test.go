@@ -1,0 +1,452 @@
+package wal
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// recordSpan is one record's place in a segment file.
+type recordSpan struct {
+	off, end    int64
+	first, last uint64
+	count       int
+}
+
+// recordSpans lists the valid records of a segment file.
+func recordSpans(t testing.TB, path string) []recordSpan {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fi, _ := f.Stat()
+	rr := newRecordReader(f, segmentHeaderSize, fi.Size())
+	var spans []recordSpan
+	last := uint64(0)
+	for {
+		off := rr.off
+		h, _, err := rr.next(last, 0, false)
+		if err != nil {
+			return spans
+		}
+		last = h.last
+		spans = append(spans, recordSpan{off: off, end: rr.off, first: h.first, last: h.last, count: int(h.count)})
+	}
+}
+
+// copyDir copies the regular files of src into a new temporary directory.
+func copyDir(t testing.TB, src string) string {
+	t.Helper()
+	dst := t.TempDir()
+	des, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, de := range des {
+		if !de.Type().IsRegular() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(src, de.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, de.Name()), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dst
+}
+
+// corruptFunc damages a log directory; tests apply it to a copy.
+type corruptFunc func(t testing.TB, dir string)
+
+// buildLog writes entries 1..n (singles, then a final batch of batch
+// entries) into dir and returns them.
+func buildLog(t testing.TB, o Options, n, batch uint64) []Entry {
+	t.Helper()
+	l := mustOpen(t, o)
+	var want []Entry
+	for s := uint64(1); s <= n-batch; s++ {
+		want = append(want, mustAppendOne(t, l, s))
+	}
+	es := seqEntries(n-batch+1, n)
+	mustAppend(t, l, es...)
+	want = append(want, es...)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return want
+}
+
+// TestTornBatchAtEveryOffset cuts the file at every byte offset of the last
+// record (a batch) and reopens: the batch is there entirely or not at all,
+// and a cut is a torn tail, never corruption.
+func TestTornBatchAtEveryOffset(t *testing.T) {
+	for _, zeroTail := range []bool{false, true} {
+		name := map[bool]string{false: "truncated file", true: "zeroed tail of a preallocated file"}[zeroTail]
+		t.Run(name, func(t *testing.T) {
+			src := t.TempDir()
+			o := testOptions(t, src)
+			o.NoPreallocate = !zeroTail
+			l := mustOpen(t, o)
+			want := seqEntries(1, 12)
+			for _, e := range want {
+				mustAppend(t, l, e)
+			}
+			var batch []Entry // small entries keep the number of cut points (and the test) short
+			for s := uint64(13); s <= 20; s++ {
+				batch = append(batch, Entry{Sequence: s, Data: payload(s)[:1+s%23]})
+			}
+			mustAppend(t, l, batch...)
+			want = append(want, batch...)
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			idx, _ := listSegments(src)
+			seg := segmentPath(src, idx[len(idx)-1])
+			spans := recordSpans(t, seg)
+			lastRec := spans[len(spans)-1]
+			if lastRec.count != 8 {
+				t.Fatalf("last record holds %d entries, want the batch of 8", lastRec.count)
+			}
+			orig, err := os.ReadFile(seg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := t.TempDir()
+			for cut := lastRec.off; cut <= lastRec.end; cut++ {
+				os.RemoveAll(dir)
+				os.Mkdir(dir, 0o700)
+				b := slices.Clone(orig)
+				intact := cut == lastRec.end
+				if zeroTail {
+					intact = isZero(b[cut:lastRec.end])
+					clear(b[cut:lastRec.end])
+				} else {
+					b = b[:cut]
+				}
+				if err := os.WriteFile(filepath.Join(dir, filepath.Base(seg)), b, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				oo := o
+				oo.Dir, oo.NoPreallocate = dir, true
+				l, err := Open(oo)
+				if err != nil {
+					t.Fatalf("cut at %d: Open: %v", cut, err)
+				}
+				rec := l.Recovery()
+				got := readAll(t, l, 0)
+				switch {
+				case rec.Corruption != nil:
+					t.Fatalf("cut at %d: reported corruption: %v", cut, rec.Corruption)
+				case intact:
+					sameEntries(t, "uncut", got, want)
+				default:
+					sameEntries(t, "cut inside the batch", got, want[:12])
+					if cut > lastRec.off && rec.TruncatedBytes == 0 {
+						t.Fatalf("cut at %d: TruncatedBytes = 0", cut)
+					}
+				}
+				if (cut-lastRec.off)%7 != 0 && cut != lastRec.end {
+					l.Close()
+					continue
+				}
+				// The log appends again right after what it kept.
+				next := got[len(got)-1].Sequence + 1
+				mustAppend(t, l, seqEntries(next, next)...)
+				l.Close()
+				l = mustOpen(t, oo)
+				if r := l.Recovery(); r.Corruption != nil || r.TruncatedBytes != 0 || l.LastSequence() != next {
+					t.Fatalf("cut at %d: second reopen %+v, last %d", cut, r, l.LastSequence())
+				}
+				l.Close()
+			}
+		})
+	}
+}
+
+// TestBitFlips flips one bit at random offsets of random segments: the flip
+// is detected, the good prefix kept, and no damaged entry served.
+func TestBitFlips(t *testing.T) {
+	src := t.TempDir()
+	o := testOptions(t, src)
+	o.SegmentSize = 8 << 10
+	want := buildLog(t, o, 120, 10)
+	idx, _ := listSegments(src)
+	if len(idx) < 3 {
+		t.Fatalf("only %d segments", len(idx))
+	}
+	// entriesBefore[seg] = entries in the segments before it.
+	entriesBefore := map[uint64]int{}
+	spans := map[uint64][]recordSpan{}
+	total := 0
+	for _, x := range idx {
+		entriesBefore[x] = total
+		spans[x] = recordSpans(t, segmentPath(src, x))
+		for _, s := range spans[x] {
+			total += s.count
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	iterations := 100
+	if testing.Short() {
+		iterations = 30
+	}
+	for i := range iterations {
+		x := idx[rng.IntN(len(idx))]
+		path := segmentPath(src, x)
+		fi, _ := os.Stat(path)
+		off := rng.Int64N(fi.Size())
+		bit := byte(1) << rng.IntN(8)
+		dir := copyDir(t, src)
+		b, _ := os.ReadFile(filepath.Join(dir, filepath.Base(path)))
+		b[off] ^= bit
+		os.WriteFile(filepath.Join(dir, filepath.Base(path)), b, 0o600)
+
+		// Entries before the damaged record (or segment header).
+		keep := entriesBefore[x]
+		lastRecordOfLog := false
+		for j, s := range spans[x] {
+			if off < segmentHeaderSize {
+				break
+			}
+			if off >= s.off && off < s.end {
+				lastRecordOfLog = x == idx[len(idx)-1] && j == len(spans[x])-1
+				break
+			}
+			keep += s.count
+		}
+		// The dump sees the same thing Open does, and changes nothing.
+		dumped, derr := readDirAll(dir, 0)
+
+		oo := o
+		oo.Dir = dir
+		l, err := Open(oo)
+		if err != nil {
+			t.Fatalf("flip %d at %s+%d: Open: %v", i, filepath.Base(path), off, err)
+		}
+		rec := l.Recovery()
+		got := readAll(t, l, 0)
+		sameEntries(t, "after a bit flip", got, want[:len(got)])
+		if len(got) != keep {
+			t.Fatalf("flip at %s+%d: kept %d entries, want the %d before the damage (recovery %+v)", filepath.Base(path), off, len(got), keep, rec)
+		}
+		if !lastRecordOfLog {
+			var ce *CorruptionError
+			if !errors.As(rec.Corruption, &ce) || !errors.Is(rec.Corruption, ErrCorrupt) {
+				t.Fatalf("flip at %s+%d: Recovery.Corruption = %v, want a *CorruptionError", filepath.Base(path), off, rec.Corruption)
+			}
+			if len(ce.Moved) == 0 {
+				t.Fatalf("flip at %s+%d: nothing set aside: %v", filepath.Base(path), off, ce)
+			}
+			if !errors.As(derr, &ce) {
+				t.Fatalf("flip at %s+%d: ReadDir returned %v, want a *CorruptionError", filepath.Base(path), off, derr)
+			}
+		} else if derr != nil && !errors.Is(derr, ErrCorrupt) {
+			t.Fatalf("ReadDir: %v", derr)
+		}
+		sameEntries(t, "ReadDir before repair", dumped, want[:len(dumped)])
+		if len(dumped) != keep {
+			t.Fatalf("flip at %s+%d: ReadDir served %d entries, want %d", filepath.Base(path), off, len(dumped), keep)
+		}
+		// After the repair the log is clean and appends continue.
+		next := l.LastSequence() + 1
+		mustAppend(t, l, seqEntries(next, next)...)
+		l.Close()
+		l = mustOpen(t, oo)
+		if r := l.Recovery(); r.Corruption != nil || r.TruncatedBytes != 0 || l.LastSequence() != next {
+			t.Fatalf("flip at %s+%d: reopen after repair: %+v, last %d", filepath.Base(path), off, r, l.LastSequence())
+		}
+		l.Close()
+	}
+}
+
+func TestMissingSegment(t *testing.T) {
+	src := t.TempDir()
+	o := testOptions(t, src)
+	o.SegmentSize = MinSegmentSize
+	want := buildLog(t, o, 100, 1)
+	idx, _ := listSegments(src)
+	if len(idx) < 5 {
+		t.Fatalf("only %d segments", len(idx))
+	}
+	gone := idx[2]
+	keep := 0
+	for _, x := range idx[:2] {
+		for _, s := range recordSpans(t, segmentPath(src, x)) {
+			keep += s.count
+		}
+	}
+	os.Remove(segmentPath(src, gone))
+
+	_, err := readDirAll(src, 0)
+	var ce *CorruptionError
+	if !errors.As(err, &ce) || ce.Segment != segmentName(gone) {
+		t.Fatalf("ReadDir with a missing segment: %v", err)
+	}
+	l := mustOpen(t, o)
+	rec := l.Recovery()
+	if !errors.As(rec.Corruption, &ce) || ce.Segment != segmentName(gone) || !strings.Contains(ce.Reason, "missing") {
+		t.Fatalf("Recovery.Corruption = %v", rec.Corruption)
+	}
+	if len(ce.Moved) != len(idx)-3 {
+		t.Fatalf("moved %v, want the %d segments after the gap", ce.Moved, len(idx)-3)
+	}
+	for _, m := range ce.Moved {
+		if _, err := os.Stat(filepath.Join(src, m)); err != nil {
+			t.Fatalf("set-aside file: %v", err)
+		}
+	}
+	sameEntries(t, "prefix before the gap", readAll(t, l, 0), want[:keep])
+	mustAppendOne(t, l, uint64(keep)+1)
+	l.Close()
+	l = mustOpen(t, o)
+	defer l.Close()
+	if r := l.Recovery(); r.Corruption != nil {
+		t.Fatalf("reopen: %v", r.Corruption)
+	}
+}
+
+func TestUnsupportedVersion(t *testing.T) {
+	dir := t.TempDir()
+	o := testOptions(t, dir)
+	buildLog(t, o, 10, 1)
+	path := segmentPath(dir, 1)
+	b, _ := os.ReadFile(path)
+	b[9] = 2 // version 2
+	os.WriteFile(path, b, 0o600)
+	if l, err := Open(o); err == nil || !strings.Contains(err.Error(), "version 2") {
+		if err == nil {
+			l.Close()
+		}
+		t.Fatalf("Open of a version 2 segment = %v, want a version error", err)
+	}
+	after, _ := os.ReadFile(path)
+	if !bytes.Equal(after, b) {
+		t.Fatal("Open changed a segment of another version")
+	}
+}
+
+// TestGarbageTail covers what recovery sees after the last record: zeros
+// (preallocated space), a torn write, and damage.
+func TestGarbageTail(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		tail      func(rec []byte) []byte // bytes appended after the good records
+		corrupt   bool
+		truncated bool
+	}{
+		{"zeros", func([]byte) []byte { return make([]byte, 5000) }, false, false},
+		{"half a record", func(rec []byte) []byte { return rec[:len(rec)/2] }, false, true},
+		{"half a record then zeros", func(rec []byte) []byte { return append(rec[:len(rec)/2:len(rec)/2], make([]byte, 3000)...) }, false, true},
+		{"a few garbage bytes", func([]byte) []byte { return []byte{1, 2, 3} }, false, true},
+		{"complete record with a flipped payload bit", func(rec []byte) []byte {
+			rec[len(rec)-5] ^= 0x10
+			return rec
+		}, true, false},
+		{"complete record with a flipped header bit", func(rec []byte) []byte {
+			rec[30] ^= 0x01
+			return rec
+		}, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			o := testOptions(t, dir)
+			want := buildLog(t, o, 10, 1)
+			rec := appendRecord(nil, seqEntries(11, 13))
+			f, _ := os.OpenFile(segmentPath(dir, 1), os.O_WRONLY|os.O_APPEND, 0)
+			f.Write(tc.tail(rec))
+			f.Close()
+			l := mustOpen(t, o)
+			defer l.Close()
+			r := l.Recovery()
+			if (r.Corruption != nil) != tc.corrupt || (r.TruncatedBytes > 0) != tc.truncated {
+				t.Fatalf("Recovery = %+v; want corruption %v, truncation %v", r, tc.corrupt, tc.truncated)
+			}
+			sameEntries(t, "good records", readAll(t, l, 0), want)
+		})
+	}
+}
+
+// TestGolden pins the on-disk format: a log written by this build must be
+// byte-identical to testdata/golden-v1.wal. Regenerate with -update only
+// for a deliberate format change (and bump formatVersion).
+func TestGolden(t *testing.T) {
+	dir := t.TempDir()
+	o := testOptions(t, dir)
+	l := mustOpen(t, o)
+	mustAppend(t, l, Entry{Sequence: 1, Data: []byte("\x83\xa9operation\xaamemory_add\xa6params\x80\xa8sequence\x01")})
+	mustAppend(t, l, Entry{Sequence: 2, Data: []byte("two")}, Entry{Sequence: 5, Data: nil}, Entry{Sequence: 6, Data: []byte{0}})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(segmentPath(dir, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden := filepath.Join("testdata", "golden-v1.wal")
+	if *update {
+		if err := os.WriteFile(golden, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run go test -run TestGolden -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("segment bytes differ from %s:\ngot  %x\nwant %x", golden, got, want)
+	}
+	// And the golden file reads back.
+	gdir := t.TempDir()
+	os.WriteFile(filepath.Join(gdir, segmentName(1)), want, 0o600)
+	es, err := readDirAll(gdir, 0)
+	if err != nil || len(es) != 4 || es[2].Sequence != 5 || len(es[2].Data) != 0 {
+		t.Fatalf("golden read back: %v, %v", es, err)
+	}
+}
+
+func TestInspectAndDump(t *testing.T) {
+	dir := t.TempDir()
+	o := testOptions(t, dir)
+	o.SegmentSize = MinSegmentSize
+	buildLog(t, o, 40, 5)
+	info, err := Inspect(dir)
+	if err != nil || info.Corruption != nil || info.Entries != 40 || info.First != 1 || info.Last != 40 || len(info.Segments) < 2 {
+		t.Fatalf("Inspect = %+v, %v", info, err)
+	}
+	var buf bytes.Buffer
+	n, err := Dump(&buf, dir, DumpOptions{After: 37})
+	if err != nil || n != 3 {
+		t.Fatalf("Dump = %d, %v", n, err)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "38\t") || !strings.Contains(lines[0], "\thex:") {
+		t.Fatalf("Dump text:\n%s", buf.String())
+	}
+	buf.Reset()
+	n, err = Dump(&buf, dir, DumpOptions{After: 39, JSON: true, Decode: func(b []byte) (any, error) {
+		if len(b) == 0 {
+			return nil, io.ErrUnexpectedEOF
+		}
+		return map[string]int{"len": len(b)}, nil
+	}})
+	want := `{"sequence":40,"size":` + itoa(len(payload(40))) + `,"entry":{"len":` + itoa(len(payload(40))) + "}}\n"
+	if err != nil || n != 1 || buf.String() != want {
+		t.Fatalf("Dump JSON = %q, %v; want %q", buf.String(), err, want)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

@@ -1,0 +1,564 @@
+package wal
+
+import (
+	"fmt"
+	"os"
+	"time"
+)
+
+// fileOps is the write path's access to files; tests inject faults here.
+type fileOps interface {
+	writeAt(f *os.File, p []byte, off int64) (int, error)
+	datasync(f *os.File) error
+	truncate(f *os.File, size int64) error
+}
+
+type osOps struct{}
+
+func (osOps) writeAt(f *os.File, p []byte, off int64) (int, error) { return f.WriteAt(p, off) }
+func (osOps) datasync(f *os.File) error                            { return datasync(f) }
+func (osOps) truncate(f *os.File, size int64) error                { return f.Truncate(size) }
+
+// batchBuf holds encoded records on their way to the disk: Append fills one,
+// the syncer writes it and keeps it until its records are durable, so a
+// failed fsync can write them again.
+type batchBuf struct {
+	buf     []byte
+	recs    []recMeta
+	written int // records written to the file
+	synced  int // records made durable
+}
+
+type recMeta struct {
+	end         int // offset in buf just after the record
+	first, last uint64
+	count       int
+}
+
+func (b *batchBuf) add(entries []Entry) {
+	b.buf = appendRecord(b.buf, entries)
+	b.recs = append(b.recs, recMeta{end: len(b.buf), first: entries[0].Sequence, last: entries[len(entries)-1].Sequence, count: len(entries)})
+}
+
+// start is the offset in buf of record i.
+func (b *batchBuf) start(i int) int {
+	if i == 0 {
+		return 0
+	}
+	return b.recs[i-1].end
+}
+
+func (l *Log) pendingBytes() int {
+	if l.pending == nil {
+		return 0
+	}
+	return len(l.pending.buf)
+}
+
+func (l *Log) newBatchLocked() *batchBuf {
+	if n := len(l.free); n > 0 {
+		b := l.free[n-1]
+		l.free = l.free[:n-1]
+		return b
+	}
+	return &batchBuf{}
+}
+
+// release returns fully written-and-synced (or dropped) buffers to the free list.
+func (l *Log) release(bs ...*batchBuf) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, b := range bs {
+		if cap(b.buf) > 8<<20 || len(l.free) >= 4 {
+			continue
+		}
+		b.buf, b.recs, b.written, b.synced = b.buf[:0], b.recs[:0], 0, 0
+		l.free = append(l.free, b)
+	}
+}
+
+func (l *Log) hasPending() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pending != nil
+}
+
+// syncState is the syncer goroutine's own state: the active segment file and
+// the data between Append and the disk.
+type syncState struct {
+	f                                     *os.File
+	writeOff, durOff, allocSize, dirtyEnd int64
+	// cur describes the active segment as written; syn as durable.
+	cur, syn                segment
+	lastWritten, lastSynced uint64
+	queue                   []*batchBuf // accepted, not yet (fully) written, oldest first
+	unsynced                []*batchBuf // written since the last fsync (not under SyncNone)
+	unsyncedEntries         int
+	unsyncedBytes           int
+	unsyncedSince           time.Time
+	retryDelay              time.Duration
+	nextRetry               time.Time
+	prepRequested           bool
+	closeErr                error
+}
+
+type reqKind int
+
+const (
+	reqSync reqKind = iota
+	reqTruncateAfter
+)
+
+type request struct {
+	kind  reqKind
+	seq   uint64
+	reply chan reply
+}
+
+type reply struct {
+	n   int
+	err error
+}
+
+// call runs a request on the syncer goroutine.
+func (l *Log) call(r request) error {
+	_, err := l.callN(r)
+	return err
+}
+
+func (l *Log) callN(r request) (int, error) {
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		return 0, ErrClosed
+	}
+	r.reply = make(chan reply, 1)
+	select {
+	case l.reqs <- r:
+	case <-l.done:
+		return 0, ErrClosed
+	}
+	rep := <-r.reply
+	return rep.n, rep.err
+}
+
+// run is the syncer goroutine. It owns the active segment, writes what
+// Append queued, fsyncs per the policy, serves Sync and TruncateAfter, and
+// exits after a final flush when Close closes l.stop.
+func (l *Log) run() {
+	defer close(l.done)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	armed := false
+	for {
+		var timerC <-chan time.Time
+		if armed {
+			timerC = timer.C
+		}
+		select {
+		case <-l.stop:
+			if err := l.drain(true, true); err != nil {
+				l.s.closeErr = fmt.Errorf("wal: close: entries accepted after sequence %d could not be made durable: %w", l.s.lastSynced, err)
+			}
+			l.mu.Lock()
+			l.stopped = true
+			l.publishLocked()
+			l.mu.Unlock()
+			timer.Stop()
+			return
+		case r := <-l.reqs:
+			r.reply <- l.serve(r)
+		case <-l.kick:
+		case <-timerC:
+			armed = false
+		}
+		_ = l.drain(false, false)
+		l.mu.Lock()
+		retry := l.err != nil && l.retained
+		l.mu.Unlock()
+		if retry {
+			if armed && !timer.Stop() {
+				<-timer.C
+			}
+			timer.Reset(max(time.Until(l.s.nextRetry), 0))
+			armed = true
+		}
+	}
+}
+
+func (l *Log) serve(r request) reply {
+	if err := l.drain(true, true); err != nil {
+		return reply{err: err}
+	}
+	if r.kind == reqTruncateAfter {
+		n, err := l.truncateAfter(r.seq)
+		return reply{n: n, err: err}
+	}
+	return reply{}
+}
+
+// drain writes everything queued and fsyncs per the policy: at once under
+// SyncAlways or when someone waits, otherwise as soon as nothing more is
+// queued, or after SyncInterval under a steady flood. force ignores the retry
+// back-off; syncAll fsyncs whatever was written, under every policy.
+func (l *Log) drain(force, syncAll bool) error {
+	s := &l.s
+	for {
+		l.mu.Lock()
+		if l.err != nil && l.retained && !force && time.Now().Before(s.nextRetry) {
+			err := l.err
+			l.mu.Unlock()
+			return err
+		}
+		b := l.pending
+		l.pending = nil
+		waiters := l.waiters > 0
+		l.mu.Unlock()
+		if b != nil {
+			s.queue = append(s.queue, b)
+		}
+		did := false
+		if len(s.queue) > 0 {
+			if err := l.writeQueue(); err != nil {
+				return l.failed(err)
+			}
+			did = true
+		}
+		if s.writeOff != s.durOff && (l.opts.Sync != SyncNone || syncAll) {
+			more := l.hasPending()
+			if syncAll || !more || waiters || l.opts.Sync == SyncAlways || time.Since(s.unsyncedSince) >= l.opts.SyncInterval {
+				if err := l.syncActive(); err != nil {
+					return l.failed(err)
+				}
+				did = true
+			}
+		}
+		if did {
+			l.succeeded()
+		}
+		if !l.hasPending() {
+			return nil
+		}
+	}
+}
+
+// writeQueue writes the queued records, rolling to a new segment when the
+// next record does not fit.
+func (l *Log) writeQueue() error {
+	s := &l.s
+	if s.f == nil {
+		if err := l.reopenActive(); err != nil {
+			return err
+		}
+	}
+	if err := l.cleanDirty(); err != nil {
+		return err
+	}
+	for len(s.queue) > 0 {
+		b := s.queue[0]
+		i := b.written
+		start := b.start(i)
+		if s.writeOff > segmentHeaderSize && s.writeOff+int64(b.recs[i].end-start) > l.opts.SegmentSize {
+			if err := l.roll(); err != nil {
+				return err
+			}
+		}
+		j := i + 1
+		for j < len(b.recs) && s.writeOff+int64(b.recs[j].end-start) <= l.opts.SegmentSize {
+			j++
+		}
+		end := b.recs[j-1].end
+		n, err := l.ops.writeAt(s.f, b.buf[start:end], s.writeOff)
+		if err != nil {
+			s.dirtyEnd = max(s.dirtyEnd, s.writeOff+int64(n))
+			return ioFailure(fmt.Sprintf("write %d bytes to segment %s at offset %d", end-start, s.cur.name(), s.writeOff), err)
+		}
+		entries := 0
+		for k := i; k < j; k++ {
+			entries += b.recs[k].count
+		}
+		if s.unsyncedBytes == 0 {
+			s.unsyncedSince = time.Now()
+		}
+		s.unsyncedEntries += entries
+		s.unsyncedBytes += end - start
+		s.writeOff += int64(end - start)
+		if s.cur.first == 0 {
+			s.cur.first = b.recs[i].first
+		}
+		s.cur.last = b.recs[j-1].last
+		s.cur.entries += entries
+		s.cur.size = s.writeOff
+		s.lastWritten = s.cur.last
+		b.written = j
+		if j == len(b.recs) {
+			s.queue[0] = nil
+			s.queue = s.queue[1:]
+		}
+		if l.opts.Sync == SyncNone {
+			if j == len(b.recs) {
+				l.release(b)
+			}
+		} else if n := len(s.unsynced); n == 0 || s.unsynced[n-1] != b {
+			s.unsynced = append(s.unsynced, b)
+		}
+		if l.opts.Sync != SyncAlways {
+			l.publishMeta(s.cur, l.opts.Sync == SyncNone)
+		}
+	}
+	if !l.opts.NoPreallocate && !s.prepRequested && s.writeOff > l.opts.SegmentSize/2 {
+		l.prep.request()
+		s.prepRequested = true
+	}
+	return nil
+}
+
+// publishMeta makes seg (the active segment) visible to readers and, with
+// durable, its last sequence durable.
+func (l *Log) publishMeta(seg segment, durable bool) {
+	l.segMu.Lock()
+	l.segs[len(l.segs)-1] = seg
+	l.segMu.Unlock()
+	l.mu.Lock()
+	l.readable = seg.lastSeq()
+	if durable {
+		l.durable = l.readable
+	}
+	l.publishLocked()
+	l.mu.Unlock()
+}
+
+// syncActive fsyncs the active segment. When the fsync fails, the bytes
+// written since the last good one are in an unknown state: they are queued
+// to be written again (under SyncAlways the failure then drops them).
+func (l *Log) syncActive() error {
+	s := &l.s
+	if s.writeOff == s.durOff {
+		return nil
+	}
+	t0 := time.Now()
+	err := l.ops.datasync(s.f)
+	d := time.Since(t0)
+	if err != nil {
+		err = ioFailure(fmt.Sprintf("fsync segment %s", s.cur.name()), err)
+		if l.opts.Sync == SyncNone {
+			return err // nothing kept to write again; the page cache most likely still has it
+		}
+		l.rewind()
+		for _, b := range s.unsynced {
+			b.written = b.synced
+		}
+		q := s.unsynced
+		if len(q) > 0 && len(s.queue) > 0 && q[len(q)-1] == s.queue[0] {
+			q = q[:len(q)-1]
+		}
+		s.queue = append(q, s.queue...)
+		s.unsynced = nil
+		return err
+	}
+	entries, bytes := s.unsyncedEntries, s.unsyncedBytes
+	s.unsyncedEntries, s.unsyncedBytes = 0, 0
+	s.durOff = s.writeOff
+	s.syn = s.cur
+	s.lastSynced = s.lastWritten
+	var done []*batchBuf
+	for _, b := range s.unsynced {
+		b.synced = b.written
+		if b.synced == len(b.recs) {
+			done = append(done, b)
+		}
+	}
+	clear(s.unsynced)
+	s.unsynced = s.unsynced[:0]
+	l.release(done...)
+	l.publishMeta(s.syn, true)
+	if d > slowSync {
+		l.log.Warn("slow WAL fsync; the disk is overloaded or failing", "seconds", d.Seconds(), "segment", s.cur.name(), "bytes", bytes)
+	}
+	if l.opts.OnSync != nil {
+		l.opts.OnSync(d, entries, bytes)
+	}
+	return nil
+}
+
+// rewind forgets what was written since the last fsync: the file region is
+// marked dirty (cleared before the next write) and readers stop at the last
+// durable record.
+func (l *Log) rewind() {
+	s := &l.s
+	if s.writeOff > s.durOff {
+		s.dirtyEnd = max(s.dirtyEnd, s.writeOff)
+	}
+	s.writeOff = s.durOff
+	s.cur = s.syn
+	s.lastWritten = s.lastSynced
+	s.unsyncedEntries, s.unsyncedBytes = 0, 0
+	l.publishMeta(s.cur, false)
+}
+
+// failed records a write-path failure. Under SyncAlways the entries not yet
+// durable are dropped (their Appends return err); under the other policies
+// they stay queued and are retried with back-off, while new Appends are
+// refused with err.
+func (l *Log) failed(err error) error {
+	s := &l.s
+	if s.retryDelay == 0 {
+		s.retryDelay = 10 * time.Millisecond
+	} else {
+		s.retryDelay = min(2*s.retryDelay, maxRetryDelay)
+	}
+	s.nextRetry = time.Now().Add(s.retryDelay)
+	var drop []*batchBuf
+	if l.opts.Sync == SyncAlways {
+		l.rewind()
+	}
+	// Clear what the failed write left at once, so a crash cannot bring back
+	// records of Appends that are about to fail; if that fails too, the next
+	// write attempt tries again first.
+	if s.f != nil {
+		if cerr := l.cleanDirty(); cerr != nil {
+			l.log.Debug("could not clear the bytes of a failed WAL write yet", "err", cerr)
+		}
+	}
+	if l.opts.Sync == SyncAlways {
+		drop = append(drop, s.queue...)
+		for _, b := range s.unsynced {
+			if len(drop) == 0 || drop[len(drop)-1] != b {
+				drop = append(drop, b)
+			}
+		}
+		s.queue, s.unsynced = nil, nil
+	}
+	l.mu.Lock()
+	first := l.err == nil
+	l.err = err
+	dropped := uint64(0)
+	if l.opts.Sync == SyncAlways {
+		if l.pending != nil {
+			drop = append(drop, l.pending)
+			l.pending = nil
+		}
+		dropped = l.lastSeq
+		l.lastSeq = l.durable
+		l.abortGen++
+		l.retained = false
+	} else {
+		l.retained = len(s.queue) > 0 || l.pending != nil
+	}
+	l.publishLocked()
+	l.mu.Unlock()
+	l.release(drop...)
+	if first {
+		if dropped > l.s.lastSynced {
+			l.log.Error("WAL write failed; the appends not yet durable were rejected and later appends will retry",
+				"err", err, "rejected_through_sequence", dropped, "durable_sequence", s.lastSynced)
+		} else {
+			l.log.Error("WAL write failed; retrying with back-off, new appends are refused until it succeeds",
+				"err", err, "durable_sequence", s.lastSynced)
+		}
+	} else {
+		l.log.Debug("WAL write still failing", "err", err, "retry_in", s.retryDelay)
+	}
+	return err
+}
+
+// succeeded clears a sticky error after a write went through.
+func (l *Log) succeeded() {
+	l.s.retryDelay = 0
+	l.mu.Lock()
+	if l.err == nil {
+		l.mu.Unlock()
+		return
+	}
+	prev := l.err
+	l.err, l.retained = nil, false
+	l.publishLocked()
+	l.mu.Unlock()
+	l.log.Info("WAL writes recovered", "previous_error", prev, "durable_sequence", l.s.lastSynced)
+}
+
+// cleanDirty clears bytes a failed write may have left after the last good
+// record, so a crash cannot resurrect them, and makes that durable.
+func (l *Log) cleanDirty() error {
+	s := &l.s
+	if s.dirtyEnd <= s.writeOff {
+		s.dirtyEnd = 0
+		return nil
+	}
+	name := s.cur.name()
+	if s.dirtyEnd > s.allocSize {
+		if err := l.ops.truncate(s.f, max(s.writeOff, s.allocSize)); err != nil {
+			return ioFailure("truncate failed write in segment "+name, err)
+		}
+	}
+	for off := s.writeOff; off < min(s.dirtyEnd, s.allocSize); {
+		n := min(int64(len(zeroPage)), min(s.dirtyEnd, s.allocSize)-off)
+		if _, err := l.ops.writeAt(s.f, zeroPage[:n], off); err != nil {
+			return ioFailure("clear failed write in segment "+name, err)
+		}
+		off += n
+	}
+	if err := l.ops.datasync(s.f); err != nil {
+		return ioFailure("fsync segment "+name+" after clearing a failed write", err)
+	}
+	s.dirtyEnd = 0
+	return nil
+}
+
+// roll makes the active segment durable and starts the next one.
+func (l *Log) roll() error {
+	s := &l.s
+	if err := l.syncActive(); err != nil {
+		return err
+	}
+	next := s.cur.index + 1
+	var pf *os.File
+	var ppath string
+	if !l.opts.NoPreallocate {
+		pf, ppath = l.prep.take()
+	}
+	f, alloc, err := l.installSegment(next, s.lastSynced, pf, ppath)
+	if err != nil {
+		return err
+	}
+	s.f.Close()
+	s.f = f
+	s.writeOff, s.durOff, s.allocSize, s.dirtyEnd = segmentHeaderSize, segmentHeaderSize, alloc, 0
+	s.prepRequested = false
+	s.cur = segment{index: next, prevLast: s.lastSynced, size: segmentHeaderSize}
+	s.syn = s.cur
+	l.segMu.Lock()
+	l.segs = append(l.segs, s.cur)
+	l.segMu.Unlock()
+	l.log.Debug("WAL segment started", "segment", s.cur.name(), "preallocated", pf != nil)
+	return nil
+}
+
+// reopenActive makes the newest segment in l.segs the active one, after
+// TruncateAfter rewrote it (or failed half-way).
+func (l *Log) reopenActive() error {
+	s := &l.s
+	if s.f != nil {
+		s.f.Close()
+		s.f = nil
+	}
+	l.segMu.RLock()
+	seg := l.segs[len(l.segs)-1]
+	l.segMu.RUnlock()
+	f, err := os.OpenFile(segmentPath(l.dir, seg.index), os.O_RDWR, 0)
+	if err != nil {
+		return ioFailure("reopen segment "+seg.name(), err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return ioFailure("stat segment "+seg.name(), err)
+	}
+	s.f = f
+	s.writeOff, s.durOff, s.allocSize, s.dirtyEnd = seg.size, seg.size, fi.Size(), 0
+	s.cur, s.syn = seg, seg
+	s.lastWritten, s.lastSynced = seg.lastSeq(), seg.lastSeq()
+	s.prepRequested = false // writeQueue asks for the next segment when this one is half full
+	return nil
+}

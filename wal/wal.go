@@ -1,0 +1,466 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// Defaults for zero Options fields.
+const (
+	DefaultSegmentSize  = 64 << 20
+	DefaultSyncInterval = 10 * time.Millisecond
+	// MinSegmentSize is the smallest SegmentSize Open accepts.
+	MinSegmentSize = 4096
+)
+
+const (
+	// maxPendingBytes bounds the encoded entries waiting for the syncer;
+	// Append blocks beyond it until the disk catches up.
+	maxPendingBytes = 32 << 20
+	// slowSync is the fsync duration above which a warning is logged.
+	slowSync = time.Second
+	// maxRetryDelay caps the back-off between retries after a failed write.
+	maxRetryDelay = time.Second
+)
+
+// Options configure Open.
+type Options struct {
+	Dir          string        // directory holding the segments; created (0700) if missing
+	SegmentSize  int64         // bytes per segment before a new one starts; default 64 MiB, at least MinSegmentSize
+	Sync         SyncPolicy    // default SyncBatch
+	SyncInterval time.Duration // SyncBatch: longest time written entries wait for an fsync under a flood; default 10ms
+	Logger       *slog.Logger  // nil: discard
+	// OnSync, when set, is called by the syncer after each successful fsync
+	// with its duration and the entries and bytes it made durable. It must
+	// not block and must not call the Log.
+	OnSync func(d time.Duration, entries int, bytes int)
+	// NoPreallocate turns off preallocation: by default every segment is
+	// created at its full size filled with zeros (the next one in the
+	// background), which makes each fsync cheaper (the filesystem does no
+	// allocation work) and reports a full disk before it is hit mid-write.
+	// Set it for tests and for filesystems where writing zeros is wasteful.
+	NoPreallocate bool
+
+	ops        fileOps // tests inject faults here; nil means the real file system
+	maxPending int     // tests shrink the back-pressure bound; 0 means maxPendingBytes
+}
+
+// Entry is one WAL entry: the agent's sequence number and its opaque bytes.
+type Entry struct {
+	Sequence uint64
+	Data     []byte
+}
+
+// Gap is a jump in sequences: Next was appended right after After.
+type Gap struct{ After, Next uint64 }
+
+// AppendResult tells what an Append did.
+type AppendResult struct {
+	Appended   int    // entries written
+	Duplicates int    // entries skipped because their sequence was not above the last appended one
+	Gaps       []Gap  // gaps before appended entries
+	Last       uint64 // last sequence in the log after this append
+}
+
+// Recovery reports what Open found and repaired.
+type Recovery struct {
+	Segments       int   // segments in the log after recovery
+	Entries        int   // entries found (and kept)
+	TruncatedBytes int64 // torn-tail bytes removed from the newest segment
+	// Corruption is non-nil (a *CorruptionError) when Open found damage other
+	// than a torn tail: the log was cut at the damage, keeping the good prefix,
+	// and the damaged files were set aside (see CorruptionError.Moved).
+	Corruption error
+}
+
+// segment is the in-memory description of one segment file.
+type segment struct {
+	index       uint64
+	prevLast    uint64
+	first, last uint64 // 0 when the segment holds no entries
+	entries     int
+	size        int64 // bytes readers may read (the end of the readable records)
+}
+
+func (s *segment) name() string { return segmentName(s.index) }
+
+// lastSeq is the last sequence in the log up to and including this segment.
+func (s *segment) lastSeq() uint64 {
+	if s.last != 0 {
+		return s.last
+	}
+	return s.prevLast
+}
+
+// Log is an open write-ahead log. All methods are safe for concurrent use.
+type Log struct {
+	dir      string
+	opts     Options
+	log      *slog.Logger
+	ops      fileOps
+	lock     *os.File
+	recovery Recovery
+
+	mu         sync.Mutex
+	pending    *batchBuf // encoded records not yet taken by the syncer
+	free       []*batchBuf
+	lastSeq    uint64 // last sequence accepted by Append
+	readable   uint64 // last sequence ReadAfter can serve
+	durable    uint64 // last sequence on disk (SyncNone: handed to the OS)
+	err        error  // sticky write error, cleared by the next successful write
+	retained   bool   // err left accepted entries unwritten: Appends are refused until they are written
+	abortGen   uint64 // bumped when SyncAlways drops entries whose Appends then fail
+	notify     chan struct{}
+	waiters    int
+	closed     bool          // Close was called: no more Appends
+	stopped    bool          // the syncer has exited
+	truncating chan struct{} // non-nil while TruncateAfter runs; Appends wait for it
+
+	segMu sync.RWMutex
+	segs  []segment // oldest first; the last one is the active segment
+
+	truncMu sync.Mutex // serializes TruncateBefore and TruncateAfter
+
+	kick chan struct{}
+	reqs chan request
+	stop chan struct{}
+	done chan struct{}
+	s    syncState // owned by the syncer goroutine
+	prep *preparer
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open opens (creating if needed) the log in opts.Dir and recovers it: a torn
+// tail is truncated (and logged), corruption cuts the log at the damage and
+// is reported in [Log.Recovery] rather than as an error. Open fails for bad
+// options, I/O errors, a directory another Log holds ([ErrLocked]), and
+// segments of another format version.
+func Open(opts Options) (*Log, error) {
+	if opts.Dir == "" {
+		return nil, errors.New("wal: Options.Dir is empty")
+	}
+	if opts.SegmentSize == 0 {
+		opts.SegmentSize = DefaultSegmentSize
+	}
+	if opts.SegmentSize < MinSegmentSize {
+		return nil, fmt.Errorf("wal: segment size %d is below the minimum %d", opts.SegmentSize, MinSegmentSize)
+	}
+	if opts.SyncInterval == 0 {
+		opts.SyncInterval = DefaultSyncInterval
+	}
+	if opts.SyncInterval < 0 {
+		return nil, fmt.Errorf("wal: negative sync interval %v", opts.SyncInterval)
+	}
+	if opts.Sync < SyncBatch || opts.Sync > SyncNone {
+		return nil, fmt.Errorf("wal: unknown sync policy %v", opts.Sync)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.ops == nil {
+		opts.ops = osOps{}
+	}
+	if opts.maxPending == 0 {
+		opts.maxPending = maxPendingBytes
+	}
+	l := &Log{
+		dir:    opts.Dir,
+		opts:   opts,
+		log:    opts.Logger,
+		ops:    opts.ops,
+		notify: make(chan struct{}),
+		kick:   make(chan struct{}, 1),
+		reqs:   make(chan request),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	if err := os.MkdirAll(l.dir, 0o700); err != nil {
+		return nil, fmt.Errorf("wal: create directory %s: %w", l.dir, err)
+	}
+	lock, err := os.OpenFile(filepath.Join(l.dir, lockName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("wal: open lock file in %s: %w", l.dir, err)
+	}
+	if err := lockFile(lock); err != nil {
+		lock.Close()
+		if errors.Is(err, ErrLocked) {
+			return nil, fmt.Errorf("%w: %s (stop the other supervisor using it first)", ErrLocked, l.dir)
+		}
+		return nil, fmt.Errorf("wal: lock %s: %w", l.dir, err)
+	}
+	l.lock = lock
+	l.prep = newPreparer(l.dir, opts.SegmentSize, l.ops, l.log)
+	if err := l.recover(); err != nil {
+		l.prep.close()
+		l.closeFiles()
+		return nil, err
+	}
+	if !opts.NoPreallocate {
+		l.prep.start()
+		if l.s.writeOff > opts.SegmentSize/2 {
+			l.prep.request()
+			l.s.prepRequested = true
+		}
+	}
+	go l.run()
+	return l, nil
+}
+
+func (l *Log) closeFiles() {
+	if l.s.f != nil {
+		l.s.f.Close()
+		l.s.f = nil
+	}
+	if l.lock != nil {
+		l.lock.Close()
+		l.lock = nil
+	}
+}
+
+// Recovery reports what Open found and repaired.
+func (l *Log) Recovery() Recovery { return l.recovery }
+
+// LastSequence is the last sequence accepted by Append (durable or not), or
+// the last one in the log after Open; 0 for a log that never held entries.
+func (l *Log) LastSequence() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lastSeq
+}
+
+// DurableSequence is the last sequence known to be on disk. Under SyncNone it
+// is the last one handed to the OS.
+func (l *Log) DurableSequence() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.durable
+}
+
+// FirstSequence is the sequence of the oldest entry the log holds, 0 if it
+// holds none.
+func (l *Log) FirstSequence() uint64 {
+	l.segMu.RLock()
+	for _, s := range l.segs {
+		if s.first != 0 {
+			l.segMu.RUnlock()
+			return s.first
+		}
+	}
+	l.segMu.RUnlock()
+	// Nothing readable yet: the oldest entry, if any, is still queued.
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lastSeq > l.readable {
+		return l.readable + 1 // a lower bound: the queued entries start above readable
+	}
+	return 0
+}
+
+// Append appends entries as one atomic unit: after a crash either all of
+// the appended ones are in the log or none. Entries whose sequence is not
+// above the last appended one (including repeats inside entries) are skipped
+// and counted as duplicates; jumps are reported as gaps. Data is copied.
+//
+// Under SyncAlways, Append returns once the entries are durable; otherwise
+// once they are queued for the syncer (use WaitDurable).
+//
+// Errors: ErrOutOfOrder when a sequence is below its predecessor in entries,
+// ErrTooLarge, ErrClosed, and ErrNoSpace / ErrWriteFailed while the disk
+// fails. On any error nothing of entries was appended and LastSequence is
+// unchanged, so the same entries can be appended again.
+func (l *Log) Append(entries ...Entry) (AppendResult, error) {
+	for i := 1; i < len(entries); i++ {
+		if entries[i].Sequence < entries[i-1].Sequence {
+			return AppendResult{}, fmt.Errorf("%w: sequence %d follows %d", ErrOutOfOrder, entries[i].Sequence, entries[i-1].Sequence)
+		}
+	}
+	upper := recordSize(entries) // the record is at most this large
+	if upper-recordHeaderSize > maxRecordPayload {
+		return AppendResult{}, fmt.Errorf("%w: %d bytes, limit %d; append fewer entries at a time", ErrTooLarge, upper, maxRecordPayload)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// Every wait releases l.mu, so all of them come before the entries are
+	// judged against lastSeq, and the checks run again after each.
+	for {
+		if l.truncating != nil && !l.closed {
+			ch := l.truncating
+			l.mu.Unlock()
+			<-ch
+			l.mu.Lock()
+			continue
+		}
+		if l.closed {
+			return AppendResult{Last: l.lastSeq}, ErrClosed
+		}
+		if l.err != nil && l.retained {
+			l.kickSyncer()
+			return AppendResult{Last: l.lastSeq}, l.err
+		}
+		if n := l.pendingBytes(); n == 0 || n+int(upper) <= l.opts.maxPending {
+			break
+		}
+		// Back-pressure: the syncer is far behind.
+		if err := l.waitLocked(context.Background(), func() (bool, error) {
+			n := l.pendingBytes()
+			return l.closed || l.truncating != nil || (l.err != nil && l.retained) || n == 0 || n+int(upper) <= l.opts.maxPending, nil
+		}); err != nil {
+			return AppendResult{Last: l.lastSeq}, err
+		}
+	}
+	// Keep the entries above the last sequence, in order.
+	res := AppendResult{}
+	prev := l.lastSeq
+	for _, e := range entries {
+		if e.Sequence <= prev {
+			res.Duplicates++
+			continue
+		}
+		if e.Sequence > prev+1 {
+			res.Gaps = append(res.Gaps, Gap{After: prev, Next: e.Sequence})
+		}
+		prev = e.Sequence
+	}
+	kept := entries
+	if res.Duplicates > 0 {
+		kept = make([]Entry, 0, len(entries)-res.Duplicates)
+		prev = l.lastSeq
+		for _, e := range entries {
+			if e.Sequence > prev {
+				kept = append(kept, e)
+				prev = e.Sequence
+			}
+		}
+	}
+	res.Appended = len(kept)
+	if len(kept) == 0 {
+		res.Last = l.lastSeq
+		return res, nil
+	}
+	if l.pending == nil {
+		l.pending = l.newBatchLocked()
+	}
+	l.pending.add(kept)
+	l.lastSeq = kept[len(kept)-1].Sequence
+	res.Last = l.lastSeq
+	gen := l.abortGen
+	l.kickSyncer()
+	if l.opts.Sync != SyncAlways {
+		return res, nil
+	}
+	last := res.Last
+	err := l.waitLocked(context.Background(), func() (bool, error) {
+		switch {
+		case l.durable >= last:
+			return true, nil
+		case l.abortGen != gen:
+			return true, l.err
+		case l.stopped:
+			return true, ErrClosed
+		}
+		return false, nil
+	})
+	if err != nil {
+		return AppendResult{Last: l.lastSeq}, err
+	}
+	return res, nil
+}
+
+// WaitDurable returns once every entry with sequence ≤ seq that was appended
+// (that is, up to min(seq, LastSequence())) is durable; at once if there is
+// nothing to wait for. Under SyncNone it waits until they are handed to the
+// OS. It returns ctx's error, ErrClosed, or the sticky ErrNoSpace /
+// ErrWriteFailed while accepted entries cannot be written.
+func (l *Log) WaitDurable(ctx context.Context, seq uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.waitLocked(ctx, func() (bool, error) {
+		target := min(seq, l.lastSeq)
+		switch {
+		case target <= l.durable:
+			return true, nil
+		case l.err != nil && l.retained:
+			return true, l.err
+		case l.stopped:
+			return true, ErrClosed
+		}
+		return false, nil
+	})
+}
+
+// waitLocked waits, with l.mu held on entry and exit, until cond reports done
+// or ctx ends. cond runs with l.mu held.
+func (l *Log) waitLocked(ctx context.Context, cond func() (bool, error)) error {
+	for {
+		if done, err := cond(); done {
+			return err
+		}
+		ch := l.notify
+		l.waiters++
+		l.kickSyncer()
+		l.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+		l.mu.Lock()
+		l.waiters--
+		if err := ctx.Err(); err != nil {
+			if done, err := cond(); done {
+				return err
+			}
+			return fmt.Errorf("wal: waiting for durability: %w", err)
+		}
+	}
+}
+
+// publishLocked wakes everyone waiting on the log's state. l.mu must be held.
+func (l *Log) publishLocked() {
+	if l.waiters > 0 {
+		close(l.notify)
+		l.notify = make(chan struct{})
+	}
+}
+
+func (l *Log) kickSyncer() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Sync writes and fsyncs everything accepted so far, under every policy.
+func (l *Log) Sync() error {
+	return l.call(request{kind: reqSync})
+}
+
+// Close writes and fsyncs everything accepted, stops the syncer and the
+// segment preparer, and releases the directory. It returns the error that
+// kept accepted entries from the disk, if any. Calling it again returns nil.
+func (l *Log) Close() error {
+	first := false
+	l.closeOnce.Do(func() {
+		first = true
+		l.mu.Lock()
+		l.closed = true
+		l.publishLocked()
+		l.mu.Unlock()
+		close(l.stop)
+		<-l.done
+		l.prep.close()
+		l.closeErr = l.s.closeErr
+		l.closeFiles()
+	})
+	if !first {
+		return nil
+	}
+	return l.closeErr
+}

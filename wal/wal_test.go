@@ -1,0 +1,730 @@
+package wal
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// payload is the deterministic data of entry seq, 1..300 bytes.
+func payload(seq uint64) []byte {
+	b := make([]byte, 1+int(seq*7919%300))
+	for i := range b {
+		b[i] = byte(seq*31 + uint64(i))
+	}
+	return b
+}
+
+// seqEntries returns entries from..to (inclusive) with payload data.
+func seqEntries(from, to uint64) []Entry {
+	var es []Entry
+	for s := from; s <= to; s++ {
+		es = append(es, Entry{Sequence: s, Data: payload(s)})
+	}
+	return es
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if tt, ok := t.(*testing.T); ok && testing.Verbose() {
+		return slog.New(slog.NewTextHandler(tt.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func testOptions(t testing.TB, dir string) Options {
+	return Options{Dir: dir, SegmentSize: 64 << 10, NoPreallocate: true, Logger: testLogger(t)}
+}
+
+func mustOpen(t testing.TB, o Options) *Log {
+	t.Helper()
+	l, err := Open(o)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	return l
+}
+
+func mustAppend(t testing.TB, l *Log, es ...Entry) AppendResult {
+	t.Helper()
+	res, err := l.Append(es...)
+	if err != nil {
+		t.Fatalf("Append(%d..): %v", es[0].Sequence, err)
+	}
+	return res
+}
+
+// readAll returns copies of the entries ReadAfter serves.
+func readAll(t testing.TB, l *Log, after uint64) []Entry {
+	t.Helper()
+	var out []Entry
+	if err := l.ReadAfter(after, func(e Entry) error {
+		out = append(out, Entry{Sequence: e.Sequence, Data: slices.Clone(e.Data)})
+		return nil
+	}); err != nil {
+		t.Fatalf("ReadAfter(%d): %v", after, err)
+	}
+	return out
+}
+
+func readDirAll(dir string, after uint64) ([]Entry, error) {
+	var out []Entry
+	err := ReadDir(dir, after, func(e Entry) error {
+		out = append(out, Entry{Sequence: e.Sequence, Data: slices.Clone(e.Data)})
+		return nil
+	})
+	return out, err
+}
+
+func sameEntries(t testing.TB, what string, got, want []Entry) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d entries, want %d (got %v..., want %v...)", what, len(got), len(want), seqs(got, 5), seqs(want, 5))
+	}
+	for i := range got {
+		if got[i].Sequence != want[i].Sequence || !bytes.Equal(got[i].Data, want[i].Data) {
+			t.Fatalf("%s: entry %d is %d (%d bytes), want %d (%d bytes)", what, i, got[i].Sequence, len(got[i].Data), want[i].Sequence, len(want[i].Data))
+		}
+	}
+}
+
+func seqs(es []Entry, n int) []uint64 {
+	var s []uint64
+	for i, e := range es {
+		if i == n {
+			break
+		}
+		s = append(s, e.Sequence)
+	}
+	return s
+}
+
+func TestParseSyncPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    SyncPolicy
+		wantErr bool
+	}{
+		{"batch", SyncBatch, false},
+		{"always", SyncAlways, false},
+		{"none", SyncNone, false},
+		{"", 0, true},
+		{"Always", 0, true},
+		{"fsync", 0, true},
+	} {
+		got, err := ParseSyncPolicy(tc.in)
+		if (err != nil) != tc.wantErr || got != tc.want {
+			t.Errorf("ParseSyncPolicy(%q) = %v, %v; want %v, error %v", tc.in, got, err, tc.want, tc.wantErr)
+		}
+		if err == nil && got.String() != tc.in {
+			t.Errorf("%v.String() = %q, want %q", got, got.String(), tc.in)
+		}
+	}
+}
+
+func TestOpenOptions(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		o    Options
+	}{
+		{"empty dir", Options{}},
+		{"segment below minimum", Options{Dir: dir, SegmentSize: 100}},
+		{"negative sync interval", Options{Dir: dir, SyncInterval: -1}},
+		{"unknown policy", Options{Dir: dir, Sync: 7}},
+	} {
+		if l, err := Open(tc.o); err == nil {
+			l.Close()
+			t.Errorf("%s: Open succeeded", tc.name)
+		}
+	}
+}
+
+// TestRoundTrip appends singles and batches under every policy, with and
+// without preallocation, reads them back, reopens and reads again.
+func TestRoundTrip(t *testing.T) {
+	for _, policy := range []SyncPolicy{SyncAlways, SyncBatch, SyncNone} {
+		for _, prealloc := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/prealloc=%v", policy, prealloc), func(t *testing.T) {
+				dir := t.TempDir()
+				o := testOptions(t, dir)
+				o.Sync, o.NoPreallocate, o.SegmentSize = policy, !prealloc, 16<<10
+				l := mustOpen(t, o)
+				var want []Entry
+				for s := uint64(1); s <= 300; {
+					n := uint64(1 + s%7)
+					es := seqEntries(s, s+n-1)
+					res := mustAppend(t, l, es...)
+					if res.Appended != len(es) || res.Duplicates != 0 || len(res.Gaps) != 0 || res.Last != s+n-1 {
+						t.Fatalf("Append(%d..%d) = %+v", s, s+n-1, res)
+					}
+					want = append(want, es...)
+					s += n
+				}
+				if err := l.WaitDurable(t.Context(), 1<<62); err != nil {
+					t.Fatalf("WaitDurable: %v", err)
+				}
+				if got := l.DurableSequence(); got != 300 {
+					t.Fatalf("DurableSequence = %d, want 300", got)
+				}
+				sameEntries(t, "ReadAfter(0)", readAll(t, l, 0), want)
+				sameEntries(t, "ReadAfter(123)", readAll(t, l, 123), want[123:])
+				sameEntries(t, "ReadAfter(300)", readAll(t, l, 300), nil)
+				if err := l.Close(); err != nil {
+					t.Fatalf("Close: %v", err)
+				}
+				if err := l.Close(); err != nil {
+					t.Fatalf("second Close: %v", err)
+				}
+
+				l = mustOpen(t, o)
+				defer l.Close()
+				rec := l.Recovery()
+				if rec.Corruption != nil || rec.TruncatedBytes != 0 || rec.Entries != 300 || rec.Segments < 2 {
+					t.Fatalf("Recovery = %+v", rec)
+				}
+				if l.LastSequence() != 300 || l.DurableSequence() != 300 || l.FirstSequence() != 1 {
+					t.Fatalf("after reopen: last %d durable %d first %d", l.LastSequence(), l.DurableSequence(), l.FirstSequence())
+				}
+				sameEntries(t, "after reopen", readAll(t, l, 0), want)
+				got, err := readDirAll(dir, 0)
+				if err != nil {
+					t.Fatalf("ReadDir: %v", err)
+				}
+				sameEntries(t, "ReadDir", got, want)
+				got, err = readDirAll(dir, 250)
+				if err != nil {
+					t.Fatalf("ReadDir(250): %v", err)
+				}
+				sameEntries(t, "ReadDir(250)", got, want[250:])
+				mustAppend(t, l, seqEntries(301, 301)...)
+				if l.LastSequence() != 301 {
+					t.Fatalf("LastSequence = %d after appending 301", l.LastSequence())
+				}
+			})
+		}
+	}
+}
+
+func TestDuplicatesAndGaps(t *testing.T) {
+	e := func(s ...uint64) []Entry {
+		var es []Entry
+		for _, q := range s {
+			es = append(es, Entry{Sequence: q, Data: payload(q)})
+		}
+		return es
+	}
+	for _, tc := range []struct {
+		name      string
+		last      uint64 // appended first: 1..last
+		in        []Entry
+		appended  int
+		dups      int
+		gaps      []Gap
+		wantLast  uint64
+		wantInLog []uint64 // sequences after last
+	}{
+		{"continues", 3, e(4, 5), 2, 0, nil, 5, []uint64{4, 5}},
+		{"replay entirely duplicate", 3, e(1, 2, 3), 0, 3, nil, 3, nil},
+		{"replay overlapping", 3, e(2, 3, 4, 5), 2, 2, nil, 5, []uint64{4, 5}},
+		{"repeat inside batch", 3, e(4, 4, 5, 5), 2, 2, nil, 5, []uint64{4, 5}},
+		{"sequence zero is a duplicate", 0, e(0, 1), 1, 1, nil, 1, []uint64{1}},
+		{"gap", 3, e(7), 1, 0, []Gap{{3, 7}}, 7, []uint64{7}},
+		{"gaps inside batch", 3, e(5, 6, 9), 3, 0, []Gap{{3, 5}, {6, 9}}, 9, []uint64{5, 6, 9}},
+		{"first entry of an empty log above 1", 0, e(10), 1, 0, []Gap{{0, 10}}, 10, []uint64{10}},
+		{"empty append", 3, nil, 0, 0, nil, 3, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := mustOpen(t, testOptions(t, t.TempDir()))
+			defer l.Close()
+			if tc.last > 0 {
+				mustAppend(t, l, seqEntries(1, tc.last)...)
+			}
+			res, err := l.Append(tc.in...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Appended != tc.appended || res.Duplicates != tc.dups || !slices.Equal(res.Gaps, tc.gaps) || res.Last != tc.wantLast {
+				t.Fatalf("Append = %+v, want appended %d dups %d gaps %v last %d", res, tc.appended, tc.dups, tc.gaps, tc.wantLast)
+			}
+			var got []uint64
+			for _, e := range readAll(t, l, tc.last) {
+				got = append(got, e.Sequence)
+			}
+			if !slices.Equal(got, tc.wantInLog) {
+				t.Fatalf("log after %d holds %v, want %v", tc.last, got, tc.wantInLog)
+			}
+		})
+	}
+}
+
+func TestOutOfOrder(t *testing.T) {
+	l := mustOpen(t, testOptions(t, t.TempDir()))
+	defer l.Close()
+	mustAppend(t, l, seqEntries(1, 3)...)
+	_, err := l.Append(Entry{Sequence: 5}, Entry{Sequence: 4})
+	if !errors.Is(err, ErrOutOfOrder) {
+		t.Fatalf("Append(5, 4) = %v, want ErrOutOfOrder", err)
+	}
+	if l.LastSequence() != 3 {
+		t.Fatalf("LastSequence = %d after a rejected append, want 3", l.LastSequence())
+	}
+	mustAppend(t, l, seqEntries(4, 5)...)
+}
+
+func TestSegmentRollover(t *testing.T) {
+	dir := t.TempDir()
+	o := testOptions(t, dir)
+	o.SegmentSize = MinSegmentSize
+	l := mustOpen(t, o)
+	var want []Entry
+	for s := uint64(1); s <= 200; s++ {
+		want = append(want, mustAppendOne(t, l, s))
+	}
+	// A record larger than a whole segment gets a segment of its own.
+	big := Entry{Sequence: 201, Data: bytes.Repeat([]byte{0xab}, 3*MinSegmentSize)}
+	mustAppend(t, l, big)
+	want = append(want, big)
+	want = append(want, mustAppendOne(t, l, 202))
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	idx, err := listSegments(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(idx) < 10 {
+		t.Fatalf("%d segments, want many at a %d-byte limit", len(idx), MinSegmentSize)
+	}
+	for i, x := range idx {
+		if x != uint64(i+1) {
+			t.Fatalf("segment indexes %v are not 1..n", idx)
+		}
+		fi, err := os.Stat(segmentPath(dir, x))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Size() > MinSegmentSize && fi.Size() < 3*MinSegmentSize {
+			t.Fatalf("segment %d is %d bytes, over the limit without an oversized record", x, fi.Size())
+		}
+	}
+	l = mustOpen(t, o)
+	defer l.Close()
+	if rec := l.Recovery(); rec.Corruption != nil || rec.Segments != len(idx) || rec.Entries != len(want) {
+		t.Fatalf("Recovery = %+v", rec)
+	}
+	sameEntries(t, "after rollover", readAll(t, l, 0), want)
+}
+
+func mustAppendOne(t testing.TB, l *Log, s uint64) Entry {
+	t.Helper()
+	e := Entry{Sequence: s, Data: payload(s)}
+	mustAppend(t, l, e)
+	return e
+}
+
+func TestPreallocatedSegments(t *testing.T) {
+	dir := t.TempDir()
+	o := testOptions(t, dir)
+	o.NoPreallocate = false
+	o.SegmentSize = 32 << 10
+	l := mustOpen(t, o)
+	var want []Entry
+	s := uint64(1)
+	// Fill the first segment past half: that starts preparing the second.
+	for ; s <= 150; s++ {
+		want = append(want, mustAppendOne(t, l, s))
+	}
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		l.prep.mu.Lock()
+		ready := l.prep.ready != nil
+		l.prep.mu.Unlock()
+		if ready {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the next segment was not prepared")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for ; s <= 600; s++ {
+		want = append(want, mustAppendOne(t, l, s))
+	}
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	idx, _ := listSegments(dir)
+	if len(idx) < 3 {
+		t.Fatalf("only %d segments", len(idx))
+	}
+	// The first segment is prepared at Open, the second was waited for.
+	for _, x := range idx[:2] {
+		if fi, _ := os.Stat(segmentPath(dir, x)); fi.Size() != o.SegmentSize {
+			t.Errorf("segment %d is %d bytes, want preallocated %d", x, fi.Size(), o.SegmentSize)
+		}
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "*"+tmpSuffix)); len(m) != 0 {
+		t.Fatalf("Close left temporary files: %v", m)
+	}
+	l = mustOpen(t, o)
+	defer l.Close()
+	if rec := l.Recovery(); rec.Corruption != nil || rec.TruncatedBytes != 0 || rec.Entries != 600 {
+		t.Fatalf("Recovery = %+v", rec)
+	}
+	sameEntries(t, "preallocated", readAll(t, l, 0), want)
+	info, err := Inspect(dir)
+	if err != nil || info.Corruption != nil || info.Entries != 600 || info.Last != 600 || info.First != 1 {
+		t.Fatalf("Inspect = %+v, %v", info, err)
+	}
+}
+
+func TestTruncateBefore(t *testing.T) {
+	dir := t.TempDir()
+	o := testOptions(t, dir)
+	o.SegmentSize = MinSegmentSize
+	l := mustOpen(t, o)
+	defer l.Close()
+	var want []Entry
+	for s := uint64(1); s <= 100; s++ {
+		want = append(want, mustAppendOne(t, l, s))
+	}
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := listSegments(dir)
+	if len(before) < 6 {
+		t.Fatalf("only %d segments", len(before))
+	}
+	l.segMu.RLock()
+	wm := l.segs[3].last // segments 1..4 are wholly ≤ wm
+	l.segMu.RUnlock()
+	n, err := l.TruncateBefore(wm)
+	if err != nil || n != 4 {
+		t.Fatalf("TruncateBefore(%d) = %d, %v; want 4 segments", wm, n, err)
+	}
+	after, _ := listSegments(dir)
+	if len(after) != len(before)-4 || after[0] != before[4] {
+		t.Fatalf("segments %v after truncating %v", after, before)
+	}
+	if l.FirstSequence() != wm+1 {
+		t.Fatalf("FirstSequence = %d, want %d", l.FirstSequence(), wm+1)
+	}
+	sameEntries(t, "after TruncateBefore", readAll(t, l, wm), want[wm:])
+	// The active segment is never deleted, whatever the watermark.
+	n, err = l.TruncateBefore(1 << 62)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := listSegments(dir); len(got) != 1 || n != len(after)-1 {
+		t.Fatalf("TruncateBefore(max) removed %d, left %v", n, got)
+	}
+	if l.LastSequence() != 100 {
+		t.Fatalf("LastSequence = %d", l.LastSequence())
+	}
+	mustAppendOne(t, l, 101)
+	l.Close()
+	l2 := mustOpen(t, o)
+	defer l2.Close()
+	if rec := l2.Recovery(); rec.Corruption != nil || l2.LastSequence() != 101 {
+		t.Fatalf("reopen after truncation: %+v, last %d", rec, l2.LastSequence())
+	}
+	// Duplicates are still recognized after the old segments are gone.
+	if res, err := l2.Append(seqEntries(50, 101)...); err != nil || res.Duplicates != 52 || res.Appended != 0 {
+		t.Fatalf("replay after truncation: %+v, %v", res, err)
+	}
+}
+
+func TestTruncateAfter(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		seq     uint64
+		removed int
+	}{
+		{"at a record boundary", 60, 40},
+		{"inside a batch", 97, 3},
+		{"in an older segment", 10, 90},
+		{"everything", 0, 100},
+		{"nothing", 100, 0},
+		{"beyond the end", 500, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			o := testOptions(t, dir)
+			o.SegmentSize = MinSegmentSize
+			o.NoPreallocate = tc.seq%2 == 0
+			l := mustOpen(t, o)
+			defer l.Close()
+			var want []Entry
+			for s := uint64(1); s <= 90; s++ {
+				want = append(want, mustAppendOne(t, l, s))
+			}
+			mustAppend(t, l, seqEntries(91, 100)...) // one record of 10
+			want = append(want, seqEntries(91, 100)...)
+			n, err := l.TruncateAfter(tc.seq)
+			if err != nil || n != tc.removed {
+				t.Fatalf("TruncateAfter(%d) = %d, %v; want %d", tc.seq, n, err, tc.removed)
+			}
+			keep := want[:min(int(tc.seq), len(want))]
+			if got := l.LastSequence(); got != uint64(len(keep)) {
+				t.Fatalf("LastSequence = %d, want %d", got, len(keep))
+			}
+			sameEntries(t, "after TruncateAfter", readAll(t, l, 0), keep)
+			next := uint64(len(keep)) + 1
+			if res := mustAppend(t, l, seqEntries(next, next+1)...); res.Appended != 2 || res.Duplicates != 0 {
+				t.Fatalf("append after TruncateAfter: %+v", res)
+			}
+			keep = append(keep, seqEntries(next, next+1)...)
+			l.Close()
+			l2 := mustOpen(t, o)
+			defer l2.Close()
+			if rec := l2.Recovery(); rec.Corruption != nil || rec.TruncatedBytes != 0 {
+				t.Fatalf("reopen: %+v", rec)
+			}
+			sameEntries(t, "reopened", readAll(t, l2, 0), keep)
+		})
+	}
+}
+
+func TestWaitDurable(t *testing.T) {
+	for _, policy := range []SyncPolicy{SyncBatch, SyncNone, SyncAlways} {
+		t.Run(policy.String(), func(t *testing.T) {
+			o := testOptions(t, t.TempDir())
+			o.Sync = policy
+			l := mustOpen(t, o)
+			defer l.Close()
+			if err := l.WaitDurable(t.Context(), 10); err != nil {
+				t.Fatalf("WaitDurable on an empty log: %v", err)
+			}
+			mustAppend(t, l, seqEntries(1, 50)...)
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			if err := l.WaitDurable(ctx, 20); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.WaitDurable(ctx, 1000); err != nil { // waits for min(1000, last)
+				t.Fatal(err)
+			}
+			if d := l.DurableSequence(); d != 50 {
+				t.Fatalf("DurableSequence = %d, want 50", d)
+			}
+		})
+	}
+}
+
+func TestClosed(t *testing.T) {
+	l := mustOpen(t, testOptions(t, t.TempDir()))
+	mustAppend(t, l, seqEntries(1, 2)...)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Append(seqEntries(3, 3)...); !errors.Is(err, ErrClosed) {
+		t.Errorf("Append after Close: %v", err)
+	}
+	if err := l.ReadAfter(0, func(Entry) error { return nil }); !errors.Is(err, ErrClosed) {
+		t.Errorf("ReadAfter after Close: %v", err)
+	}
+	if err := l.Sync(); !errors.Is(err, ErrClosed) {
+		t.Errorf("Sync after Close: %v", err)
+	}
+	if _, err := l.TruncateBefore(1); !errors.Is(err, ErrClosed) {
+		t.Errorf("TruncateBefore after Close: %v", err)
+	}
+	if _, err := l.TruncateAfter(1); !errors.Is(err, ErrClosed) {
+		t.Errorf("TruncateAfter after Close: %v", err)
+	}
+	if err := l.WaitDurable(t.Context(), 2); err != nil {
+		t.Errorf("WaitDurable for durable entries after Close: %v", err)
+	}
+	if l.LastSequence() != 2 {
+		t.Errorf("LastSequence after Close = %d", l.LastSequence())
+	}
+}
+
+func TestLocked(t *testing.T) {
+	dir := t.TempDir()
+	l := mustOpen(t, testOptions(t, dir))
+	if l2, err := Open(testOptions(t, dir)); !errors.Is(err, ErrLocked) {
+		if err == nil {
+			l2.Close()
+		}
+		t.Fatalf("second Open = %v, want ErrLocked", err)
+	}
+	l.Close()
+	mustOpen(t, testOptions(t, dir)).Close()
+}
+
+func TestReadAfterCallbackError(t *testing.T) {
+	l := mustOpen(t, testOptions(t, t.TempDir()))
+	defer l.Close()
+	mustAppend(t, l, seqEntries(1, 10)...)
+	stop := errors.New("stop")
+	n := 0
+	err := l.ReadAfter(0, func(Entry) error {
+		n++
+		if n == 3 {
+			return stop
+		}
+		return nil
+	})
+	if err != stop || n != 3 {
+		t.Fatalf("ReadAfter = %v after %d entries, want fn's error after 3", err, n)
+	}
+}
+
+// TestConcurrent appends from several goroutines while others read and
+// truncate; every reader must see increasing sequences and intact data.
+func TestConcurrent(t *testing.T) {
+	for _, policy := range []SyncPolicy{SyncAlways, SyncBatch} {
+		t.Run(policy.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			o := testOptions(t, dir)
+			o.Sync, o.SegmentSize, o.NoPreallocate = policy, 16<<10, false
+			l := mustOpen(t, o)
+			defer l.Close()
+			var (
+				seqMu sync.Mutex
+				next  uint64 = 1
+				wg    sync.WaitGroup
+			)
+			const perWriter = 150
+			for range 4 {
+				wg.Go(func() {
+					for range perWriter {
+						seqMu.Lock()
+						s := next
+						next += 2
+						es := seqEntries(s, s+1)
+						_, err := l.Append(es...)
+						seqMu.Unlock()
+						if err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				})
+			}
+			done := make(chan struct{})
+			var rg sync.WaitGroup
+			for range 2 {
+				rg.Go(func() {
+					for {
+						select {
+						case <-done:
+							return
+						default:
+						}
+						var prev uint64
+						err := l.ReadAfter(0, func(e Entry) error {
+							if e.Sequence <= prev || !bytes.Equal(e.Data, payload(e.Sequence)) {
+								return fmt.Errorf("entry %d after %d, or its data is wrong", e.Sequence, prev)
+							}
+							prev = e.Sequence
+							return nil
+						})
+						if err != nil && !errors.Is(err, ErrTruncated) {
+							t.Error(err)
+							return
+						}
+					}
+				})
+			}
+			rg.Go(func() {
+				for {
+					select {
+					case <-done:
+						return
+					case <-time.After(time.Millisecond):
+					}
+					if _, err := l.TruncateBefore(l.DurableSequence() / 2); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+			wg.Wait()
+			close(done)
+			rg.Wait()
+			if err := l.WaitDurable(t.Context(), 1<<62); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := l.LastSequence(), uint64(4*perWriter*2); got != want {
+				t.Fatalf("LastSequence = %d, want %d", got, want)
+			}
+		})
+	}
+}
+
+// TestConcurrentUnserialized has several goroutines append overlapping,
+// replayed and racing sequences with no coordination, through a tiny
+// back-pressure bound: the log must stay strictly increasing and intact.
+func TestConcurrentUnserialized(t *testing.T) {
+	dir := t.TempDir()
+	o := testOptions(t, dir)
+	o.SegmentSize, o.maxPending = 8<<10, 2<<10
+	l := mustOpen(t, o)
+	var (
+		next     atomic.Uint64
+		appended atomic.Int64
+		wg       sync.WaitGroup
+	)
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 300 {
+				s := next.Add(3) - 2
+				if (i+w)%5 == 0 && s > 20 {
+					s -= 15 // replay: mostly duplicates
+				}
+				res, err := l.Append(seqEntries(s, s+2)...)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				appended.Add(int64(res.Appended))
+			}
+		})
+	}
+	wg.Wait()
+	check := func(l *Log) {
+		t.Helper()
+		var prev uint64
+		n := 0
+		if err := l.ReadAfter(0, func(e Entry) error {
+			if e.Sequence <= prev || !bytes.Equal(e.Data, payload(e.Sequence)) {
+				return fmt.Errorf("entry %d after %d, or its data is wrong", e.Sequence, prev)
+			}
+			prev = e.Sequence
+			n++
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if int64(n) != appended.Load() {
+			t.Fatalf("log holds %d entries, Append reported %d appended", n, appended.Load())
+		}
+	}
+	check(l)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = mustOpen(t, o)
+	defer l.Close()
+	if r := l.Recovery(); r.Corruption != nil || r.TruncatedBytes != 0 {
+		t.Fatalf("reopen: %+v", r)
+	}
+	check(l)
+}
