@@ -57,7 +57,7 @@ type Config struct {
 	WALSync         string        // always | batch | none
 	WALSyncInterval time.Duration // 10ms
 	WALOperations   []string      // operations accepted besides the built-in three
-	WALSegmentSize  int64         // 64 MiB
+	WALSegmentSize  int64         // 64 MiB; pre-allocated and zero-filled
 
 	CheckpointRetain int // 5
 	CheckpointLevel  int // zstd level 1..4 (klauspost's fastest..best); 0 = store default
@@ -163,8 +163,8 @@ func (c *Config) Validate() error {
 	if c.PoisonGrace <= 0 {
 		c.PoisonGrace = 10 * time.Second
 	}
-	if c.WALSegmentSize <= 0 {
-		c.WALSegmentSize = 64 << 20
+	if c.WALSegmentSize < 4096 {
+		return bad("--wal-segment-size must be at least 4096 bytes, got %d", c.WALSegmentSize)
 	}
 	return nil
 }

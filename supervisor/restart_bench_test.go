@@ -19,6 +19,7 @@ func runRefAgentSupervisor(tb testing.TB, agentArgs ...string) *Supervisor {
 	cfg.HTTPAddr = ""
 	cfg.BackoffInitial, cfg.BackoffMax = time.Millisecond, time.Millisecond
 	cfg.MaxRestarts = 0
+	cfg.WALSegmentSize = 4 << 20
 	cfg.Command = append([]string{os.Args[0]}, agentArgs...)
 	os.Setenv("SUPERVISOR_TEST_REFAGENT", "1")
 	tb.Cleanup(func() { os.Unsetenv("SUPERVISOR_TEST_REFAGENT") })

@@ -115,6 +115,10 @@ func startSup(t testing.TB, o supOpts) *sup {
 		args = append(args, "--http-addr", s.addr)
 	}
 	args = append(args, o.flags...)
+	if !strings.Contains(strings.Join(o.flags, " "), "--wal-segment-size") {
+		// Segments are pre-allocated and zero-filled: keep test data dirs small.
+		args = append(args, "--wal-segment-size", "4194304")
+	}
 	args = append(args, "--")
 	if o.command != nil {
 		args = append(args, o.command...)

@@ -297,13 +297,12 @@ func offlineStatus(dataDir string) (supervisor.Status, error) {
 	}
 	walDir := filepath.Join(dataDir, "wal")
 	if _, err := os.Stat(walDir); err == nil {
-		err := wal.ReadDir(walDir, 0, func(e wal.Entry) error {
-			st.LastWALSequence = e.Sequence
-			return nil
-		})
+		info, err := wal.Inspect(walDir)
 		if err != nil {
 			return st, fmt.Errorf("read WAL: %w", err)
 		}
+		st.LastWALSequence = info.Last
+		st.DurableWALSequence = info.Last
 	}
 	return st, nil
 }

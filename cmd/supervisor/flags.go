@@ -52,6 +52,7 @@ func parseRunFlags(args []string, stderr io.Writer) (supervisor.Config, string, 
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "on SIGTERM/SIGINT, time the agent gets to checkpoint and exit")
 	fs.StringVar(&cfg.WALSync, "wal-sync", cfg.WALSync, "WAL durability: always (fsync each append), batch (group commit) or none")
 	fs.DurationVar(&cfg.WALSyncInterval, "wal-sync-interval", cfg.WALSyncInterval, "longest time between WAL fsyncs under a steady flood (batch policy)")
+	fs.Int64Var(&cfg.WALSegmentSize, "wal-segment-size", cfg.WALSegmentSize, "WAL segment size in bytes; segments are pre-allocated and zero-filled, so the WAL uses at least two")
 	ops := fs.String("wal-operations", "", "comma-separated WAL operation names accepted besides memory_add, tool_register, state_update")
 	fs.IntVar(&cfg.CheckpointRetain, "checkpoint-retain", cfg.CheckpointRetain, "how many newest checkpoints to keep (plus pinned evolution backups)")
 	fs.IntVar(&cfg.CheckpointLevel, "checkpoint-level", cfg.CheckpointLevel, "zstd level for checkpoints: 1 fastest .. 4 best compression (0: store default)")
