@@ -110,7 +110,7 @@ func TestKill9AgentRestoreIsExact(t *testing.T) {
 	}
 	s := startSup(t, supOpts{
 		flags: []string{"--backoff-initial", "5ms", "--backoff-max", "20ms", "--max-restarts", "0", "--checkpoint-retain", "3"},
-		agent: []string{"--heartbeat-interval", "50ms", "--wal-rate", "2000", "--checkpoint-every", "97", "--entry-size", "256"},
+		agent: []string{"--heartbeat-interval", "50ms", "--wal-rate", "2000", "--checkpoint-every", "31", "--entry-size", "256"},
 	})
 	s.waitEvents("applied", 50, 30*time.Second)
 	rng := rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano())))
