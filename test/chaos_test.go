@@ -149,3 +149,71 @@ func TestHostileAgentsKeepSupervisorBounded(t *testing.T) {
 		})
 	}
 }
+
+// TestDiskFull runs the data directory on a small tmpfs (root only; skipped
+// with a message otherwise), fills it while the agent floods the WAL, and
+// checks: the agent is told WAL_FULL, nothing already stored is damaged, the
+// supervisor stays up, and appends resume once space returns.
+func TestDiskFull(t *testing.T) {
+	mnt := t.TempDir()
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=24m"); err != nil {
+		t.Skipf("cannot mount a size-limited tmpfs here (%v): run as root to test a full disk", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	dir := filepath.Join(mnt, "data")
+	s := startSup(t, supOpts{dataDir: dir, events: filepath.Join(t.TempDir(), "events.jsonl"),
+		flags: append(fastFlags, "--wal-segment-size", "1048576", "--max-restarts", "0"),
+		agent: []string{"--heartbeat-interval", "50ms", "--wal-rate", "2000", "--entry-size", "1024", "--checkpoint-every", "1000"}})
+	s.waitEvents("checkpoint_acked", 1, 30*time.Second)
+
+	// Fill what is left of the filesystem.
+	filler := filepath.Join(mnt, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 64<<10)
+	for {
+		if _, err := f.Write(chunk); err != nil {
+			break
+		}
+	}
+	f.Close()
+	waitFor(t, 30*time.Second, "WAL_FULL reported to the agent", func() bool {
+		for _, e := range s.eventsOf("error") {
+			if e.str("code") == "WAL_FULL" {
+				return true
+			}
+		}
+		return false
+	})
+	if c, _ := s.get("/healthz"); c != 200 {
+		t.Fatalf("healthz %d while the disk is full", c)
+	}
+	if s.metric("supervisor_wal_errors_total", `code="WAL_FULL"`) < 1 {
+		t.Fatal("WAL_FULL not counted")
+	}
+	stuck := s.metric("supervisor_wal_last_sequence")
+
+	// Space returns: appends resume without a restart of anything.
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "appends resume", func() bool {
+		return s.metric("supervisor_wal_last_sequence") > stuck+100
+	})
+	if n := len(s.eventsOf("start")); n != 1 {
+		t.Fatalf("the agent was restarted %d times during the disk-full episode", n-1)
+	}
+	// What was stored is intact: the WAL reads cleanly and the newest
+	// checkpoint verifies.
+	code, _, stderr := cli(t, "wal", "dump", "--data-dir", dir)
+	if code != 0 {
+		t.Fatalf("wal dump after disk full: %d %s", code, stderr)
+	}
+	acks := s.eventsOf("checkpoint_acked")
+	code, _, stderr = cli(t, "checkpoints", "show", acks[len(acks)-1].str("checkpoint_id"), "--data-dir", dir)
+	if code != 0 {
+		t.Fatalf("checkpoint after disk full: %d %s", code, stderr)
+	}
+}

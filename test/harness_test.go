@@ -73,7 +73,8 @@ type supOpts struct {
 	command   []string // a custom agent command
 	env       []string // extra environment (REFAGENT_* etc.)
 	noHTTP    bool
-	noEvents  bool // no --events file (benchmarks: it costs a write per entry)
+	noEvents  bool   // no --events file (benchmarks: it costs a write per entry)
+	events    string // events file; default: beside the data dir
 	keepAlive bool // do not stop it at test cleanup (the test waits for its exit)
 }
 
@@ -107,6 +108,9 @@ func startSup(t testing.TB, o supOpts) *sup {
 	}
 	s := &sup{t: t, dataDir: o.dataDir, out: &syncBuffer{}, done: make(chan struct{})}
 	s.events = filepath.Join(filepath.Dir(o.dataDir), "events.jsonl")
+	if o.events != "" {
+		s.events = o.events
+	}
 	args := []string{"run", "--data-dir", o.dataDir}
 	if o.noHTTP {
 		args = append(args, "--http-addr", "")
