@@ -75,7 +75,7 @@ type supOpts struct {
 	noHTTP    bool
 	noEvents  bool   // no --events file (benchmarks: it costs a write per entry)
 	events    string // events file; default: beside the data dir
-	keepAlive bool // do not stop it at test cleanup (the test waits for its exit)
+	keepAlive bool   // do not stop it at test cleanup (the test waits for its exit)
 }
 
 type sup struct {
