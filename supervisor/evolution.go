@@ -120,7 +120,9 @@ func (s *Supervisor) startTrial(h schema.Hypothesis, backup checkpoint.Meta) (t 
 			t.close()
 		}
 	}()
-	if t.wal, err = wal.Open(wal.Options{Dir: filepath.Join(dir, "wal"), Sync: wal.SyncNone, Logger: s.log.With("component", "shadow-wal")}); err != nil {
+	// Scratch: never fsynced, small unpreallocated segments (a trial is short).
+	if t.wal, err = wal.Open(wal.Options{Dir: filepath.Join(dir, "wal"), Sync: wal.SyncNone, SegmentSize: 4 << 20,
+		NoPreallocate: true, Logger: s.log.With("component", "shadow-wal")}); err != nil {
 		return nil, fmt.Errorf("open shadow WAL: %w", err)
 	}
 	if t.store, err = checkpoint.Open(filepath.Join(dir, "checkpoints"), checkpoint.Options{Retain: 2}); err != nil {
