@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"syscall"
@@ -14,10 +15,19 @@ import (
 // agent (this test binary re-executed) and returns it once the agent is up.
 func runRefAgentSupervisor(tb testing.TB, agentArgs ...string) *Supervisor {
 	tb.Helper()
-	return runTestSupervisor(tb, "SUPERVISOR_TEST_REFAGENT", "1", true, agentArgs...)
+	return runTestSupervisor(tb, "SUPERVISOR_TEST_REFAGENT", "1", agentArgs...)
 }
 
-func runTestSupervisor(tb testing.TB, envKey, envVal string, waitHeartbeat bool, agentArgs ...string) *Supervisor {
+func runTestSupervisor(tb testing.TB, envKey, envVal string, agentArgs ...string) *Supervisor {
+	tb.Helper()
+	os.Setenv(envKey, envVal)
+	tb.Cleanup(func() { os.Unsetenv(envKey) })
+	return runCommandSupervisor(tb, append([]string{os.Args[0]}, agentArgs...))
+}
+
+// runCommandSupervisor runs a supervisor in-process over command and returns
+// it once the agent has heartbeated.
+func runCommandSupervisor(tb testing.TB, command []string) *Supervisor {
 	tb.Helper()
 	cfg := DefaultConfig()
 	cfg.DataDir = filepath.Join(tb.TempDir(), "data")
@@ -25,9 +35,7 @@ func runTestSupervisor(tb testing.TB, envKey, envVal string, waitHeartbeat bool,
 	cfg.BackoffInitial, cfg.BackoffMax = time.Millisecond, time.Millisecond
 	cfg.MaxRestarts = 0
 	cfg.WALSegmentSize = 4 << 20
-	cfg.Command = append([]string{os.Args[0]}, agentArgs...)
-	os.Setenv(envKey, envVal)
-	tb.Cleanup(func() { os.Unsetenv(envKey) })
+	cfg.Command = command
 	s, err := New(cfg)
 	if err != nil {
 		tb.Fatal(err)
@@ -41,9 +49,7 @@ func runTestSupervisor(tb testing.TB, envKey, envVal string, waitHeartbeat bool,
 			tb.Errorf("Run: %v", err)
 		}
 	})
-	if waitHeartbeat {
-		waitUp(tb, s, nil)
-	}
+	waitUp(tb, s, nil)
 	return s
 }
 
@@ -92,7 +98,7 @@ func BenchmarkRestartLatency(b *testing.B) {
 	b.ReportMetric(float64(heartbeat.Microseconds())/n, "µs-first-heartbeat")
 }
 
-// BenchmarkWALFloodMinimalAgent: a minimal agent (one heartbeat, then
+// BenchmarkWALFloodMinimalAgent: examples/floodagent (one heartbeat, then
 // pre-encoded 1 KiB wal_entry frames as fast as the pipe takes them) in a real
 // child process over a real pipe; one op is one entry appended by this
 // in-process supervisor under the default sync policy (batch, 10ms). This is
@@ -101,7 +107,11 @@ func BenchmarkWALFloodMinimalAgent(b *testing.B) {
 	n := b.N
 	b.SetBytes(1024)
 	start := time.Now()
-	s := runTestSupervisor(b, "SUPERVISOR_TEST_FLOOD", strconv.Itoa(n), true)
+	bin := filepath.Join(b.TempDir(), "floodagent")
+	if out, err := exec.Command("go", "build", "-o", bin, "../examples/floodagent").CombinedOutput(); err != nil {
+		b.Fatalf("build floodagent: %v\n%s", err, out)
+	}
+	s := runCommandSupervisor(b, []string{bin, "-n", strconv.Itoa(n)})
 	deadline := time.Now().Add(10 * time.Minute)
 	for s.wal.DurableSequence() < uint64(n) {
 		if time.Now().After(deadline) {

@@ -22,7 +22,7 @@ import (
 	"time"
 )
 
-var binPath string
+var binPath, floodPath string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "supervisor-e2e-")
@@ -40,6 +40,11 @@ func TestMain(m *testing.M) {
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building the supervisor binary failed:", err)
+		os.Exit(1)
+	}
+	floodPath = filepath.Join(dir, "floodagent")
+	if out, err := exec.Command("go", "build", "-o", floodPath, "../examples/floodagent").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building the flood agent failed: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	code := m.Run()

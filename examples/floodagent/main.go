@@ -1,0 +1,89 @@
+// Command floodagent is the smallest useful agent: it speaks the protocol
+// with raw frames (no client package), sends one heartbeat, then N 1 KiB
+// wal_entry frames as fast as the pipe takes them, then waits for the
+// supervisor to close its input. Benchmarks use it to measure the
+// supervisor's own capacity, without an agent's work in the way.
+//
+//	supervisor run -- floodagent -n 1000000
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/wire"
+)
+
+func main() {
+	n := flag.Int("n", 100000, "number of wal_entry frames to send")
+	flag.Parse()
+	in, out := os.Stdin, os.Stdout
+	if os.Getenv("SUPERVISOR_TRANSPORT") == "fd" { // --stdio=false: read fd 3, write fd 4
+		in, out = os.NewFile(3, "frames-in"), os.NewFile(4, "frames-out")
+	}
+	if err := floodAgent(*n, in, out); err != nil {
+		fmt.Fprintln(os.Stderr, "floodagent:", err)
+		os.Exit(1)
+	}
+}
+
+// floodAgent is the cheapest possible agent: one heartbeat, then n 1 KiB
+// wal_entry frames as fast as the pipe takes them (the frame is encoded once
+// with a fixed-width sequence that is patched per entry), then it waits for
+// the supervisor to close its input. It measures the supervisor, not an
+// agent's own work.
+func floodAgent(n int, in io.Reader, out io.Writer) error {
+	w := bufio.NewWriterSize(out, 256<<10)
+	hb, err := schema.Encode(&schema.Heartbeat{})
+	if err != nil {
+		return err
+	}
+	if _, err := w.Write(wire.AppendFrame(nil, hb)); err != nil {
+		return err
+	}
+	const marker = 0x0102030405060708
+	params, err := msgpack.Marshal(map[string]any{"content": strings.Repeat("x", 960)})
+	if err != nil {
+		return err
+	}
+	var e bytes.Buffer
+	enc := msgpack.NewEncoder(&e)
+	_ = enc.EncodeMapLen(3)
+	_ = enc.EncodeString("operation")
+	_ = enc.EncodeString(schema.OpMemoryAdd)
+	_ = enc.EncodeString("params")
+	e.Write(params)
+	_ = enc.EncodeString("sequence")
+	_ = enc.EncodeUint64(marker) // 0xcf + 8 bytes: fixed width
+	payload, err := schema.Encode(&schema.WALEntry{Entry: schema.WALRecord{Raw: e.Bytes()}})
+	if err != nil {
+		return err
+	}
+	frame := wire.AppendFrame(nil, payload)
+	var mk [8]byte
+	binary.BigEndian.PutUint64(mk[:], marker)
+	at := bytes.Index(frame, mk[:])
+	if at < 0 {
+		return fmt.Errorf("sequence not found in the encoded frame")
+	}
+	for seq := 1; seq <= n; seq++ {
+		binary.BigEndian.PutUint64(frame[at:], uint64(seq))
+		if _, err := w.Write(frame); err != nil {
+			return err
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, in)
+	return nil
+}
