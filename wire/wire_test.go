@@ -161,8 +161,10 @@ func TestOversizedLengthDoesNotAllocate(t *testing.T) {
 			t.Fatalf("got %v", err)
 		}
 	})
-	// The only allocations allowed are the error value and its message.
-	if allocs > 4 {
+	// The only allocations allowed are the error value and its message (the
+	// count varies with fmt's boxing and the race detector; the bytes, checked
+	// below, are what prove the declared 4 GiB was never allocated).
+	if allocs > 8 {
 		t.Fatalf("rejecting an oversized length allocated %v times per call", allocs)
 	}
 	var before, after runtime.MemStats
@@ -173,8 +175,8 @@ func TestOversizedLengthDoesNotAllocate(t *testing.T) {
 		}
 	}
 	runtime.ReadMemStats(&after)
-	if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
-		t.Fatalf("100 rejected 4 GiB frames allocated %d bytes in total", grew)
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 100*512 {
+		t.Fatalf("100 rejected 4 GiB frames allocated %d bytes in total, want under 512 bytes each", grew)
 	}
 }
 
