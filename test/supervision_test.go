@@ -298,3 +298,24 @@ func TestDataDirLock(t *testing.T) {
 		t.Fatalf("second supervisor on the same dir: exit %d, %s", code, stderr)
 	}
 }
+
+func TestSecondSignalSkipsGracefulWait(t *testing.T) {
+	// The agent stops reading its input, so it never sees shutdown; the
+	// graceful wait would last the full minute.
+	s := startSup(t, supOpts{flags: append(fastFlags, "--shutdown-timeout", "1m", "--heartbeat-timeout", "1m"),
+		agent: []string{"--heartbeat-interval", "50ms", "--hang-after", "200ms"}})
+	s.waitEvents("hang", 1, 30*time.Second)
+	pid := s.eventsOf("start")[0].int("pid")
+	s.signal(syscall.SIGTERM)
+	s.waitOutput("stopping: asking the agent to shut down", 10*time.Second)
+	s.signal(syscall.SIGTERM)
+	if code := s.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit %d after a second SIGTERM, want 0", code)
+	}
+	if !strings.Contains(s.out.String(), "second stop signal") {
+		t.Fatal("the forced stop was not logged")
+	}
+	if alive(pid) {
+		t.Fatal("agent outlived the forced stop")
+	}
+}
