@@ -454,6 +454,10 @@ func (s *Supervisor) setState(st State) {
 // startPrimary assembles the restore (if there is state), spawns the agent and
 // queues the restore as its first frame.
 func (s *Supervisor) startPrimary() error {
+	// Checkpoints the previous incarnation sent are stored first (its reader
+	// is drained, so no more can come): the restore must see them, and a
+	// rollback must not be overtaken by one of them landing afterwards.
+	s.waitCheckpoints(walDurableTimeout + 5*time.Second)
 	point := s.pendingPoint
 	plan, err := s.buildRestore(point)
 	if err != nil {
