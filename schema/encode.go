@@ -126,13 +126,13 @@ func (e *encoder) beginSized(h *Header, n int, compressed bool, size int) {
 		ts = time.Now().Unix()
 	}
 	e.key("timestamp")
-	e.b = appendInt(e.b, ts)
+	e.b = AppendInt(e.b, ts)
 	if version != 0 {
 		if version < 0 {
 			e.setErr(e.fail("version", RuleFieldValue, "must be at least 1, got %d", version))
 		}
 		e.key("version")
-		e.b = appendInt(e.b, int64(version))
+		e.b = AppendInt(e.b, int64(version))
 	}
 	if h.Metadata != nil {
 		e.raw("metadata", h.Metadata)
@@ -144,11 +144,11 @@ func (e *encoder) beginSized(h *Header, n int, compressed bool, size int) {
 	}
 }
 
-func (e *encoder) key(k string) { e.b = appendStr(e.b, k) }
+func (e *encoder) key(k string) { e.b = AppendStr(e.b, k) }
 
 func (e *encoder) str(k, v string) {
 	e.key(k)
-	e.b = appendStr(e.b, v)
+	e.b = AppendStr(e.b, v)
 }
 
 // raw appends key k and the raw map v, which must be one well-formed map.
@@ -183,13 +183,13 @@ func (e *encoder) numbers(field string, m map[string]float64) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	e.b = appendMapHeader(e.b, len(keys))
+	e.b = AppendMapHeader(e.b, len(keys))
 	for _, k := range keys {
 		v := m[k]
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			e.setErr(e.fail(path(field, -1, k), RuleFieldValue, "must be a finite number, got %v", v))
 		}
-		e.b = appendStr(e.b, k)
+		e.b = AppendStr(e.b, k)
 		e.b = appendFloat(e.b, v)
 	}
 }
@@ -242,7 +242,7 @@ func (e *encoder) walRecord(field string, r *WALRecord) {
 		e.rawValue(path(field, -1, "params"), r.Params)
 	}
 	e.key("sequence")
-	e.b = appendUint(e.b, r.Sequence)
+	e.b = AppendUint(e.b, r.Sequence)
 }
 
 func recordSize(r *WALRecord) int {
@@ -273,7 +273,7 @@ func (e *encoder) walBatch(m *WALBatch) error {
 	}
 	e.beginSized(&m.Header, 1, false, size)
 	e.key("data")
-	e.b = appendArrayHeader(e.b, len(m.Entries))
+	e.b = AppendArrayHeader(e.b, len(m.Entries))
 	for i := range m.Entries {
 		start := len(e.b)
 		e.walRecord(path("data", i, ""), &m.Entries[i])
@@ -356,7 +356,7 @@ func (e *encoder) checkpointAck(m *CheckpointAck) error {
 	e.begin(&m.Header, 2, false)
 	e.str("checkpoint_id", m.CheckpointID)
 	e.key("size")
-	e.b = appendInt(e.b, m.Size)
+	e.b = AppendInt(e.b, m.Size)
 	return nil
 }
 
@@ -391,7 +391,7 @@ func (e *encoder) restore(m *Restore) error {
 		e.b = append(e.b, body...)
 	}
 	e.key("wal_entries")
-	e.b = appendArrayHeader(e.b, len(m.WALEntries))
+	e.b = AppendArrayHeader(e.b, len(m.WALEntries))
 	for i, w := range m.WALEntries {
 		e.rawValue(path("wal_entries", i, ""), w)
 	}
@@ -431,83 +431,7 @@ func (e *encoder) processRequest(m *ProcessRequest) error {
 	return nil
 }
 
-// ---- MessagePack primitives (the encoder side needs only these)
-
-func appendMapHeader(b []byte, n int) []byte {
-	switch {
-	case n < 16:
-		return append(b, 0x80|byte(n))
-	case n <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(b, 0xde), uint16(n))
-	}
-	return binary.BigEndian.AppendUint32(append(b, 0xdf), uint32(n))
-}
-
-func appendArrayHeader(b []byte, n int) []byte {
-	switch {
-	case n < 16:
-		return append(b, 0x90|byte(n))
-	case n <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(b, 0xdc), uint16(n))
-	}
-	return binary.BigEndian.AppendUint32(append(b, 0xdd), uint32(n))
-}
-
-func appendStr(b []byte, s string) []byte {
-	switch n := len(s); {
-	case n < 32:
-		b = append(b, 0xa0|byte(n))
-	case n <= math.MaxUint8:
-		b = append(b, 0xd9, byte(n))
-	case n <= math.MaxUint16:
-		b = binary.BigEndian.AppendUint16(append(b, 0xda), uint16(n))
-	default:
-		b = binary.BigEndian.AppendUint32(append(b, 0xdb), uint32(n))
-	}
-	return append(b, s...)
-}
-
-func appendBin(b, p []byte) []byte {
-	switch n := len(p); {
-	case n <= math.MaxUint8:
-		b = append(b, 0xc4, byte(n))
-	case n <= math.MaxUint16:
-		b = binary.BigEndian.AppendUint16(append(b, 0xc5), uint16(n))
-	default:
-		b = binary.BigEndian.AppendUint32(append(b, 0xc6), uint32(n))
-	}
-	return append(b, p...)
-}
-
-func appendUint(b []byte, u uint64) []byte {
-	switch {
-	case u <= 0x7f:
-		return append(b, byte(u))
-	case u <= math.MaxUint8:
-		return append(b, 0xcc, byte(u))
-	case u <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(u))
-	case u <= math.MaxUint32:
-		return binary.BigEndian.AppendUint32(append(b, 0xce), uint32(u))
-	}
-	return binary.BigEndian.AppendUint64(append(b, 0xcf), u)
-}
-
-func appendInt(b []byte, i int64) []byte {
-	switch {
-	case i >= 0:
-		return appendUint(b, uint64(i))
-	case i >= -32:
-		return append(b, byte(i))
-	case i >= math.MinInt8:
-		return append(b, 0xd0, byte(i))
-	case i >= math.MinInt16:
-		return binary.BigEndian.AppendUint16(append(b, 0xd1), uint16(i))
-	case i >= math.MinInt32:
-		return binary.BigEndian.AppendUint32(append(b, 0xd2), uint32(i))
-	}
-	return binary.BigEndian.AppendUint64(append(b, 0xd3), uint64(i))
-}
+// ---- MessagePack primitives not exported (see append.go for the rest)
 
 func appendFloat(b []byte, f float64) []byte {
 	return binary.BigEndian.AppendUint64(append(b, 0xcb), math.Float64bits(f))

@@ -86,22 +86,22 @@ func selfParams(b []byte, seq uint64, created int64, padding string) []byte {
 		n += 1 + len(padding)
 	}
 	b = append(b, 0x84)
-	b = appendStr(b, "content")
-	b = appendStrHeader(b, n)
+	b = schema.AppendStr(b, "content")
+	b = schema.AppendStrHeader(b, n)
 	b = append(b, selfPrefix...)
 	b = append(b, digits...)
 	if padding != "" {
 		b = append(b, ' ')
 		b = append(b, padding...)
 	}
-	b = appendStr(b, "created")
-	b = appendInt(b, created)
-	b = appendStr(b, "importance")
+	b = schema.AppendStr(b, "created")
+	b = schema.AppendInt(b, created)
+	b = schema.AppendStr(b, "importance")
 	b = binary.BigEndian.AppendUint64(append(b, 0xcb), math.Float64bits(0.5))
-	b = appendStr(b, "metadata")
+	b = schema.AppendStr(b, "metadata")
 	b = append(b, 0x81)
-	b = appendStr(b, "source")
-	return appendStr(b, "self")
+	b = schema.AppendStr(b, "source")
+	return schema.AppendStr(b, "self")
 }
 
 const selfPrefix = "self-driven note "

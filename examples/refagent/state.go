@@ -3,7 +3,6 @@ package refagent
 import (
 	"bytes"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -321,62 +320,14 @@ func ChainNext(prev, op string, seq uint64, params []byte) string {
 	}
 	var head [64]byte
 	b := append(head[:0], 0x93)
-	b = appendStr(b, op)
-	b = appendUint(b, seq)
+	b = schema.AppendStr(b, op)
+	b = schema.AppendUint(b, seq)
 	h := sha256.New()
 	h.Write(prevRaw)
 	h.Write(b)
 	h.Write(params)
 	var sum [sha256.Size]byte
 	return hex.EncodeToString(h.Sum(sum[:0]))
-}
-
-func appendStr(b []byte, s string) []byte {
-	return append(appendStrHeader(b, len(s)), s...)
-}
-
-func appendStrHeader(b []byte, n int) []byte {
-	switch {
-	case n < 32:
-		return append(b, 0xa0|byte(n))
-	case n < 1<<8:
-		return append(b, 0xd9, byte(n))
-	case n < 1<<16:
-		return append(b, 0xda, byte(n>>8), byte(n))
-	}
-	return append(b, 0xdb, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
-}
-
-// appendInt appends i in its most compact MessagePack form, as the
-// msgpack encoder does with UseCompactInts.
-func appendInt(b []byte, i int64) []byte {
-	switch {
-	case i >= 0:
-		return appendUint(b, uint64(i))
-	case i >= -32:
-		return append(b, byte(i))
-	case i >= math.MinInt8:
-		return append(b, 0xd0, byte(i))
-	case i >= math.MinInt16:
-		return append(b, 0xd1, byte(i>>8), byte(i))
-	case i >= math.MinInt32:
-		return append(b, 0xd2, byte(i>>24), byte(i>>16), byte(i>>8), byte(i))
-	}
-	return binary.BigEndian.AppendUint64(append(b, 0xd3), uint64(i))
-}
-
-func appendUint(b []byte, u uint64) []byte {
-	switch {
-	case u < 128:
-		return append(b, byte(u))
-	case u < 1<<8:
-		return append(b, 0xcc, byte(u))
-	case u < 1<<16:
-		return append(b, 0xcd, byte(u>>8), byte(u))
-	case u < 1<<32:
-		return append(b, 0xce, byte(u>>24), byte(u>>16), byte(u>>8), byte(u))
-	}
-	return binary.BigEndian.AppendUint64(append(b, 0xcf), u)
 }
 
 // MarshalCanonical encodes the state as the checkpoint data it sends:
