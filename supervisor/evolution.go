@@ -3,6 +3,7 @@ package supervisor
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -185,7 +186,7 @@ func (s *Supervisor) shadowEvent(ev event) {
 		}
 		s.endTrial()
 	case evStreamEnded:
-		if ev.err != nil && !errors.Is(ev.err, errEOF) && !errors.Is(ev.err, os.ErrClosed) && !t.decided {
+		if ev.err != nil && !errors.Is(ev.err, io.EOF) && !errors.Is(ev.err, os.ErrClosed) && !t.decided {
 			t.failure = "shadow broke the framing: " + ev.err.Error()
 			s.concludeTrial()
 		}
@@ -206,16 +207,25 @@ func (s *Supervisor) checkShadowHeartbeat() {
 	if t == nil || t.decided || t.shadow == nil {
 		return
 	}
+	if t.failure = s.shadowHeartbeatFailure(t, false); t.failure != "" {
+		s.concludeTrial()
+	}
+}
+
+// shadowHeartbeatFailure says why the shadow's heartbeat disqualifies it, or
+// "". During the trial a shadow gets --start-timeout for its first heartbeat;
+// at the decision (final) one that never heartbeated fails outright.
+func (s *Supervisor) shadowHeartbeatFailure(t *trial, final bool) string {
 	age, seen := t.shadow.heartbeatAge(time.Now())
 	switch {
+	case !seen && final:
+		return "shadow never sent a heartbeat"
 	case !seen && age >= s.cfg.StartTimeout:
-		t.failure = fmt.Sprintf("shadow sent no heartbeat within --start-timeout (%s)", s.cfg.StartTimeout)
+		return fmt.Sprintf("shadow sent no heartbeat within --start-timeout (%s)", s.cfg.StartTimeout)
 	case seen && age >= s.cfg.HeartbeatTimeout:
-		t.failure = fmt.Sprintf("shadow hung: no heartbeat for %s", age.Round(time.Millisecond))
-	default:
-		return
+		return fmt.Sprintf("shadow hung: no heartbeat for %s", age.Round(time.Millisecond))
 	}
-	s.concludeTrial()
+	return ""
 }
 
 // concludeTrial decides, tells the primary, records the decision and stops
@@ -228,7 +238,7 @@ func (s *Supervisor) concludeTrial() {
 	t.decided = true
 	t.timer.Stop()
 	if t.failure == "" {
-		s.checkShadowHeartbeatOnly(t)
+		t.failure = s.shadowHeartbeatFailure(t, true)
 	}
 	d := evolution.Decide(t.collector.Summary(evolution.Primary), t.collector.Summary(evolution.Shadow),
 		evolution.Outcome{ShadowAlive: t.failure == "", ShadowFailure: t.failure, MinReports: s.cfg.EvolutionMinReports},
@@ -253,15 +263,6 @@ func (s *Supervisor) concludeTrial() {
 	if !t.shadow.stopping {
 		t.shadow.stopping = true
 		go t.shadow.proc.stopGroup(s.cfg.KillTimeout)
-	}
-}
-
-// checkShadowHeartbeatOnly records a stale shadow heartbeat at decision time.
-func (s *Supervisor) checkShadowHeartbeatOnly(t *trial) {
-	if age, seen := t.shadow.heartbeatAge(time.Now()); !seen {
-		t.failure = "shadow never sent a heartbeat"
-	} else if age >= s.cfg.HeartbeatTimeout {
-		t.failure = fmt.Sprintf("shadow hung: no heartbeat for %s", age.Round(time.Millisecond))
 	}
 }
 

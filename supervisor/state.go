@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -15,8 +14,6 @@ import (
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/wal"
 )
-
-var errEOF = io.EOF
 
 // walDurableTimeout bounds how long a checkpoint waits for the WAL entries
 // ahead of it to become durable before it is refused with CHECKPOINT_FAILED.

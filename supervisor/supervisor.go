@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -610,7 +611,7 @@ func (s *Supervisor) streamEnded(ev event) {
 	if ev.err == nil || errors.Is(ev.err, os.ErrClosed) {
 		return
 	}
-	if errors.Is(ev.err, errEOF) {
+	if errors.Is(ev.err, io.EOF) {
 		in.log.Debug("agent closed its output")
 		return
 	}
