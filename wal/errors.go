@@ -29,10 +29,29 @@ var (
 	// ErrLocked is returned by Open when another Log (in this or another
 	// process) has the directory open.
 	ErrLocked = errors.New("wal: directory is in use by another process")
+	// ErrSequenceConflict is wrapped by every [*SequenceConflictError].
+	ErrSequenceConflict = errors.New("wal: sequence conflict")
 	// ErrTruncated is returned by ReadAfter when TruncateBefore removed a
 	// segment holding entries it still had to serve.
 	ErrTruncated = errors.New("wal: entries were removed while being read")
 )
+
+// SequenceConflictError rejects an Append with an entry at or below the
+// last sequence that is not a byte-identical replay of the entry the log
+// holds there, or one that jumps more than [MaxSequenceGap] above it. Nothing
+// of that Append was appended. It wraps [ErrSequenceConflict].
+type SequenceConflictError struct {
+	Sequence     uint64 // the offending entry's sequence
+	LastSequence uint64 // the log's last sequence when it was judged
+	Reason       string
+}
+
+func (e *SequenceConflictError) Error() string {
+	return fmt.Sprintf("wal: sequence %d conflicts with the log (last sequence %d): %s", e.Sequence, e.LastSequence, e.Reason)
+}
+
+// Unwrap returns [ErrSequenceConflict].
+func (e *SequenceConflictError) Unwrap() error { return ErrSequenceConflict }
 
 // CorruptionError reports damaged data in the log: a record failing its
 // checksum or structure checks, a damaged segment header, sequences going
@@ -48,12 +67,18 @@ type CorruptionError struct {
 	// suffix, never deleted) so the log could continue from the good prefix.
 	// Empty when reported by ReadDir or ReadAfter, which change nothing.
 	Moved []string
+	// Covered: the damage lay wholly below the newest checkpoint's
+	// watermark; the log continues intact after it (see Recovery.Covered).
+	Covered bool
 }
 
 func (e *CorruptionError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "wal: corrupt data in segment %s at offset %d: %s", e.Segment, e.Offset, e.Reason)
-	if len(e.Moved) > 0 {
+	if e.Covered {
+		fmt.Fprintf(&b, "; nothing a restore needs was lost; the damaged segment and those before it were kept for inspection as %s",
+			strings.Join(e.Moved, ", "))
+	} else if len(e.Moved) > 0 {
 		fmt.Fprintf(&b, "; the log was cut there and continues from the entries before it; the damaged files were kept for inspection as %s",
 			strings.Join(e.Moved, ", "))
 	}

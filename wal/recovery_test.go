@@ -450,3 +450,84 @@ func TestInspectAndDump(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestDamageBelowCheckpointIsFree: a flipped byte, or a missing segment,
+// wholly at or below the newest checkpoint's watermark (CoveredThrough)
+// costs nothing: the damaged segment and those before it are set aside and
+// reported, every intact segment after it is kept and served, and Floor says
+// where the log now starts. Damage above the watermark still cuts the log.
+func TestDamageBelowCheckpointIsFree(t *testing.T) {
+	src := t.TempDir()
+	o := testOptions(t, src)
+	o.SegmentSize = MinSegmentSize
+	want := buildLog(t, o, 200, 1)
+	idx, _ := listSegments(src)
+	if len(idx) < 6 {
+		t.Fatalf("only %d segments", len(idx))
+	}
+	lastOf := func(dir string, x uint64) uint64 {
+		sp := recordSpans(t, segmentPath(dir, x))
+		return sp[len(sp)-1].last
+	}
+	flip := func(dir string, x uint64) {
+		sp := recordSpans(t, segmentPath(dir, x))
+		f, err := os.OpenFile(segmentPath(dir, x), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		b := []byte{0}
+		off := sp[len(sp)/2].off + recordHeaderSize + 1
+		f.ReadAt(b, off)
+		b[0] ^= 0x40
+		f.WriteAt(b, off)
+	}
+	for _, tc := range []struct {
+		name    string
+		damage  func(dir string)
+		covered func(dir string) uint64 // the checkpoint watermark
+		floor   uint64                  // want Floor() after Open; 0 = cut instead
+	}{
+		{"flip below the watermark", func(d string) { flip(d, idx[1]) },
+			func(d string) uint64 { return lastOf(d, idx[3]) }, 1},
+		{"flip in the segment just below the watermark", func(d string) { flip(d, idx[2]) },
+			func(d string) uint64 { return lastOf(d, idx[2]) }, 1},
+		{"missing segment below the watermark", func(d string) { os.Remove(segmentPath(d, idx[1])) },
+			func(d string) uint64 { return lastOf(d, idx[2]) }, 1},
+		{"flip above the watermark cuts", func(d string) { flip(d, idx[2]) },
+			func(d string) uint64 { return lastOf(d, idx[0]) }, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := copyDir(t, src)
+			covered := tc.covered(dir)
+			tc.damage(dir)
+			o := testOptions(t, dir)
+			o.SegmentSize = MinSegmentSize
+			o.CoveredThrough = covered
+			l := mustOpen(t, o)
+			defer l.Close()
+			rec := l.Recovery()
+			if tc.floor == 0 {
+				if rec.Corruption == nil || l.LastSequence() >= 200 {
+					t.Fatalf("damage above the watermark: Corruption %v, last %d; want a cut log", rec.Corruption, l.LastSequence())
+				}
+				return
+			}
+			if rec.Corruption != nil || len(rec.Covered) != 1 || len(rec.Covered[0].Moved) == 0 {
+				t.Fatalf("Recovery = %+v; want the damage reported as covered and set aside", rec)
+			}
+			if l.LastSequence() != 200 {
+				t.Fatalf("LastSequence = %d, want 200: intact segments after the damage were dropped", l.LastSequence())
+			}
+			if f := l.Floor(); f > covered || f == 0 {
+				t.Fatalf("Floor = %d, want in (0, %d]", f, covered)
+			}
+			sameEntries(t, "entries after the watermark", readAll(t, l, covered), want[covered:])
+			for _, m := range rec.Covered[0].Moved {
+				if _, err := os.Stat(filepath.Join(dir, m)); err != nil {
+					t.Fatalf("set-aside file: %v", err)
+				}
+			}
+		})
+	}
+}

@@ -66,12 +66,24 @@ func (l *Log) recover() error {
 		scans   []segmentScan
 		corrupt *CorruptionError
 		prev    uint64 // last sequence of the previous segment
+		start   int    // idx[start:] are the segments still in the log
 	)
-	for i, index := range idx {
+	for i := 0; i < len(idx); i++ {
+		index := idx[i]
 		name := segmentName(index)
-		if i > 0 && index != idx[i-1]+1 {
-			corrupt = &CorruptionError{Segment: segmentName(idx[i-1] + 1),
+		if i > start && index != idx[i-1]+1 {
+			ce := &CorruptionError{Segment: segmentName(idx[i-1] + 1),
 				Reason: fmt.Sprintf("segment missing: %s is followed by %s", segmentName(idx[i-1]), name)}
+			dropped, err := l.dropCovered(idx[start:i], index, ce)
+			if err != nil {
+				return err
+			}
+			if dropped {
+				scans, prev, start = nil, 0, i
+				i--
+				continue
+			}
+			corrupt = ce
 			if err := l.quarantine(idx[i:], corrupt); err != nil {
 				return err
 			}
@@ -81,12 +93,22 @@ func (l *Log) recover() error {
 		if err != nil {
 			return fmt.Errorf("wal: open segment %s: %w (the log will not skip an unreadable segment: fix its permissions or restore it from a backup)", name, err)
 		}
-		sc, err := scanSegment(f, name, index, scanOpts{isLast: i == len(idx)-1, prev: prev, havePrev: i > 0})
+		sc, err := scanSegment(f, name, index, scanOpts{isLast: i == len(idx)-1, prev: prev, havePrev: i > start})
 		f.Close()
 		if err != nil {
 			return fmt.Errorf("wal: recover: %w", err)
 		}
 		if sc.corrupt != nil {
+			if i < len(idx)-1 {
+				dropped, err := l.dropCovered(idx[start:i+1], idx[i+1], sc.corrupt)
+				if err != nil {
+					return err
+				}
+				if dropped {
+					scans, prev, start = nil, 0, i+1
+					continue
+				}
+			}
 			corrupt = sc.corrupt
 			if corrupt.Offset < segmentHeaderSize {
 				// The segment itself is unusable: set it aside with the rest.
@@ -110,7 +132,7 @@ func (l *Log) recover() error {
 	if len(scans) == 0 {
 		index := uint64(1)
 		if len(idx) > 0 {
-			index = idx[0] // everything was set aside: start again at the same place
+			index = idx[start] // everything was set aside: start again at the same place
 		}
 		if err := l.createFirst(index); err != nil {
 			return err
@@ -144,6 +166,10 @@ func (l *Log) recover() error {
 	l.lastSeq, l.readable, l.durable = active.lastSeq(), active.lastSeq(), active.lastSeq()
 	l.recovery.Segments = len(l.segs)
 	l.recovery.Entries = entries
+	for _, ce := range l.recovery.Covered {
+		l.log.Warn("WAL damage below the newest checkpoint's watermark: the damaged segment and those before it were set aside; no entry a restore needs was lost",
+			"err", ce, "moved_aside", ce.Moved)
+	}
 	if corrupt != nil {
 		l.recovery.Corruption = corrupt
 		l.log.Error("WAL corruption: the log was cut at the damage and continues from the good prefix; entries after it are not served",
@@ -251,6 +277,36 @@ func (l *Log) installSegment(index, prevLast uint64, pf *os.File, ppath string) 
 		return nil, 0, ioFailure("stat segment "+name, err)
 	}
 	return f, fi.Size(), nil
+}
+
+// dropCovered handles damage (ce) in the last segment of prefix when the
+// segment after it, next, starts the log above sequences that the newest
+// checkpoint covers (Options.CoveredThrough): nothing a restore needs is in
+// prefix, so prefix is set aside whole, oldest first, and the log continues
+// from next with every entry it holds intact. It reports false, changing
+// nothing, when next's header cannot be read or the damage may hold entries
+// a restore still needs.
+func (l *Log) dropCovered(prefix []uint64, next uint64, ce *CorruptionError) (bool, error) {
+	h, ok := peekHeader(l.dir, next)
+	if !ok || h.index != next || h.prevLast > l.opts.CoveredThrough {
+		return false, nil
+	}
+	for _, index := range prefix {
+		name := segmentName(index)
+		q := l.quarantineName(name)
+		if err := os.Rename(filepath.Join(l.dir, name), filepath.Join(l.dir, q)); err != nil {
+			return false, fmt.Errorf("wal: set aside segment %s after damage below the checkpoint watermark (%v): %w", name, ce, err)
+		}
+		if err := syncDir(l.dir); err != nil {
+			return false, fmt.Errorf("wal: fsync directory after setting aside %s: %w", name, err)
+		}
+		ce.Moved = append(ce.Moved, q)
+	}
+	ce.Reason += fmt.Sprintf("; every entry it could hold is at or below sequence %d, which the newest checkpoint covers, so the log continues intact from %s",
+		h.prevLast, segmentName(next))
+	ce.Covered = true
+	l.recovery.Covered = append(l.recovery.Covered, ce)
+	return true, nil
 }
 
 // quarantineName is the name a damaged file is set aside under.

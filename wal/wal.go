@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -46,6 +47,13 @@ type Options struct {
 	// allocation work) and reports a full disk before it is hit mid-write.
 	// Set it for tests and for filesystems where writing zeros is wasteful.
 	NoPreallocate bool
+	// CoveredThrough is the newest checkpoint's watermark: no restore needs
+	// an entry at or below it. Damage found by Open in a segment whose
+	// entries all lie at or below it costs nothing: that segment and the
+	// ones before it are set aside (reported in [Recovery.Covered]) and the
+	// intact segments after it are kept. Damage above it cuts the log at the
+	// damage, as always. 0 means every entry may be needed.
+	CoveredThrough uint64
 
 	ops        fileOps // tests inject faults here; nil means the real file system
 	maxPending int     // tests shrink the back-pressure bound; 0 means maxPendingBytes
@@ -77,6 +85,10 @@ type Recovery struct {
 	// than a torn tail: the log was cut at the damage, keeping the good prefix,
 	// and the damaged files were set aside (see CorruptionError.Moved).
 	Corruption error
+	// Covered lists damage Open found wholly at or below
+	// Options.CoveredThrough: the damaged segments and those before them were
+	// set aside (CorruptionError.Moved) and nothing a restore needs was lost.
+	Covered []*CorruptionError
 }
 
 // segment is the in-memory description of one segment file.
@@ -264,15 +276,24 @@ func (l *Log) FirstSequence() uint64 {
 	return 0
 }
 
+// MaxSequenceGap is the largest jump above the last sequence Append accepts.
+// A gap is allowed (and reported), but one entry numbered near 2^64 by
+// mistake must not leave no room for every later one.
+const MaxSequenceGap = 1 << 32
+
 // Append appends entries as one atomic unit: after a crash either all of
-// the appended ones are in the log or none. Entries whose sequence is not
-// above the last appended one (including repeats inside entries) are skipped
-// and counted as duplicates; jumps are reported as gaps. Data is copied.
+// the appended ones are in the log or none. An entry whose sequence is not
+// above the last appended one is a replay when the log holds the very same
+// bytes at that sequence: it is skipped and counted in Duplicates (also a
+// repeat inside entries). Jumps are reported as gaps. Data is copied.
 //
 // Under SyncAlways, Append returns once the entries are durable; otherwise
 // once they are queued for the syncer (use WaitDurable).
 //
-// Errors: ErrOutOfOrder when a sequence is below its predecessor in entries,
+// Errors: a *SequenceConflictError (wrapping ErrSequenceConflict) when an
+// entry at or below the last sequence is not a byte-identical replay of what
+// the log holds there, or jumps more than MaxSequenceGap above it;
+// ErrOutOfOrder when a sequence is below its predecessor in entries,
 // ErrTooLarge, ErrClosed, and ErrNoSpace / ErrWriteFailed while the disk
 // fails. On any error nothing of entries was appended and LastSequence is
 // unchanged, so the same entries can be appended again.
@@ -281,40 +302,35 @@ func (l *Log) Append(entries ...Entry) (AppendResult, error) {
 		if entries[i].Sequence < entries[i-1].Sequence {
 			return AppendResult{}, fmt.Errorf("%w: sequence %d follows %d", ErrOutOfOrder, entries[i].Sequence, entries[i-1].Sequence)
 		}
+		if entries[i].Sequence == entries[i-1].Sequence && !bytes.Equal(entries[i].Data, entries[i-1].Data) {
+			return AppendResult{}, &SequenceConflictError{Sequence: entries[i].Sequence, LastSequence: l.LastSequence(),
+				Reason: "the same sequence appears twice in one batch with different contents"}
+		}
 	}
 	upper := recordSize(entries) // the record is at most this large
 	if upper-recordHeaderSize > maxRecordPayload {
 		return AppendResult{}, fmt.Errorf("%w: %d bytes, limit %d; append fewer entries at a time", ErrTooLarge, upper, maxRecordPayload)
 	}
+	var verified uint64 // replays at or below this were checked against the log
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	// Every wait releases l.mu, so all of them come before the entries are
-	// judged against lastSeq, and the checks run again after each.
 	for {
-		if l.truncating != nil && !l.closed {
-			ch := l.truncating
-			l.mu.Unlock()
-			<-ch
-			l.mu.Lock()
-			continue
-		}
-		if l.closed {
-			return AppendResult{Last: l.lastSeq}, ErrClosed
-		}
-		if l.err != nil && l.retained {
-			l.kickSyncer()
-			return AppendResult{Last: l.lastSeq}, l.err
-		}
-		if n := l.pendingBytes(); n == 0 || n+int(upper) <= l.opts.maxPending {
-			break
-		}
-		// Back-pressure: the syncer is far behind.
-		if err := l.waitLocked(context.Background(), func() (bool, error) {
-			n := l.pendingBytes()
-			return l.closed || l.truncating != nil || (l.err != nil && l.retained) || n == 0 || n+int(upper) <= l.opts.maxPending, nil
-		}); err != nil {
+		if err := l.admitLocked(upper); err != nil {
 			return AppendResult{Last: l.lastSeq}, err
 		}
+		// Replays are compared with what the log holds, outside the lock
+		// (reading waits for the syncer); then everything is judged again.
+		last := l.lastSeq
+		if len(entries) == 0 || entries[0].Sequence > last || verified == last {
+			break // no replays, or all of them checked against this last sequence
+		}
+		l.mu.Unlock()
+		err := l.verifyReplay(entries, last)
+		l.mu.Lock()
+		if err != nil {
+			return AppendResult{Last: l.lastSeq}, err
+		}
+		verified = last
 	}
 	// Keep the entries above the last sequence, in order.
 	res := AppendResult{}
@@ -323,6 +339,10 @@ func (l *Log) Append(entries ...Entry) (AppendResult, error) {
 		if e.Sequence <= prev {
 			res.Duplicates++
 			continue
+		}
+		if e.Sequence-prev > MaxSequenceGap {
+			return AppendResult{Last: l.lastSeq}, &SequenceConflictError{Sequence: e.Sequence, LastSequence: l.lastSeq,
+				Reason: fmt.Sprintf("the sequence jumps more than %d above the last one; number entries above restore.last_sequence", uint64(MaxSequenceGap))}
 		}
 		if e.Sequence > prev+1 {
 			res.Gaps = append(res.Gaps, Gap{After: prev, Next: e.Sequence})
@@ -372,6 +392,99 @@ func (l *Log) Append(entries ...Entry) (AppendResult, error) {
 		return AppendResult{Last: l.lastSeq}, err
 	}
 	return res, nil
+}
+
+// admitLocked waits, with l.mu held, until an append of upper bytes may be
+// queued: no TruncateAfter running, no retained write error, room under the
+// back-pressure bound. Every wait releases l.mu.
+func (l *Log) admitLocked(upper int64) error {
+	for {
+		if l.truncating != nil && !l.closed {
+			ch := l.truncating
+			l.mu.Unlock()
+			<-ch
+			l.mu.Lock()
+			continue
+		}
+		if l.closed {
+			return ErrClosed
+		}
+		if l.err != nil && l.retained {
+			l.kickSyncer()
+			return l.err
+		}
+		if n := l.pendingBytes(); n == 0 || n+int(upper) <= l.opts.maxPending {
+			return nil
+		}
+		// Back-pressure: the syncer is far behind.
+		if err := l.waitLocked(context.Background(), func() (bool, error) {
+			n := l.pendingBytes()
+			return l.closed || l.truncating != nil || (l.err != nil && l.retained) || n == 0 || n+int(upper) <= l.opts.maxPending, nil
+		}); err != nil {
+			return err
+		}
+	}
+}
+
+// errReplayChecked stops verifyReplay's read once it is past the replays.
+var errReplayChecked = errors.New("replays checked")
+
+// verifyReplay checks that every entry of entries at or below last is held
+// by the log with the same bytes. It is called without l.mu.
+func (l *Log) verifyReplay(entries []Entry, last uint64) error {
+	var want []Entry
+	for _, e := range entries {
+		if e.Sequence > last {
+			break
+		}
+		if len(want) == 0 || want[len(want)-1].Sequence != e.Sequence {
+			want = append(want, e)
+		}
+	}
+	conflict := func(e Entry, why string) error {
+		return &SequenceConflictError{Sequence: e.Sequence, LastSequence: last, Reason: why}
+	}
+	if floor := l.Floor(); want[0].Sequence <= floor {
+		return conflict(want[0], fmt.Sprintf("it is at or below %d, the oldest sequence the log still holds, so it cannot be a replay; number entries above restore.last_sequence", floor))
+	}
+	i := 0
+	err := l.ReadAfter(want[0].Sequence-1, func(e Entry) error {
+		if i < len(want) && want[i].Sequence < e.Sequence {
+			return conflict(want[i], "the log holds no entry with this sequence (it falls in a gap); number entries above restore.last_sequence")
+		}
+		if i == len(want) {
+			return errReplayChecked
+		}
+		if !bytes.Equal(e.Data, want[i].Data) {
+			return conflict(want[i], "the log holds different contents at this sequence; number new entries above restore.last_sequence")
+		}
+		i++
+		if i == len(want) {
+			return errReplayChecked
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errReplayChecked) {
+		return err
+	}
+	if i < len(want) {
+		return conflict(want[i], "the log holds no entry with this sequence; number entries above restore.last_sequence")
+	}
+	return nil
+}
+
+// Floor is the sequence at and below which the log may have let entries go
+// (TruncateBefore, or damage set aside by Open): every entry above Floor
+// that was appended, and not removed by TruncateAfter, is still held. It is
+// 0 for a log that never deleted a segment. A restore from a checkpoint with
+// watermark W is complete exactly when Floor() ≤ W.
+func (l *Log) Floor() uint64 {
+	l.segMu.RLock()
+	defer l.segMu.RUnlock()
+	if len(l.segs) == 0 {
+		return 0
+	}
+	return l.segs[0].prevLast
 }
 
 // WaitDurable returns once every entry with sequence ≤ seq that was appended

@@ -443,9 +443,19 @@ func TestTruncateBefore(t *testing.T) {
 	if rec := l2.Recovery(); rec.Corruption != nil || l2.LastSequence() != 101 {
 		t.Fatalf("reopen after truncation: %+v, last %d", rec, l2.LastSequence())
 	}
-	// Duplicates are still recognized after the old segments are gone.
-	if res, err := l2.Append(seqEntries(50, 101)...); err != nil || res.Duplicates != 52 || res.Appended != 0 {
+	// Replays of entries still held are recognized after the old segments
+	// are gone; an entry below the floor cannot be checked, so it is a
+	// conflict, never silently dropped.
+	floor := l2.Floor()
+	if floor == 0 || floor >= 100 {
+		t.Fatalf("Floor = %d after truncation, want between 0 and 100", floor)
+	}
+	if res, err := l2.Append(seqEntries(floor+1, 101)...); err != nil || res.Duplicates != int(101-floor) || res.Appended != 0 {
 		t.Fatalf("replay after truncation: %+v, %v", res, err)
+	}
+	var ce *SequenceConflictError
+	if _, err := l2.Append(seqEntries(floor, 101)...); !errors.As(err, &ce) || ce.Sequence != floor {
+		t.Fatalf("replay from below the floor: %v, want a SequenceConflictError at %d", err, floor)
 	}
 }
 
@@ -690,6 +700,9 @@ func TestConcurrentUnserialized(t *testing.T) {
 					s -= 15 // replay: mostly duplicates
 				}
 				res, err := l.Append(seqEntries(s, s+2)...)
+				if errors.Is(err, ErrSequenceConflict) {
+					continue // a racing "replay" landing in another writer's gap
+				}
 				if err != nil {
 					t.Error(err)
 					return
@@ -727,4 +740,54 @@ func TestConcurrentUnserialized(t *testing.T) {
 		t.Fatalf("reopen: %+v", r)
 	}
 	check(l)
+}
+
+// TestSequenceConflicts: an entry at or below the last sequence is skipped
+// only when it is a byte-identical replay of what the log holds; anything
+// else is refused with a SequenceConflictError and nothing of the append is
+// kept. A jump of more than MaxSequenceGap is refused the same way, so one
+// mistaken sequence near 2^64 cannot wedge the log.
+func TestSequenceConflicts(t *testing.T) {
+	o := testOptions(t, t.TempDir())
+	o.SegmentSize = 8 << 10 // replays are read back across segments
+	l := mustOpen(t, o)
+	defer l.Close()
+	mustAppend(t, l, seqEntries(1, 200)...)
+	changed := func(seq uint64) Entry { return Entry{Sequence: seq, Data: append(payload(seq), 'x')} }
+	for _, tc := range []struct {
+		name string
+		in   []Entry
+		seq  uint64 // the conflicting sequence
+	}{
+		{"renumbered from 1", []Entry{changed(1)}, 1},
+		{"different bytes mid-log", []Entry{changed(150)}, 150},
+		{"replay then a changed entry", append(seqEntries(190, 195), changed(196)), 196},
+		{"changed entry then new ones", []Entry{changed(200), {Sequence: 201, Data: payload(201)}}, 200},
+		{"repeat inside a batch with other bytes", []Entry{{Sequence: 201, Data: payload(201)}, changed(201)}, 201},
+		{"jump near 2^64", []Entry{{Sequence: 1<<63 - 1, Data: payload(1)}}, 1<<63 - 1},
+		{"jump just over the cap", []Entry{{Sequence: 200 + MaxSequenceGap + 1, Data: payload(1)}}, 200 + MaxSequenceGap + 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := l.Append(tc.in...)
+			var ce *SequenceConflictError
+			if !errors.As(err, &ce) || !errors.Is(err, ErrSequenceConflict) {
+				t.Fatalf("Append = %+v, %v; want a SequenceConflictError", res, err)
+			}
+			if ce.Sequence != tc.seq || ce.LastSequence != 200 {
+				t.Fatalf("conflict at %d (last %d), want %d (last 200)", ce.Sequence, ce.LastSequence, tc.seq)
+			}
+			if l.LastSequence() != 200 {
+				t.Fatalf("LastSequence = %d after a refused append, want 200", l.LastSequence())
+			}
+		})
+	}
+	// The log is not wedged: the next sequences, and a gap within the cap,
+	// are accepted; identical replays are still skipped.
+	res := mustAppend(t, l, append(seqEntries(195, 201), Entry{Sequence: 201 + MaxSequenceGap, Data: payload(9)})...)
+	if res.Appended != 2 || res.Duplicates != 6 || res.Last != 201+MaxSequenceGap {
+		t.Fatalf("Append after conflicts = %+v", res)
+	}
+	if got := readAll(t, l, 0); len(got) != 202 {
+		t.Fatalf("log holds %d entries, want 202", len(got))
+	}
 }
