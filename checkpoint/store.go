@@ -80,6 +80,9 @@ type Options struct {
 	// Logger receives what the store does on its own (stale temporary files
 	// removed, checkpoints pruned). Nil discards.
 	Logger *slog.Logger
+	// Now is the clock for creation times and new ids; nil means time.Now.
+	// Ordering never depends on it (see order.go).
+	Now func() time.Time
 }
 
 // Meta describes a stored checkpoint. It is read from the file's header and
@@ -114,7 +117,9 @@ type Store struct {
 
 	// saveMu serialises Saves, bounding the CPU and memory they take. A Save
 	// needs nothing else: its file is invisible until renamed to a new name.
-	saveMu sync.Mutex
+	saveMu   sync.Mutex
+	lastID   uuid.UUID // the greatest id in the store (saveMu); ids only grow
+	haveLast bool
 	// mu serialises the other writes (Pin, Unpin, MarkBad, Prune, the
 	// restore point), which must not interleave with one another.
 	mu sync.Mutex
@@ -138,6 +143,9 @@ func Open(dir string, opts Options) (*Store, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("checkpoint: create store directory: %w", err)
@@ -172,13 +180,21 @@ func (s *Store) Save(data []byte, watermark uint64) (Meta, error) {
 	defer s.saveMu.Unlock()
 	// The id and time are taken under the lock, so that creation order is
 	// the order in which checkpoints become visible.
-	u, err := uuid.NewV7()
+	if !s.haveLast {
+		last, ok, err := newestID(s.dir)
+		if err != nil {
+			return Meta{}, fmt.Errorf("checkpoint: find the newest id in %s: %w", s.dir, err)
+		}
+		s.lastID, s.haveLast = last, ok
+	}
+	now := s.opts.Now()
+	u, err := nextID(s.lastID, s.haveLast, now)
 	if err != nil {
 		return Meta{}, fmt.Errorf("checkpoint: new id: %w", err)
 	}
 	h := header{
 		id:        u,
-		created:   time.Now().UTC().Round(0),
+		created:   now.UTC().Round(0),
 		watermark: watermark,
 		size:      uint64(len(data)),
 		crc:       crc,
@@ -199,6 +215,7 @@ func (s *Store) Save(data []byte, watermark uint64) (Meta, error) {
 	if err != nil {
 		return Meta{}, fmt.Errorf("checkpoint: save %s in %s: %w", id, s.dir, err)
 	}
+	s.lastID, s.haveLast = u, true
 	return Meta{
 		ID:         id,
 		Created:    h.created,
@@ -256,7 +273,7 @@ type entry struct {
 	err error
 }
 
-// List returns every checkpoint, newest first (by Created, then id). It reads
+// List returns every checkpoint, newest first (by id: ids only grow, whatever the clock does). It reads
 // headers only; a checkpoint whose header cannot be read or does not match
 // its file is listed with Bad set and the problem in BadReason (Created then
 // comes from the id's time, for a version 7 UUID, or the file's mtime).
@@ -305,10 +322,7 @@ func (s *Store) list() ([]entry, error) {
 		es = append(es, e)
 	}
 	slices.SortFunc(es, func(a, b entry) int {
-		if c := b.Created.Compare(a.Created); c != 0 {
-			return c
-		}
-		return cmp.Compare(b.ID, a.ID)
+		return cmp.Compare(b.ID, a.ID) // ids grow with every Save (see order.go)
 	})
 	return es, nil
 }
