@@ -35,6 +35,7 @@ const (
 	fReason
 	fRequestID
 	fCreateCheckpoint
+	fLastSequence
 	nTop
 )
 
@@ -45,7 +46,7 @@ var topNames = []string{
 	fSnapshot: "snapshot", fWALEntries: "wal_entries", fCode: "code", fModule: "module",
 	fBackupCheckpointID: "backup_checkpoint_id", fSuccess: "success", fDecision: "decision",
 	fMetrics: "metrics", fReason: "reason", fRequestID: "request_id",
-	fCreateCheckpoint: "create_checkpoint",
+	fCreateCheckpoint: "create_checkpoint", fLastSequence: "last_sequence",
 }
 
 // topIndex returns the f* index of a message-level key, or -1.
@@ -95,6 +96,8 @@ func topIndex(key []byte) int {
 		return fRequestID
 	case "create_checkpoint":
 		return fCreateCheckpoint
+	case "last_sequence":
+		return fLastSequence
 	}
 	return -1
 }
@@ -948,6 +951,16 @@ func (s *decodeState) restore(top *[nTop][]byte, h Header) (Message, error) {
 	}
 	if len(m.Snapshot) > limit {
 		return nil, s.fail("snapshot", RuleTooLarge, "snapshot of %d bytes is over the %d-byte checkpoint limit", len(m.Snapshot), limit)
+	}
+	if present(top[fLastSequence]) {
+		n, err := s.int(top[fLastSequence], "last_sequence")
+		if err != nil {
+			return nil, err
+		}
+		if n < 0 {
+			return nil, s.fail("last_sequence", RuleFieldValue, "must not be negative, got %d", n)
+		}
+		m.LastSequence = uint64(n)
 	}
 	wv := top[fWALEntries]
 	if !present(wv) {

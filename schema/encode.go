@@ -361,41 +361,113 @@ func (e *encoder) checkpointAck(m *CheckpointAck) error {
 }
 
 func (e *encoder) restore(m *Restore) error {
-	snap := []byte(m.Snapshot)
+	size := len(m.Snapshot) + len(m.CheckpointID) + 32
+	for _, w := range m.WALEntries {
+		size += len(w)
+	}
+	rb, err := e.c.NewRestore(m.Header, m.CheckpointID, m.Snapshot, m.Compress, m.LastSequence, size)
+	if err != nil {
+		return err
+	}
+	for _, w := range m.WALEntries {
+		if err := rb.Add(w); err != nil {
+			return err
+		}
+	}
+	e.b = rb.Frame()
+	return nil
+}
+
+// RestoreBuilder assembles a restore payload incrementally: the snapshot
+// first, then the WAL entries one at a time as they are read from the log.
+// The restore is held once, in the payload being built, and a tail that
+// would take it over the restore limit is refused the moment it crosses it,
+// before anything larger is allocated. Entries are spliced as they are (the
+// agent's own bytes). Get one from [Codec.NewRestore].
+type RestoreBuilder struct {
+	e       encoder
+	countAt int // offset of the wal_entries array32 count
+	count   int
+	limit   int
+}
+
+// NewRestore starts a restore payload. snapshot is the checkpoint's data map
+// (nil: {}); compressed zstd-compresses it (protocol v2). sizeHint is the
+// expected payload size (capacity, capped at the limit). It fails with a
+// *ValidationError when the snapshot is not one well-formed map or is over
+// the checkpoint limit.
+func (c *Codec) NewRestore(h Header, checkpointID string, snapshot []byte, compressed bool, lastSeq uint64, sizeHint int) (*RestoreBuilder, error) {
+	rb := &RestoreBuilder{e: encoder{c: c, typ: TypeRestore}, limit: c.limits.frame(TypeRestore)}
+	e := &rb.e
+	snap := snapshot
 	if len(snap) == 0 {
 		snap = []byte{0x80}
 	}
 	if err := checkMap(snap); err != "" {
-		return e.fail("snapshot", RuleMalformed, "%s", err)
+		return nil, e.fail("snapshot", RuleMalformed, "%s", err)
 	}
-	if limit := e.c.limits.Checkpoint; len(snap) > limit {
-		return e.fail("snapshot", RuleTooLarge, "snapshot of %d bytes is over the %d-byte checkpoint limit", len(snap), limit)
+	if limit := c.limits.Checkpoint; len(snap) > limit {
+		return nil, e.fail("snapshot", RuleTooLarge, "snapshot of %d bytes is over the %d-byte checkpoint limit", len(snap), limit)
 	}
 	body := snap
-	if m.Compress {
+	if compressed {
 		var err error
 		if body, err = compress(nil, snap); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	size := len(body) + len(m.CheckpointID) + 5
-	for _, w := range m.WALEntries {
-		size += len(w)
+	e.beginSized(&h, 4, compressed, min(max(sizeHint, len(body)+len(checkpointID)+32), rb.limit))
+	if e.err != nil {
+		return nil, e.err
 	}
-	e.beginSized(&m.Header, 3, m.Compress, size)
-	e.str("checkpoint_id", m.CheckpointID)
+	e.str("checkpoint_id", checkpointID)
 	e.key("snapshot")
-	if m.Compress {
+	if compressed {
 		e.b = appendBin(e.b, body)
 	} else {
 		e.b = append(e.b, body...)
 	}
+	e.key("last_sequence")
+	e.b = AppendUint(e.b, lastSeq)
 	e.key("wal_entries")
-	e.b = AppendArrayHeader(e.b, len(m.WALEntries))
-	for i, w := range m.WALEntries {
-		e.rawValue(path("wal_entries", i, ""), w)
+	// array32 with the count filled in by Frame: entries are added as they
+	// are read, before their number is known.
+	e.b = append(e.b, 0xdd, 0, 0, 0, 0)
+	rb.countAt = len(e.b) - 4
+	if len(e.b) > rb.limit {
+		return nil, e.fail("", RuleTooLarge, "restore of at least %d bytes is over its %d-byte limit", len(e.b), rb.limit)
 	}
+	return rb, nil
+}
+
+// Add appends one WAL entry map (raw MessagePack). It fails with a
+// *ValidationError, leaving the payload as it was, when entry is not one
+// well-formed map or would take the restore over its limit.
+func (rb *RestoreBuilder) Add(entry []byte) error {
+	e := &rb.e
+	if len(e.b)+len(entry) > rb.limit {
+		return e.fail("wal_entries", RuleTooLarge, "restore of %d bytes with %d WAL entries would be over its %d-byte limit",
+			len(e.b)+len(entry), rb.count+1, rb.limit)
+	}
+	if err := checkMap(entry); err != "" {
+		return e.fail(path("wal_entries", rb.count, ""), RuleMalformed, "%s", err)
+	}
+	e.b = append(e.b, entry...)
+	rb.count++
 	return nil
+}
+
+// Len is the payload's size so far.
+func (rb *RestoreBuilder) Len() int { return len(rb.e.b) }
+
+// Entries is the number of WAL entries added.
+func (rb *RestoreBuilder) Entries() int { return rb.count }
+
+// Frame finishes the payload and returns it. The builder must not be used
+// after.
+func (rb *RestoreBuilder) Frame() []byte {
+	binary.BigEndian.PutUint32(rb.e.b[rb.countAt:], uint32(rb.count))
+	return rb.e.b
 }
 
 func (e *encoder) evolutionResult(m *EvolutionResult) error {

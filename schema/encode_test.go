@@ -406,3 +406,42 @@ func TestCompressedFramesDeclareSize(t *testing.T) {
 		}
 	}
 }
+
+// TestRestoreBuilder: a restore assembled entry by entry round-trips with
+// its last_sequence, and a tail crossing the restore limit is refused at
+// the entry that crosses it.
+func TestRestoreBuilder(t *testing.T) {
+	c := schema.NewCodec(schema.Options{Limits: schema.Limits{Restore: 4096}})
+	entry := func(seq int) []byte {
+		b, err := msgpack.Marshal(map[string]any{"operation": "memory_add", "params": map[string]any{"pad": strings.Repeat("x", 100)}, "sequence": seq})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	rb, err := c.NewRestore(schema.Header{}, "", nil, false, 99, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for ; ; n++ {
+		if err := rb.Add(entry(n + 1)); err != nil {
+			var ve *schema.ValidationError
+			if !errors.As(err, &ve) || ve.Rule != schema.RuleTooLarge {
+				t.Fatalf("Add over the limit: %v, want RuleTooLarge", err)
+			}
+			break
+		}
+	}
+	if n == 0 || rb.Len() > 4096 {
+		t.Fatalf("added %d entries, payload %d bytes", n, rb.Len())
+	}
+	msg, err := c.Decode(schema.ToAgent, rb.Frame())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := msg.(*schema.Restore)
+	if r.LastSequence != 99 || len(r.WALEntries) != n || r.CheckpointID != "" {
+		t.Fatalf("decoded restore: last_sequence %d, %d entries (want 99, %d)", r.LastSequence, len(r.WALEntries), n)
+	}
+}

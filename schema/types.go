@@ -49,6 +49,10 @@ const (
 	CodeWALFull          = "WAL_FULL"
 	CodeWALFailed        = "WAL_FAILED"
 	CodeCheckpointFailed = "CHECKPOINT_FAILED"
+	// CodeSequenceConflict: a WAL entry at or below the log's last sequence
+	// that is not a byte-identical replay of the entry stored there (or one
+	// jumping absurdly far ahead). details: sequence, last_sequence.
+	CodeSequenceConflict = "SEQUENCE_CONFLICT"
 )
 
 // The built-in WAL operations. Others are accepted only when listed in
@@ -206,6 +210,10 @@ type Restore struct {
 	// Compress: on encode, zstd the snapshot (v2); on decode, it arrived
 	// compressed (and Snapshot holds it decompressed).
 	Compress bool
+	// LastSequence is the WAL's last sequence when the restore was built
+	// (always sent; 0 when absent on decode, from an older supervisor). The
+	// agent numbers its next entries above it.
+	LastSequence uint64
 }
 
 // HotReload tells the agent to load new code (supervisor → agent).
