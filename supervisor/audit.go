@@ -16,20 +16,23 @@ import (
 
 // Audit record kinds.
 const (
-	AuditRestart         = "restart"
-	AuditGaveUp          = "gave_up"
-	AuditRestore         = "restore"
-	AuditCheckpoint      = "checkpoint_stored"
-	AuditCheckpointError = "checkpoint_failed"
-	AuditCheckpointBad   = "checkpoint_marked_bad"
-	AuditCheckpointSkip  = "checkpoint_skipped"
-	AuditRollback        = "history_rolled_back"
-	AuditInvalid         = "invalid_message"
-	AuditFraming         = "framing_error"
-	AuditWALError        = "wal_error"
-	AuditEvolution       = "evolution_decided"
-	AuditStart           = "supervisor_started"
-	AuditStop            = "supervisor_stopped"
+	AuditRestart          = "restart"
+	AuditGaveUp           = "gave_up"
+	AuditRestore          = "restore"
+	AuditCheckpoint       = "checkpoint_stored"
+	AuditCheckpointError  = "checkpoint_failed"
+	AuditCheckpointBad    = "checkpoint_marked_bad"
+	AuditCheckpointSkip   = "checkpoint_skipped"
+	AuditRollback         = "history_rolled_back"
+	AuditInvalid          = "invalid_message"
+	AuditFraming          = "framing_error"
+	AuditWALError         = "wal_error"
+	AuditSequenceConflict = "sequence_conflict"
+	AuditFallback         = "crash_loop_fallback"
+	AuditRestoreRefused   = "restore_refused"
+	AuditEvolution        = "evolution_decided"
+	AuditStart            = "supervisor_started"
+	AuditStop             = "supervisor_stopped"
 )
 
 // AuditRecord is one line of DATA_DIR/audit.jsonl.

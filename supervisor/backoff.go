@@ -51,6 +51,10 @@ func (b *backoff) next(now time.Time) (delay time.Duration, giveUp bool) {
 // reset is called after the agent ran healthily for a while.
 func (b *backoff) reset() { b.attempt = 0 }
 
+// forget clears the crash-loop history: the restart intensity starts from
+// zero (after a fallback to an older checkpoint).
+func (b *backoff) forget() { b.attempt, b.restarts = 0, nil }
+
 // recent reports how many restarts lie within the window ending at now.
 func (b *backoff) recent(now time.Time) int {
 	n := 0

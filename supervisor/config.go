@@ -50,9 +50,11 @@ type Config struct {
 	// HealthyReset: after running and heartbeating this long, the back-off
 	// starts again from BackoffInitial. 10s.
 	HealthyReset time.Duration
-	// PoisonGrace: a death within this long after a restore counts against the
-	// checkpoint it was restored from. 10s.
-	PoisonGrace time.Duration
+	// FallbackOnCrashLoop: when the crash-loop limit is reached, restore from
+	// the next older checkpoint whose whole WAL tail is still held instead of
+	// giving up (--fallback-on-crash-loop). Off by default: OTP's back-off
+	// then give up, with the state intact.
+	FallbackOnCrashLoop bool
 
 	WALSync         string        // always | batch | none
 	WALSyncInterval time.Duration // 10ms
@@ -89,7 +91,6 @@ func DefaultConfig() Config {
 		MaxRestarts:      5,
 		RestartWindow:    60 * time.Second,
 		HealthyReset:     10 * time.Second,
-		PoisonGrace:      10 * time.Second,
 		WALSync:          "batch",
 		WALSyncInterval:  10 * time.Millisecond,
 		WALSegmentSize:   64 << 20,
@@ -159,9 +160,6 @@ func (c *Config) Validate() error {
 	}
 	if c.HealthyReset <= 0 {
 		c.HealthyReset = 10 * time.Second
-	}
-	if c.PoisonGrace <= 0 {
-		c.PoisonGrace = 10 * time.Second
 	}
 	if c.WALSegmentSize < 4096 {
 		return bad("--wal-segment-size must be at least 4096 bytes, got %d", c.WALSegmentSize)

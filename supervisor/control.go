@@ -177,9 +177,7 @@ func (s *Supervisor) handleControl(req ControlRequest, reply chan ControlRespons
 		if err != nil {
 			return ControlResponse{Error: fmt.Sprintf("checkpoint id %q: %v", req.CheckpointID, err)}
 		}
-		s.storeMu.Lock()
-		meta, err := s.store.Stat(id)
-		s.storeMu.Unlock()
+		meta, err := s.st.ckpt.Stat(id)
 		if err != nil {
 			return ControlResponse{Error: fmt.Sprintf("cannot restore: %v", err)}
 		}
@@ -225,9 +223,9 @@ func (s *Supervisor) Status() Status {
 		st.AgentStartedAt = time.Time{}
 	}
 	st.NewestCheckpoint, _ = s.newestCkp.Load().(string)
-	if s.wal != nil {
-		st.LastWALSequence = s.wal.LastSequence()
-		st.DurableWALSequence = s.wal.DurableSequence()
+	if s.st != nil {
+		st.LastWALSequence = s.st.wal.LastSequence()
+		st.DurableWALSequence = s.st.wal.DurableSequence()
 	}
 	return st
 }

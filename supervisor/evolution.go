@@ -40,8 +40,10 @@ type shadowSinks struct {
 }
 
 func (k shadowSinks) appendWAL(in *instance, recs []schema.WALRecord) {
-	k.s.appendWAL(in, k.t.wal, recs)
+	k.s.appendWAL(in, func(es []wal.Entry) (wal.AppendResult, error) { return k.t.wal.Append(es...) }, recs)
 }
+
+func (k shadowSinks) versionSeen(*instance, int32) {}
 
 func (k shadowSinks) checkpoint(in *instance, cp *schema.Checkpoint, _ time.Time) {
 	// Stored in the scratch store only, so the shadow behaves as it would for
@@ -80,16 +82,16 @@ func (s *Supervisor) evolutionIntent(in *instance, m *schema.EvolutionIntent) {
 		reject("the supervisor is stopping the agent")
 		return
 	}
-	s.storeMu.Lock()
-	backup, _, _, err := s.store.Latest()
-	if err == nil {
-		err = s.store.Pin(backup.ID)
-	}
-	s.storeMu.Unlock()
-	if errors.Is(err, checkpoint.ErrNotFound) {
+	// The newest checkpoint by its header: the shadow's restore loads (and
+	// verifies) it once, off nothing else.
+	backup, ok := s.st.newestGood()
+	if !ok {
 		reject("no checkpoint to back up: send a checkpoint first, then propose the evolution again")
 		return
 	}
+	s.st.mu.Lock()
+	err := s.st.ckpt.Pin(backup.ID)
+	s.st.mu.Unlock()
 	if err != nil {
 		reject("cannot pin a backup checkpoint: " + err.Error())
 		return
@@ -129,7 +131,7 @@ func (s *Supervisor) startTrial(h schema.Hypothesis, backup checkpoint.Meta) (t 
 	if t.store, err = checkpoint.Open(filepath.Join(dir, "checkpoints"), checkpoint.Options{Retain: 2}); err != nil {
 		return nil, fmt.Errorf("open shadow checkpoint store: %w", err)
 	}
-	plan, err := s.buildRestore(&restorePoint{checkpointID: backup.ID})
+	plan, err := s.st.buildRestore(restorePoint{checkpointID: backup.ID})
 	if err != nil {
 		return nil, fmt.Errorf("assemble the shadow's restore: %w", err)
 	}
@@ -155,9 +157,9 @@ func (t *trial) close() {
 }
 
 func (s *Supervisor) unpin(id string) {
-	s.storeMu.Lock()
-	defer s.storeMu.Unlock()
-	if err := s.store.Unpin(id); err != nil {
+	s.st.mu.Lock()
+	defer s.st.mu.Unlock()
+	if err := s.st.ckpt.Unpin(id); err != nil {
 		s.log.Warn("cannot unpin evolution backup", "checkpoint_id", id, "err", err)
 	}
 }

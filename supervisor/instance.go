@@ -34,6 +34,7 @@ const (
 	evExited                    // the process exited (not yet reaped)
 	evUnresponsive              // the outbound queue filled up
 	evEvolutionIntent           // msg holds the *schema.EvolutionIntent
+	evFinished                  // drained and reaped after evExited (status set)
 )
 
 // event is what an instance tells its owner. The owner alone changes
@@ -41,8 +42,9 @@ const (
 type event struct {
 	inst *instance
 	kind eventKind
-	err  error
-	msg  schema.Message
+	err    error
+	msg    schema.Message
+	status *os.ProcessState // evFinished
 }
 
 // sinks are where an instance's valid messages go. A primary's sinks are the
@@ -53,6 +55,7 @@ type sinks interface {
 	agentMetrics(inst *instance, m *schema.Metrics)
 	agentError(inst *instance, m *schema.Error)
 	invalid(inst *instance, err error)
+	versionSeen(inst *instance, v int32) // the agent spoke a higher protocol version
 }
 
 // instance is one incarnation of an agent: the process, a goroutine reading
@@ -77,6 +80,14 @@ type instance struct {
 	firstHBAt     atomic.Int64
 	version       atomic.Int32 // highest protocol version the agent has used
 
+	// Liveness measures the agent, not us (SPEC §3). The reader records how
+	// long it spends inside our sinks (the WAL append, the checkpoint queue)
+	// — time the agent may be blocked on our storage — and heartbeatAge
+	// leaves it out. Written by the reader only.
+	sinkSince   atomic.Int64 // unix nanos the current sink call began; 0 outside one
+	blockedNano atomic.Int64 // time spent in sinks since the last heartbeat
+	lastFrameAt atomic.Int64 // unix nanos the reader last finished a frame
+
 	outMu     sync.Mutex
 	out       chan []byte
 	outClosed bool
@@ -89,6 +100,7 @@ type instance struct {
 	restoreSentAt  atomic.Int64 // unix nanos when it was queued
 	stopReason     string       // why we stopped it, if we did
 	stopping       bool
+	draining       bool // exited; being drained and reaped (drainInstance)
 	unresponsiveEv atomic.Bool
 	// abandoned is closed when the owner starts finishing the instance: events
 	// sent after that are dropped instead of blocking a goroutine the owner is
@@ -219,20 +231,23 @@ func (in *instance) readLoop(r *wire.Reader) {
 		}
 		if v := int32(msg.Head().Version); v > in.version.Load() {
 			in.version.Store(v)
+			in.sinks.versionSeen(in, v)
 		}
 		switch m := msg.(type) {
 		case *schema.Heartbeat:
 			now := time.Now().UnixNano()
+			in.blockedNano.Store(0)
+			in.lastFrameAt.Store(now)
 			if in.lastHeartbeat.Swap(now) == 0 {
 				in.firstHBAt.Store(now)
 				in.emit(event{kind: evFirstHeartbeat})
 			}
 		case *schema.WALEntry:
-			in.sinks.appendWAL(in, []schema.WALRecord{m.Entry})
+			in.inSink(func() { in.sinks.appendWAL(in, []schema.WALRecord{m.Entry}) })
 		case *schema.WALBatch:
-			in.sinks.appendWAL(in, m.Entries)
+			in.inSink(func() { in.sinks.appendWAL(in, m.Entries) })
 		case *schema.Checkpoint:
-			in.sinks.checkpoint(in, m, time.Now())
+			in.inSink(func() { in.sinks.checkpoint(in, m, time.Now()) })
 		case *schema.Metrics:
 			in.sinks.agentMetrics(in, m)
 		case *schema.Error:
@@ -241,6 +256,18 @@ func (in *instance) readLoop(r *wire.Reader) {
 			in.emit(event{kind: evEvolutionIntent, msg: m})
 		}
 	}
+}
+
+// inSink runs fn, a call into our storage that may block on our disk, and
+// records the time it took as not the agent's (see heartbeatAge).
+func (in *instance) inSink(fn func()) {
+	start := time.Now()
+	in.sinkSince.Store(start.UnixNano())
+	fn()
+	end := time.Now()
+	in.sinkSince.Store(0)
+	in.blockedNano.Add(int64(end.Sub(start)))
+	in.lastFrameAt.Store(end.UnixNano())
 }
 
 // logLoop copies the agent's log stream line by line into our log. Lines are
@@ -277,25 +304,49 @@ func trimNewline(b []byte) []byte {
 }
 
 // heartbeatAge returns the time since the last heartbeat, or since the start
-// when none has arrived yet, and whether one has.
+// when none has arrived yet, and whether one has — less the time the reader
+// spent blocked on our own storage meanwhile (a slow disk is not a hung
+// agent).
 func (in *instance) heartbeatAge(now time.Time) (time.Duration, bool) {
-	last := in.lastHeartbeat.Load()
-	if last == 0 {
-		return now.Sub(in.started), false
+	since, seen := in.started, false
+	if last := in.lastHeartbeat.Load(); last != 0 {
+		since, seen = time.Unix(0, last), true
 	}
-	return now.Sub(time.Unix(0, last)), true
+	age := now.Sub(since) - time.Duration(in.blockedNano.Load())
+	if s := in.sinkSince.Load(); s != 0 {
+		age -= now.Sub(time.Unix(0, s))
+	}
+	return max(age, 0), seen
 }
 
-// finish reaps the process and waits for its goroutines: the frame reader is
-// given drainTimeout to read what the agent wrote before it died (its WAL
-// entries must not be lost), then its pipe is closed.
+// finish reaps the process and waits for its goroutines. The frame reader
+// reads what the agent wrote before it died to the end, and stores it,
+// however long our own storage takes: the agent's WAL entries must not be
+// lost. Only when the reader has waited drainTimeout for bytes that do not
+// come (the pipe is held open by a descendant that escaped the process
+// group) is the pipe closed.
 func (in *instance) finish(drainTimeout time.Duration) *os.ProcessState {
 	in.abandonMu.Do(func() { close(in.abandoned) })
 	st := in.proc.reap()
-	select {
-	case <-in.readerEnd:
-	case <-time.After(drainTimeout):
-		in.log.Warn("agent output still open after the agent exited (a descendant escaped its process group?); closing it")
+	exited := time.Now().UnixNano()
+	tick := time.NewTicker(min(drainTimeout/4, 100*time.Millisecond))
+	defer tick.Stop()
+wait:
+	for {
+		select {
+		case <-in.readerEnd:
+			break wait
+		case now := <-tick.C:
+			if in.sinkSince.Load() != 0 {
+				continue // busy storing what the agent wrote: ours to wait for
+			}
+			idleSince := max(exited, in.lastFrameAt.Load())
+			if now.Sub(time.Unix(0, idleSince)) >= drainTimeout {
+				in.log.Warn("agent output still open after the agent exited, with nothing more arriving (a descendant escaped its process group?); closing it",
+					"waited", drainTimeout)
+				break wait
+			}
+		}
 	}
 	in.proc.closeReaders()
 	<-in.readerEnd

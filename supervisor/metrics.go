@@ -39,7 +39,8 @@ type metrics struct {
 	checkpointRaw    prometheus.Gauge
 	checkpointDur    prometheus.Histogram
 	checkpointSkip   prometheus.Counter
-	checkpointPoison prometheus.Counter
+	fallbacks        prometheus.Counter
+	restoreRefused   prometheus.Counter
 	restores         *prometheus.CounterVec
 	restoreEntries   prometheus.Counter
 	evolutions       *prometheus.CounterVec
@@ -128,8 +129,11 @@ func newMetrics(heartbeatAge func() float64) *metrics {
 	m.checkpointSkip = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_checkpoint_corrupt_total", Help: "Checkpoints skipped at restore because they failed their checksum or could not be read.",
 	})
-	m.checkpointPoison = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "supervisor_checkpoint_poisoned_total", Help: "Checkpoints marked bad because the agent died twice right after restoring them.",
+	m.fallbacks = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_crash_loop_fallbacks_total", Help: "Crash loops answered by restoring from an older checkpoint with its whole WAL tail (--fallback-on-crash-loop).",
+	})
+	m.restoreRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_restore_refused_total", Help: "Agent starts refused because no complete restore (a checkpoint plus every WAL entry after it) could be built.",
 	})
 	m.restores = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_restores_total", Help: "restore messages sent, by trigger (start, operator).",
@@ -174,7 +178,7 @@ func newMetrics(heartbeatAge func() float64) *metrics {
 		m.agentUp, m.restarts, m.heartbeatAge, m.frames, m.frameBytes, m.invalid, m.agentErrors,
 		m.outboundDropped, m.walAppends, m.walBytes, m.walDuplicates, m.walGaps, m.walErrors,
 		m.walFsync, m.walLastSeq, m.checkpoints, m.checkpointFailed, m.checkpointSize,
-		m.checkpointRaw, m.checkpointDur, m.checkpointSkip, m.checkpointPoison, m.restores,
+		m.checkpointRaw, m.checkpointDur, m.checkpointSkip, m.fallbacks, m.restoreRefused, m.restores,
 		m.restoreEntries, m.evolutions, m.requests, m.agentLatency, m.agentErrRate, m.agentMemory,
 		m.agentThruput, m.agentTools, m.agentBlocks, m.agentGeneric, m.genericDenied,
 	} {

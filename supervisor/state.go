@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
-	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/evolution"
@@ -27,16 +26,18 @@ func zstdLevel(n int) zstd.EncoderLevel {
 type primarySinks struct{ s *Supervisor }
 
 func (p primarySinks) appendWAL(in *instance, recs []schema.WALRecord) {
-	p.s.appendWAL(in, p.s.wal, recs)
+	p.s.appendWAL(in, p.s.st.append, recs)
 }
+
+func (p primarySinks) versionSeen(_ *instance, v int32) { p.s.st.noteVersion(v) }
 
 func (p primarySinks) checkpoint(in *instance, cp *schema.Checkpoint, arrived time.Time) {
 	s := p.s
 	// The reader appends WAL entries in frame order, so everything the agent
 	// logged before this checkpoint is appended now: that is the watermark.
-	wm := s.wal.LastSequence()
+	wm, at := s.st.checkpointArrived()
 	s.ckptWG.Add(1)
-	s.ckptJobs <- ckptJob{inst: in, data: cp.Data, watermark: wm, arrived: arrived}
+	s.ckptJobs <- ckptJob{inst: in, data: cp.Data, watermark: wm, tailAt: at, arrived: arrived}
 }
 
 func (p primarySinks) agentMetrics(in *instance, m *schema.Metrics) {
@@ -77,29 +78,47 @@ func (s *Supervisor) invalidMessage(in *instance, err error) {
 	}
 }
 
-// appendWAL appends entries as one unit and reports storage failures to the
-// agent as WAL_FULL / WAL_FAILED.
-func (s *Supervisor) appendWAL(in *instance, l *wal.Log, recs []schema.WALRecord) {
+// appendWAL appends entries as one unit through appendFn (the primary's
+// stores, or a shadow's scratch WAL) and reports what went wrong to the
+// agent: WAL_FULL / WAL_FAILED for storage, SEQUENCE_CONFLICT for an entry
+// at an old sequence that is not a byte-identical replay. Nothing an agent
+// sends is dropped silently.
+func (s *Supervisor) appendWAL(in *instance, appendFn func([]wal.Entry) (wal.AppendResult, error), recs []schema.WALRecord) {
 	entries := make([]wal.Entry, len(recs))
 	size := 0
 	for i, r := range recs {
 		entries[i] = wal.Entry{Sequence: r.Sequence, Data: r.Raw}
 		size += len(r.Raw)
 	}
-	res, err := l.Append(entries...)
+	res, err := appendFn(entries)
 	if err != nil {
-		code := schema.CodeWALFailed
-		if errors.Is(err, wal.ErrNoSpace) {
-			code = schema.CodeWALFull
-		}
 		if errors.Is(err, wal.ErrOutOfOrder) {
 			// The batch itself is malformed: a payload error, not storage.
 			s.invalidMessage(in, &schema.ValidationError{Type: schema.TypeWALBatch, Field: "data", Rule: schema.RuleFieldValue,
 				Reason: "entries of a wal_batch must have increasing sequences"})
 			return
 		}
-		s.met.walErrors.WithLabelValues(code).Inc()
 		details := map[string]any{"first_sequence": recs[0].Sequence, "last_sequence": recs[len(recs)-1].Sequence, "entries": len(recs)}
+		var ce *wal.SequenceConflictError
+		if errors.As(err, &ce) {
+			s.met.walErrors.WithLabelValues(schema.CodeSequenceConflict).Inc()
+			details["sequence"], details["last_sequence"] = ce.Sequence, ce.LastSequence
+			details["first_sequence"] = recs[0].Sequence
+			in.sendMsg(schema.NewError(schema.CodeSequenceConflict, fmt.Sprintf("WAL entry with sequence %d not appended: %s (the log's last sequence is %d)",
+				ce.Sequence, ce.Reason, ce.LastSequence), details))
+			if ok, sup := s.limiter.allow(time.Now()); ok {
+				in.log.Warn("WAL sequence conflict: entries refused; told the agent SEQUENCE_CONFLICT", "sequence", ce.Sequence,
+					"last_sequence", ce.LastSequence, "reason", ce.Reason, "entries", len(recs), "suppressed_before", sup)
+				_ = s.audit.Record(AuditSequenceConflict, map[string]any{"role": in.role, "sequence": ce.Sequence,
+					"last_sequence": ce.LastSequence, "entries": len(recs), "reason": ce.Reason})
+			}
+			return
+		}
+		code := schema.CodeWALFailed
+		if errors.Is(err, wal.ErrNoSpace) || errors.Is(err, errRestoreFull) {
+			code = schema.CodeWALFull
+		}
+		s.met.walErrors.WithLabelValues(code).Inc()
 		in.sendMsg(schema.NewError(code, "the supervisor could not append these WAL entries: "+err.Error(), details))
 		if ok, sup := s.limiter.allow(time.Now()); ok {
 			in.log.Error("WAL append failed; told the agent", "code", code, "err", err, "suppressed_before", sup)
@@ -141,32 +160,17 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 	}
 	// Never acknowledge a checkpoint before the WAL entries ahead of it are durable.
 	ctx, cancel := context.WithTimeout(context.Background(), walDurableTimeout)
-	err := s.wal.WaitDurable(ctx, job.watermark)
+	err := s.st.wal.WaitDurable(ctx, job.watermark)
 	cancel()
 	if err != nil {
 		fail("wal_durable", err)
 		return
 	}
-	s.storeMu.Lock()
-	meta, err := s.store.Save(job.data, job.watermark)
+	meta, removed, truncated, err := s.st.saveCheckpoint(job.data, job.watermark, job.tailAt)
 	if err != nil {
-		s.storeMu.Unlock()
 		fail("save", err)
 		return
 	}
-	removed, perr := s.store.Prune()
-	if perr != nil {
-		in.log.Warn("checkpoint retention failed; old checkpoints kept", "err", perr)
-	}
-	var truncated int
-	if wm, ok := s.store.OldestRetainedWatermark(); ok {
-		n, terr := s.wal.TruncateBefore(wm)
-		if terr != nil {
-			in.log.Warn("WAL truncation failed; old segments kept", "err", terr)
-		}
-		truncated = n
-	}
-	s.storeMu.Unlock()
 	s.newestCkp.Store(meta.ID)
 	in.sendMsg(&schema.CheckpointAck{CheckpointID: meta.ID, Size: meta.StoredSize})
 	took := time.Since(job.arrived)
@@ -178,101 +182,6 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 		"watermark", meta.Watermark, "seconds", took.Seconds(), "pruned", len(removed), "wal_segments_removed", truncated)
 	_ = s.audit.Record(AuditCheckpoint, map[string]any{"checkpoint_id": meta.ID, "size": meta.Size, "stored_size": meta.StoredSize,
 		"watermark": meta.Watermark, "checksum": meta.Checksum, "pruned": removed})
-}
-
-// restorePlan is an assembled restore, ready to send.
-type restorePlan struct {
-	msg          *schema.Restore
-	frame        []byte // msg encoded: a restore that cannot be encoded never starts an agent
-	checkpointID string
-	created      time.Time
-	watermark    uint64
-	entries      int
-	lastSeq      uint64
-	skipped      []checkpoint.Skipped
-}
-
-// buildRestore assembles a restore from the given point (nil: the newest good
-// checkpoint) plus the WAL after its watermark. It returns nil when there is
-// no state at all.
-func (s *Supervisor) buildRestore(point *restorePoint) (*restorePlan, error) {
-	s.storeMu.Lock()
-	defer s.storeMu.Unlock()
-	plan := &restorePlan{}
-	var (
-		meta checkpoint.Meta
-		data []byte
-		err  error
-	)
-	noWAL := false
-	if point != nil {
-		noWAL = point.noWAL
-		meta, data, err = s.store.Load(point.checkpointID)
-		if err != nil {
-			return nil, fmt.Errorf("load checkpoint %s: %w", point.checkpointID, err)
-		}
-	} else {
-		var skipped []checkpoint.Skipped
-		meta, data, skipped, err = s.store.Latest()
-		plan.skipped = skipped
-		for _, sk := range skipped {
-			if errors.Is(sk.Err, checkpoint.ErrMarkedBad) {
-				// Counted and audited once, when it was marked.
-				s.log.Info("checkpoint marked bad earlier is passed over", "checkpoint_id", sk.ID, "err", sk.Err)
-				continue
-			}
-			s.met.checkpointSkip.Inc()
-			s.log.Error("checkpoint skipped at restore; using an older one with a longer WAL replay", "checkpoint_id", sk.ID, "err", sk.Err)
-			_ = s.audit.Record(AuditCheckpointSkip, map[string]any{"checkpoint_id": sk.ID, "error": sk.Err.Error()})
-		}
-		if errors.Is(err, checkpoint.ErrNotFound) {
-			err = nil
-			meta = checkpoint.Meta{}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("find newest checkpoint: %w", err)
-		}
-	}
-	plan.checkpointID = meta.ID
-	plan.created = meta.Created
-	plan.watermark = meta.Watermark
-	var entries []msgpack.RawMessage
-	if !noWAL {
-		if first := s.wal.FirstSequence(); first > meta.Watermark+1 {
-			s.log.Error("the WAL no longer holds every entry after the restore's checkpoint; the restore will miss entries",
-				"checkpoint_id", meta.ID, "watermark", meta.Watermark, "first_wal_sequence", first)
-		}
-		err := s.wal.ReadAfter(meta.Watermark, func(e wal.Entry) error {
-			entries = append(entries, msgpack.RawMessage(append([]byte(nil), e.Data...)))
-			plan.lastSeq = e.Sequence
-			return nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("read WAL after sequence %d: %w", meta.Watermark, err)
-		}
-	}
-	if meta.ID == "" && len(entries) == 0 {
-		return nil, nil
-	}
-	plan.entries = len(entries)
-	if plan.lastSeq == 0 {
-		plan.lastSeq = meta.Watermark
-	}
-	snapshot := msgpack.RawMessage(data)
-	plan.msg = &schema.Restore{
-		CheckpointID: meta.ID,
-		Snapshot:     snapshot,
-		WALEntries:   entries,
-		Compress:     s.agentVersion >= 2 && len(data) > schema.CompressThreshold,
-	}
-	frame, err := s.codec.Encode(plan.msg)
-	if err != nil {
-		return nil, fmt.Errorf("the restore (checkpoint %q, %d bytes, + %d WAL entries) cannot be encoded: %w; "+
-			"the agent is not started without its state. Have the agent checkpoint more often (a shorter WAL tail) "+
-			"or speak protocol version 2 so the restore can be compressed", meta.ID, len(data), len(entries), err)
-	}
-	plan.frame = frame
-	return plan, nil
 }
 
 // sendRestore queues a restore to an instance and records it.
@@ -288,49 +197,26 @@ func (s *Supervisor) sendRestore(in *instance, plan *restorePlan, trigger string
 	s.met.restores.WithLabelValues(trigger).Inc()
 	s.met.restoreEntries.Add(float64(plan.entries))
 	in.log.Info("restore sent", "trigger", trigger, "checkpoint_id", plan.checkpointID, "watermark", plan.watermark,
-		"wal_entries", plan.entries, "last_sequence", plan.lastSeq, "compressed", plan.msg.Compress)
+		"wal_entries", plan.entries, "last_sequence", plan.lastSeq, "compressed", plan.compressed)
 	_ = s.audit.Record(AuditRestore, map[string]any{"trigger": trigger, "role": in.role, "checkpoint_id": plan.checkpointID,
-		"watermark": plan.watermark, "wal_entries": plan.entries, "last_sequence": plan.lastSeq, "compressed": plan.msg.Compress})
+		"watermark": plan.watermark, "wal_entries": plan.entries, "last_sequence": plan.lastSeq, "compressed": plan.compressed})
 	return true
 }
 
-// rewindWAL makes a --no-wal restore to the checkpoint with watermark wm
-// stick: WAL entries after wm and checkpoints newer than it describe history
-// the operator abandoned. The entries are removed (so the agent's next
-// sequences, which continue from the checkpoint, are not taken for
-// duplicates) and the newer checkpoints are marked bad (so a later crash does
-// not restore the abandoned history). Both are audited.
+// rewindWAL makes an operator's --no-wal restore to cp stick (stores.rewind)
+// and audits what was set aside.
 func (s *Supervisor) rewindWAL(cp checkpoint.Meta) error {
-	s.storeMu.Lock()
-	defer s.storeMu.Unlock()
-	id, wm := cp.ID, cp.Watermark
-	metas, err := s.store.List()
+	abandoned, removed, last, err := s.st.rewind(cp)
 	if err != nil {
-		return fmt.Errorf("list checkpoints: %w", err)
-	}
-	var abandoned []string
-	for _, m := range metas {
-		newer := m.Created.After(cp.Created) || (m.Created.Equal(cp.Created) && m.ID > cp.ID)
-		if m.ID == id || m.Bad || !newer {
-			continue
-		}
-		if err := s.store.MarkBad(m.ID, "abandoned by a --no-wal restore to "+id); err != nil {
-			return fmt.Errorf("mark checkpoint %s abandoned: %w", m.ID, err)
-		}
-		abandoned = append(abandoned, m.ID)
-	}
-	last := s.wal.LastSequence()
-	removed, err := s.wal.TruncateAfter(wm)
-	if err != nil {
-		return fmt.Errorf("remove WAL entries after sequence %d: %w", wm, err)
+		return err
 	}
 	if len(abandoned) > 0 {
-		s.newestCkp.Store(id)
+		s.newestCkp.Store(cp.ID)
 	}
-	s.met.walLastSeq.Set(float64(s.wal.LastSequence()))
-	s.log.Warn("history after the checkpoint set aside for a --no-wal restore", "checkpoint_id", id,
-		"wal_entries_removed", removed, "removed_sequences", fmt.Sprintf("%d..%d", wm+1, last), "checkpoints_marked_bad", abandoned)
-	_ = s.audit.Record(AuditRollback, map[string]any{"checkpoint_id": id, "watermark": wm, "wal_entries_removed": removed,
+	s.met.walLastSeq.Set(float64(s.st.wal.LastSequence()))
+	s.log.Warn("history after the checkpoint set aside for a --no-wal restore", "checkpoint_id", cp.ID,
+		"wal_entries_removed", removed, "removed_sequences", fmt.Sprintf("%d..%d", cp.Watermark+1, last), "checkpoints_marked_bad", abandoned)
+	_ = s.audit.Record(AuditRollback, map[string]any{"checkpoint_id": cp.ID, "watermark": cp.Watermark, "wal_entries_removed": removed,
 		"previous_last_sequence": last, "checkpoints_marked_bad": abandoned})
 	return nil
 }

@@ -21,7 +21,6 @@ import (
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
-	"github.com/agent-sidecar/supervisor/wal"
 	"github.com/agent-sidecar/supervisor/wire"
 )
 
@@ -59,8 +58,7 @@ type Supervisor struct {
 	cfg    Config
 	log    *slog.Logger
 	codec  *schema.Codec
-	wal    *wal.Log
-	store  *checkpoint.Store
+	st     *stores // WAL, checkpoints, restore assembly: the restore invariant
 	audit  *auditLog
 	met    *metrics
 	lock   *os.File
@@ -77,12 +75,14 @@ type Supervisor struct {
 	bo           backoff
 	lastReason   string
 	restarts     int
-	poison       map[string][]time.Time
 	pendingPoint *restorePoint
 	pendingReply chan ControlResponse // operator restore waiting for the agent's restart
 	shutting     bool
 	startedOnce  bool
-	agentVersion int32 // highest protocol version any incarnation used
+	// fallbackFrom: with --fallback-on-crash-loop, restores come from the
+	// newest checkpoint older than this one ("" = the newest).
+	fallbackFrom string
+	lastRestored string // checkpoint id of the newest restore sent to a primary
 	trial        *trial
 
 	// Published for other goroutines (HTTP, control socket).
@@ -96,22 +96,18 @@ type Supervisor struct {
 	// Checkpoint storing runs on its own goroutine, in arrival order.
 	ckptJobs chan ckptJob
 	ckptWG   sync.WaitGroup
-	// storeMu serialises checkpoint saves, pruning, WAL truncation and restore
-	// assembly, so a restore never sees a half-applied retention step.
-	storeMu sync.Mutex
+	// loopDone is closed when the owner loop has returned: goroutines
+	// reporting to it stop waiting.
+	loopDone chan struct{}
 
 	limiter *rateLimiter
-}
-
-type restorePoint struct {
-	checkpointID string
-	noWAL        bool
 }
 
 type ckptJob struct {
 	inst      *instance
 	data      []byte
 	watermark uint64
+	tailAt    int64 // stores.checkpointArrived's accounting mark
 	arrived   time.Time
 }
 
@@ -131,12 +127,12 @@ func New(cfg Config) (*Supervisor, error) {
 		events:  make(chan event, 256),
 		control: make(chan controlCall),
 		force:   make(chan struct{}, 1),
-		poison:  map[string][]time.Time{},
 		bo: backoff{
 			initial: cfg.BackoffInitial, max: cfg.BackoffMax,
 			maxRestarts: cfg.MaxRestarts, window: cfg.RestartWindow,
 		},
 		ckptJobs: make(chan ckptJob, 16),
+		loopDone: make(chan struct{}),
 		limiter:  newRateLimiter(20, 10*time.Second),
 	}
 	s.newestCkp.Store("")
@@ -201,6 +197,7 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 
 	_ = s.audit.Record(AuditStart, map[string]any{"pid": os.Getpid(), "command": s.cfg.Command, "data_dir": s.cfg.DataDir})
 	runErr := s.loop(ctx)
+	close(s.loopDone)
 	fields := map[string]any{"restarts": s.restarts}
 	if runErr != nil {
 		fields["error"] = runErr.Error()
@@ -225,49 +222,41 @@ func (s *Supervisor) open() error {
 		return err
 	}
 	s.audit = audit
-	policy, err := wal.ParseSyncPolicy(s.cfg.WALSync)
+	st, err := openStores(dir, s.cfg, s.codec, s.log, s.met.walSynced)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrConfig, err)
+		return err
 	}
-	w, err := wal.Open(wal.Options{
-		Dir: filepath.Join(dir, "wal"), SegmentSize: s.cfg.WALSegmentSize, Sync: policy,
-		SyncInterval: s.cfg.WALSyncInterval, Logger: s.log.With("component", "wal"),
-		OnSync: s.met.walSynced,
-	})
-	if err != nil {
-		return fmt.Errorf("open WAL in %s: %w", filepath.Join(dir, "wal"), err)
-	}
-	s.wal = w
+	s.st = st
+	w := st.wal
 	rec := w.Recovery()
 	s.log.Info("WAL opened", "segments", rec.Segments, "entries", rec.Entries,
-		"last_sequence", w.LastSequence(), "torn_bytes_truncated", rec.TruncatedBytes)
+		"last_sequence", w.LastSequence(), "floor", w.Floor(), "torn_bytes_truncated", rec.TruncatedBytes)
+	for _, ce := range rec.Covered {
+		_ = s.audit.Record(AuditWALError, map[string]any{"error": ce.Error(), "covered_by_checkpoint": true, "moved_aside": ce.Moved})
+	}
 	if rec.Corruption != nil {
 		s.log.Error("WAL CORRUPTION: replay stopped at a corrupt record; the good prefix is kept and entries after it are NOT served. Inspect with `supervisor wal dump` and restore the data directory from a backup if those entries matter.",
 			"err", rec.Corruption, "last_good_sequence", w.LastSequence())
 		_ = s.audit.Record(AuditWALError, map[string]any{"error": rec.Corruption.Error(), "last_good_sequence": w.LastSequence()})
 	}
 	s.met.walLastSeq.Set(float64(w.LastSequence()))
-	opts := checkpoint.Options{Retain: s.cfg.CheckpointRetain, Logger: s.log.With("component", "checkpoint")}
-	if s.cfg.CheckpointLevel > 0 {
-		opts.Level = zstdLevel(s.cfg.CheckpointLevel)
+	if s.cfg.MaxFrameSize < s.codec.Limits().Restore {
+		s.codec = schema.NewCodec(schema.Options{ExtraWALOperations: s.cfg.WALOperations,
+			Limits: schema.Limits{Restore: s.cfg.MaxFrameSize}})
+		st.codec = s.codec
 	}
-	st, err := checkpoint.Open(filepath.Join(dir, "checkpoints"), opts)
-	if err != nil {
-		return fmt.Errorf("open checkpoint store: %w", err)
-	}
-	s.store = st
 	ledger, err := evolution.OpenLedger(filepath.Join(dir, "evolution.json"))
 	if err != nil {
 		return fmt.Errorf("open the evolution ledger: %w", err)
 	}
 	s.ledger = ledger
-	if id, noWAL, ok, err := st.TakeRestorePoint(); err != nil {
+	if id, noWAL, ok, err := st.ckpt.TakeRestorePoint(); err != nil {
 		s.log.Error("cannot read the recorded restore point; ignoring it", "err", err)
 	} else if ok {
 		s.pendingPoint = &restorePoint{checkpointID: id, noWAL: noWAL}
 		s.log.Info("restore point recorded by an operator will be used", "checkpoint_id", id, "no_wal", noWAL)
 	}
-	if metas, err := st.List(); err == nil {
+	if metas, err := st.ckpt.List(); err == nil {
 		for _, m := range metas {
 			if !m.Bad {
 				s.newestCkp.Store(m.ID)
@@ -280,8 +269,8 @@ func (s *Supervisor) open() error {
 
 func (s *Supervisor) close() error {
 	var errs []error
-	if s.wal != nil {
-		if err := s.wal.Close(); err != nil {
+	if s.st != nil {
+		if err := s.st.close(); err != nil {
 			errs = append(errs, fmt.Errorf("close WAL: %w", err))
 		}
 	}
@@ -387,6 +376,10 @@ func (s *Supervisor) loop(ctx context.Context) error {
 				if errors.Is(err, ErrConfig) {
 					return err
 				}
+				if errors.Is(err, ErrUnrestorable) {
+					s.refuseStart(err)
+					return err
+				}
 				s.log.Error("cannot start the agent", "err", err)
 				if stop, rerr := s.scheduleRestart("spawn_failed", true, startTimer); stop {
 					return rerr
@@ -431,7 +424,9 @@ func (s *Supervisor) loop(ctx context.Context) error {
 				s.evolutionIntent(ev.inst, ev.msg.(*schema.EvolutionIntent))
 			case evExited:
 				hbTimer.Stop()
-				stop, err := s.instanceExited(ev.inst, startTimer)
+				s.drainInstance(ev.inst)
+			case evFinished:
+				stop, err := s.instanceExited(ev.inst, ev.status, startTimer)
 				if stop {
 					return err
 				}
@@ -459,21 +454,33 @@ func (s *Supervisor) startPrimary() error {
 	// is drained, so no more can come): the restore must see them, and a
 	// rollback must not be overtaken by one of them landing afterwards.
 	s.waitCheckpoints(walDurableTimeout + 5*time.Second)
+	if s.fallbackFrom != "" {
+		if m, ok := s.st.newestGood(); !ok || m.ID != s.fallbackFrom {
+			s.fallbackFrom = "" // a newer checkpoint was stored since the fallback
+		}
+	}
 	point := s.pendingPoint
-	plan, err := s.buildRestore(point)
-	if err != nil {
-		if point == nil {
+	var (
+		plan *restorePlan
+		err  error
+	)
+	if point != nil {
+		if plan, err = s.st.buildRestore(*point); err != nil {
+			s.log.Error("the recorded restore point cannot be used; restoring from the newest checkpoint instead",
+				"checkpoint_id", point.checkpointID, "err", err)
+			point = nil
+		}
+	}
+	if point == nil {
+		if plan, err = s.st.buildRestore(restorePoint{olderThan: s.fallbackFrom}); err != nil {
 			return fmt.Errorf("assemble restore: %w", err)
 		}
-		s.log.Error("the recorded restore point cannot be used; restoring from the newest checkpoint instead",
-			"checkpoint_id", point.checkpointID, "err", err)
-		if plan, err = s.buildRestore(nil); err != nil {
-			return fmt.Errorf("assemble restore: %w", err)
-		}
-		point = nil
+	}
+	if plan != nil {
+		s.reportSkipped(plan.skipped)
 	}
 	if point != nil && point.noWAL && plan != nil {
-		meta, err := s.store.Stat(point.checkpointID)
+		meta, err := s.st.ckpt.Stat(point.checkpointID)
 		if err == nil {
 			err = s.rewindWAL(meta)
 		}
@@ -509,6 +516,7 @@ func (s *Supervisor) startPrimary() error {
 	if plan != nil {
 		s.sendRestore(inst, plan, trigger)
 		created = plan.created
+		s.lastRestored = plan.checkpointID
 	}
 	if s.pendingReply != nil {
 		resp := ControlResponse{Error: "the restore point could not be used; the agent was restored from the newest checkpoint instead"}
@@ -523,6 +531,20 @@ func (s *Supervisor) startPrimary() error {
 	// Promoted code newer than the restored state is applied again.
 	s.resendPromotions(inst, created)
 	return nil
+}
+
+// reportSkipped logs, counts and audits the checkpoints a restore passed
+// over (corrupt ones; bad-marked ones were reported when marked).
+func (s *Supervisor) reportSkipped(skipped []checkpoint.Skipped) {
+	for _, sk := range skipped {
+		if errors.Is(sk.Err, checkpoint.ErrMarkedBad) {
+			s.log.Info("checkpoint marked bad earlier is passed over", "checkpoint_id", sk.ID, "err", sk.Err)
+			continue
+		}
+		s.met.checkpointSkip.Inc()
+		s.log.Error("checkpoint skipped at restore; using an older one with a longer WAL replay", "checkpoint_id", sk.ID, "err", sk.Err)
+		_ = s.audit.Record(AuditCheckpointSkip, map[string]any{"checkpoint_id": sk.ID, "error": sk.Err.Error()})
+	}
 }
 
 // answerPending fails an operator restore still waiting for its answer.
@@ -630,17 +652,33 @@ func (s *Supervisor) streamEnded(ev event) {
 	s.stopInstance(in, "read_error")
 }
 
-// instanceExited finishes an exited primary and decides what happens next.
-// stop=true ends Run with err.
-func (s *Supervisor) instanceExited(in *instance, startTimer *time.Timer) (stop bool, err error) {
-	st := in.finish(drainTimeout)
+// drainInstance finishes an exited primary in the background: its output
+// is read to the end and stored, however long our own storage takes (only a
+// pipe an escaped descendant holds open is cut), then it is reaped, and
+// evFinished reports to the owner. The owner goes on meanwhile.
+func (s *Supervisor) drainInstance(in *instance) {
+	if in.draining {
+		return
+	}
+	in.draining = true
+	s.setState(StateStopping)
+	s.met.agentUp.WithLabelValues(RolePrimary).Set(0)
+	go func() {
+		st := in.finish(drainTimeout)
+		select {
+		case s.events <- event{inst: in, kind: evFinished, status: st}:
+		case <-s.loopDone:
+		}
+	}()
+}
+
+// instanceExited decides what happens after a primary has exited and been
+// drained and reaped. stop=true ends Run with err.
+func (s *Supervisor) instanceExited(in *instance, st *os.ProcessState, startTimer *time.Timer) (stop bool, err error) {
 	now := time.Now()
 	s.cur = nil
 	s.curPtr.Store(nil)
 	s.met.agentUp.WithLabelValues(RolePrimary).Set(0)
-	if v := in.version.Load(); v > s.agentVersion {
-		s.agentVersion = v
-	}
 	desc, failed := exitDescription(st)
 	reason := in.stopReason
 	if reason == "" {
@@ -676,7 +714,6 @@ func (s *Supervisor) instanceExited(in *instance, startTimer *time.Timer) (stop 
 	if first := in.firstHBAt.Load(); first != 0 && now.Sub(time.Unix(0, first)) >= s.cfg.HealthyReset {
 		s.bo.reset()
 	}
-	s.trackPoison(in, failed, now)
 
 	switch s.cfg.Restart {
 	case RestartNever:
@@ -703,10 +740,14 @@ func (s *Supervisor) instanceExited(in *instance, startTimer *time.Timer) (stop 
 func (s *Supervisor) scheduleRestart(reason string, failed bool, startTimer *time.Timer) (stop bool, err error) {
 	now := time.Now()
 	delay, giveUp := s.bo.next(now)
+	if giveUp && s.cfg.FallbackOnCrashLoop && s.fallBack(reason) {
+		delay, giveUp = s.bo.next(now)
+	}
 	if giveUp {
 		s.setState(StateGivenUp)
 		s.gaveUp.Store(true)
 		msg := fmt.Sprintf("agent restarted more than --max-restarts=%d times within --restart-window=%s (last run ended: %s); giving up. "+
+			"The agent's state is intact: nothing was marked bad or discarded, and the next start restores the same checkpoint and every WAL entry after it. "+
 			"Check the agent's own output in this log (lines with stream=stderr) and `supervisor audit --data-dir %s` for each exit; "+
 			"raise --max-restarts or use --max-restarts 0 to keep retrying",
 			s.cfg.MaxRestarts, s.cfg.RestartWindow, reason, s.cfg.DataDir)
@@ -729,36 +770,41 @@ func (s *Supervisor) scheduleRestart(reason string, failed bool, startTimer *tim
 	return false, nil
 }
 
-// trackPoison marks a checkpoint bad when the agent died twice within the
-// restart window, each time soon after being restored from it.
-func (s *Supervisor) trackPoison(in *instance, failed bool, now time.Time) {
-	id := in.restoredFrom
-	if id == "" || !failed || now.Sub(time.Unix(0, in.restoreSentAt.Load())) > s.cfg.PoisonGrace {
-		return
+// fallBack, with --fallback-on-crash-loop, answers a crash loop by
+// restoring from the newest checkpoint older than the one the crashing
+// incarnations were restored from, when its whole WAL tail is still held
+// (the restore is then that checkpoint plus every entry after it: the same
+// history, replayed from further back). Nothing is marked bad. It reports
+// false when there is no such checkpoint; the caller then gives up.
+func (s *Supervisor) fallBack(reason string) bool {
+	from := s.lastRestored
+	if from == "" {
+		return false
 	}
-	deaths := s.poison[id][:0:0]
-	for _, t := range s.poison[id] {
-		if now.Sub(t) <= s.cfg.RestartWindow {
-			deaths = append(deaths, t)
-		}
+	to, ok := s.st.fallbackCandidate(from)
+	if !ok {
+		s.log.Error("crash loop: no older checkpoint with a complete WAL tail to fall back to", "checkpoint_id", from)
+		return false
 	}
-	deaths = append(deaths, now)
-	s.poison[id] = deaths
-	if len(deaths) < 2 {
-		return
-	}
-	delete(s.poison, id)
-	reason := fmt.Sprintf("agent died %d times within %s, each within %s of being restored from it", len(deaths), s.cfg.RestartWindow, s.cfg.PoisonGrace)
-	s.storeMu.Lock()
-	err := s.store.MarkBad(id, reason)
-	s.storeMu.Unlock()
-	if err != nil {
-		s.log.Error("cannot mark poison checkpoint bad", "checkpoint_id", id, "err", err)
-		return
-	}
-	s.met.checkpointPoison.Inc()
-	s.log.Error("checkpoint marked bad (poison): the next restore uses the previous good checkpoint and a longer WAL replay", "checkpoint_id", id, "reason", reason)
-	_ = s.audit.Record(AuditCheckpointBad, map[string]any{"checkpoint_id": id, "reason": reason})
+	s.fallbackFrom = from
+	s.bo.forget()
+	s.met.fallbacks.Inc()
+	s.log.Warn("crash loop: falling back to an older checkpoint (--fallback-on-crash-loop); it is restored with every WAL entry after it",
+		"from_checkpoint_id", from, "to_checkpoint_id", to.ID, "to_watermark", to.Watermark, "reason", reason)
+	_ = s.audit.Record(AuditFallback, map[string]any{"from_checkpoint_id": from, "to_checkpoint_id": to.ID,
+		"to_watermark": to.Watermark, "reason": reason})
+	return true
+}
+
+// refuseStart reports that no complete restore can be built: the agent is
+// not started and Run ends with err (exit code 3).
+func (s *Supervisor) refuseStart(err error) {
+	s.setState(StateGivenUp)
+	s.gaveUp.Store(true)
+	s.met.restoreRefused.Inc()
+	s.log.Error("refusing to start the agent: its state cannot be restored completely", "err", err)
+	_ = s.audit.Record(AuditRestoreRefused, map[string]any{"error": err.Error(), "wal_floor": s.st.wal.Floor(),
+		"wal_last_sequence": s.st.wal.LastSequence()})
 }
 
 // waitCheckpoints waits for queued checkpoint saves (bounded).

@@ -49,6 +49,7 @@ func parseRunFlags(args []string, stderr io.Writer) (supervisor.Config, string, 
 	fs.DurationVar(&cfg.BackoffMax, "backoff-max", cfg.BackoffMax, "longest restart delay")
 	fs.IntVar(&cfg.MaxRestarts, "max-restarts", cfg.MaxRestarts, "give up after more restarts than this within --restart-window (0: never give up)")
 	fs.DurationVar(&cfg.RestartWindow, "restart-window", cfg.RestartWindow, "window for --max-restarts")
+	fs.BoolVar(&cfg.FallbackOnCrashLoop, "fallback-on-crash-loop", cfg.FallbackOnCrashLoop, "at the crash-loop limit, restore from the next older checkpoint whose whole WAL tail is held instead of giving up (nothing is marked bad)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "on SIGTERM/SIGINT, time the agent gets to checkpoint and exit")
 	fs.StringVar(&cfg.WALSync, "wal-sync", cfg.WALSync, "WAL durability: always (fsync each append), batch (group commit) or none")
 	fs.DurationVar(&cfg.WALSyncInterval, "wal-sync-interval", cfg.WALSyncInterval, "longest time between WAL fsyncs under a steady flood (batch policy)")

@@ -20,10 +20,14 @@ var version = "dev"
 
 // Exit codes (SPEC §10).
 const (
-	exitOK       = 0
-	exitFailure  = 1 // the agent crash-looped, or a command failed
-	exitUsage    = 2 // usage or configuration error
-	refAgentVerb = "reference-agent"
+	exitOK      = 0
+	exitFailure = 1 // the agent crash-looped, or a command failed
+	exitUsage   = 2 // usage or configuration error
+	// exitUnrestorable: the agent's state cannot be restored completely (the
+	// WAL lost entries a restore needs); the agent was not started. A process
+	// manager should not retry: an operator must act (docs/operations.md).
+	exitUnrestorable = 3
+	refAgentVerb     = "reference-agent"
 )
 
 const usage = `supervisor — a sidecar that keeps an AI agent alive and its state safe.
@@ -40,7 +44,8 @@ Usage:
 
 Without an agent command, "run" supervises the built-in reference agent.
 Every command has --help. Exit codes: 0 clean stop, 1 the agent crash-looped
-(or a command failed), 2 usage or configuration error.
+(or a command failed), 2 usage or configuration error, 3 the agent's state
+cannot be restored completely (the agent was not started).
 `
 
 func main() {
@@ -136,6 +141,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, supervisor.ErrConfig), errors.Is(err, supervisor.ErrDataDirLocked):
 		fmt.Fprintf(stderr, "supervisor run: %v\n", err)
 		return exitUsage
+	case errors.Is(err, supervisor.ErrUnrestorable):
+		fmt.Fprintf(stderr, "supervisor run: %v\n", err)
+		return exitUnrestorable
 	default:
 		fmt.Fprintf(stderr, "supervisor run: %v\n", err)
 		return exitFailure

@@ -1,0 +1,493 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/wal"
+)
+
+// # The restore invariant (SPEC §5)
+//
+// Every restore the supervisor sends is one acknowledged checkpoint (or none)
+// plus every WAL entry above its watermark, with no gap. This file is the
+// only code that builds a restore, and it enforces the invariant in four
+// places:
+//
+//  1. buildRestore refuses (ErrUnrestorable) when the WAL no longer holds
+//     every entry above the chosen checkpoint's watermark (wal.Log.Floor), or
+//     when reading that tail fails on damage. It never sends a partial
+//     restore; the owner then stops without starting the agent.
+//  2. saveCheckpoint deletes WAL segments only below the watermark of the
+//     oldest checkpoint a restore could still use (retained, not marked bad),
+//     so retention can never open a gap under a checkpoint it keeps.
+//  3. append refuses entries (WAL_FULL, "checkpoint first") before the tail
+//     above the newest checkpoint would make the restore larger than the
+//     agent can be sent: every entry the supervisor accepts can be restored.
+//  4. Nothing here marks a checkpoint bad on its own: a crash loop gives up
+//     with the state intact (the old "poison checkpoint" rule is gone), and
+//     the opt-in fallback (--fallback-on-crash-loop) only restores from an
+//     older checkpoint whose whole WAL tail is held.
+//
+// Only an operator rolls history back (`supervisor restore --no-wal`), and
+// that is audited (rewind).
+
+// ErrUnrestorable: no restore satisfying the restore invariant can be built
+// from the data directory (the WAL lost entries a restore needs, or they
+// are damaged). The agent is not started; the operator must act (exit code
+// 3).
+var ErrUnrestorable = errors.New("the agent's state cannot be restored completely")
+
+// errRestoreFull: appending would make the restore larger than the agent can
+// be sent. Answered WAL_FULL ("checkpoint first").
+var errRestoreFull = errors.New("the WAL tail after the newest checkpoint is as large as a restore may be")
+
+// restoreOverhead is what a restore frame takes besides the snapshot and the
+// entries (header fields, checkpoint id, array header), with room to spare.
+const restoreOverhead = 512
+
+// agentFile records, in the data directory, what the supervisor learned
+// about its agent that must outlive a supervisor restart.
+const agentFile = "agent.json"
+
+type agentInfo struct {
+	// ProtocolVersion is the highest version the agent has spoken. A v2
+	// agent gets compressed restores from the first start after a
+	// supervisor restart too.
+	ProtocolVersion int32 `json:"protocol_version"`
+}
+
+// stores owns the primary agent's durable state: the WAL, the checkpoint
+// store and what is known about the agent's protocol. Its methods are safe
+// for concurrent use: the frame reader appends and queues checkpoints, the
+// checkpoint worker saves them, the owner builds restores.
+type stores struct {
+	dir   string
+	wal   *wal.Log
+	ckpt  *checkpoint.Store
+	codec *schema.Codec
+	log   *slog.Logger
+	// restoreLimit is the largest restore payload the agent may be sent.
+	restoreLimit int64
+
+	// mu serialises checkpoint saves with their retention, rollbacks and
+	// restore assembly, so a restore never sees a half-applied retention step.
+	mu sync.Mutex
+
+	// Restorability accounting (append's guard). appended counts the bytes
+	// of every entry appended since Open, starting from the bytes already
+	// above the newest checkpoint's watermark; base is its value when the
+	// newest stored checkpoint arrived (so the tail is appended − base), and
+	// snapCost what that checkpoint's snapshot takes in a restore.
+	appended atomic.Int64
+	base     atomic.Int64
+	snapCost atomic.Int64
+	newest   atomic.Pointer[checkpoint.Meta] // newest good checkpoint, nil: none
+
+	version atomic.Int32 // highest protocol version the agent has spoken (persisted)
+	infoMu  sync.Mutex   // serialises writes of agent.json
+}
+
+// restorePoint selects what a restore starts from.
+type restorePoint struct {
+	checkpointID string // an operator's choice; "" = the newest good checkpoint
+	noWAL        bool   // the checkpoint alone (operator's --no-wal)
+	// olderThan: the newest good checkpoint older than this id (the crash-loop
+	// fallback); ignored when checkpointID is set.
+	olderThan string
+}
+
+// restorePlan is an assembled restore, ready to send.
+type restorePlan struct {
+	frame        []byte // the encoded restore: one that cannot be encoded never starts an agent
+	checkpointID string
+	created      time.Time
+	watermark    uint64
+	entries      int
+	lastSeq      uint64
+	compressed   bool
+	skipped      []checkpoint.Skipped
+}
+
+// openStores opens the checkpoint store, then the WAL (told the newest
+// checkpoint's watermark, so damage below it costs nothing), and the
+// restorability accounting.
+func openStores(dir string, cfg Config, codec *schema.Codec, log *slog.Logger, onSync func(time.Duration, int, int)) (*stores, error) {
+	opts := checkpoint.Options{Retain: cfg.CheckpointRetain, Logger: log.With("component", "checkpoint")}
+	if cfg.CheckpointLevel > 0 {
+		opts.Level = zstdLevel(cfg.CheckpointLevel)
+	}
+	ck, err := checkpoint.Open(filepath.Join(dir, "checkpoints"), opts)
+	if err != nil {
+		return nil, fmt.Errorf("open checkpoint store: %w", err)
+	}
+	st := &stores{dir: dir, ckpt: ck, codec: codec, log: log,
+		restoreLimit: int64(min(cfg.MaxFrameSize, codec.Limits().Restore))}
+	var covered uint64
+	if m, ok := st.newestGood(); ok {
+		covered = m.Watermark
+		st.newest.Store(&m)
+	}
+	policy, err := wal.ParseSyncPolicy(cfg.WALSync)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	w, err := wal.Open(wal.Options{
+		Dir: filepath.Join(dir, "wal"), SegmentSize: cfg.WALSegmentSize, Sync: policy,
+		SyncInterval: cfg.WALSyncInterval, Logger: log.With("component", "wal"),
+		OnSync: onSync, CoveredThrough: covered,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open WAL in %s: %w", filepath.Join(dir, "wal"), err)
+	}
+	st.wal = w
+	st.loadInfo()
+	if m := st.newest.Load(); m != nil {
+		st.snapCost.Store(st.snapshotCost(*m))
+	}
+	var tail int64
+	err = w.ReadAfter(covered, func(e wal.Entry) error { tail += int64(len(e.Data)); return nil })
+	if err != nil && !errors.Is(err, wal.ErrCorrupt) {
+		w.Close()
+		return nil, fmt.Errorf("read the WAL after sequence %d: %w", covered, err)
+	}
+	st.appended.Store(tail)
+	return st, nil
+}
+
+func (st *stores) close() error { return st.wal.Close() }
+
+// newestGood is the newest checkpoint not marked bad whose header reads,
+// by the store's order (its body is verified when a restore loads it).
+func (st *stores) newestGood() (checkpoint.Meta, bool) {
+	metas, err := st.ckpt.List()
+	if err != nil {
+		st.log.Warn("cannot list checkpoints", "err", err)
+		return checkpoint.Meta{}, false
+	}
+	for _, m := range metas {
+		if !m.Bad {
+			return m, true
+		}
+	}
+	return checkpoint.Meta{}, false
+}
+
+// snapshotCost is the bytes a checkpoint's snapshot takes in a restore: its
+// size, or for a v2 agent (compressed restores) about its stored size.
+func (st *stores) snapshotCost(m checkpoint.Meta) int64 {
+	if st.version.Load() >= 2 {
+		return min(m.Size, m.StoredSize+m.StoredSize/8+64<<10)
+	}
+	return m.Size
+}
+
+// append appends entries as one unit (wal.Log.Append's contract), refusing
+// with errRestoreFull entries that would make the restore from the newest
+// checkpoint larger than restoreLimit.
+func (st *stores) append(entries []wal.Entry) (wal.AppendResult, error) {
+	last := st.wal.LastSequence()
+	var add int64
+	for _, e := range entries {
+		if e.Sequence > last {
+			add += int64(len(e.Data))
+		}
+	}
+	if add > 0 {
+		size := restoreOverhead + st.snapCost.Load() + st.appended.Load() - st.base.Load() + add
+		if size > st.restoreLimit {
+			return wal.AppendResult{Last: last}, fmt.Errorf("%w: a restore would take %d bytes, over the %d-byte limit; "+
+				"send a checkpoint first (it empties the tail), then send these entries again", errRestoreFull, size, st.restoreLimit)
+		}
+	}
+	res, err := st.wal.Append(entries...)
+	if err != nil {
+		return res, err
+	}
+	if res.Appended > 0 {
+		var n int64
+		for _, e := range entries {
+			if e.Sequence > last {
+				n += int64(len(e.Data))
+				last = e.Sequence
+			}
+		}
+		st.appended.Add(n)
+	}
+	return res, nil
+}
+
+// checkpointArrived is called by the frame reader when a checkpoint frame
+// arrives, in frame order with the appends: everything appended before it is
+// in the log, so the WAL's last sequence is its watermark, and appended is
+// where its tail accounting restarts.
+func (st *stores) checkpointArrived() (watermark uint64, at int64) {
+	return st.wal.LastSequence(), st.appended.Load()
+}
+
+// saveCheckpoint stores a checkpoint (its WAL entries are already durable),
+// applies retention to the checkpoints and then the WAL, and moves the
+// restorability accounting to it. at is checkpointArrived's value.
+func (st *stores) saveCheckpoint(data []byte, watermark uint64, at int64) (meta checkpoint.Meta, pruned []string, segs int, err error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	meta, err = st.ckpt.Save(data, watermark)
+	if err != nil {
+		return meta, nil, 0, err
+	}
+	if pruned, err = st.ckpt.Prune(); err != nil {
+		st.log.Warn("checkpoint retention failed; old checkpoints kept", "err", err)
+	}
+	// The WAL keeps every entry above the oldest checkpoint a restore could
+	// still use (retained and not marked bad; see the invariant above).
+	if wm, ok := st.ckpt.OldestRetainedWatermark(); ok {
+		n, terr := st.wal.TruncateBefore(min(wm, watermark))
+		if terr != nil {
+			st.log.Warn("WAL truncation failed; old segments kept", "err", terr)
+		}
+		segs = n
+	}
+	if at > st.base.Load() {
+		st.base.Store(at)
+	}
+	m := meta
+	st.newest.Store(&m)
+	st.snapCost.Store(st.snapshotCost(meta))
+	return meta, pruned, segs, nil
+}
+
+// noteVersion records that the agent spoke protocol version v, persisting a
+// rise so the next supervisor run knows it too.
+func (st *stores) noteVersion(v int32) {
+	for {
+		cur := st.version.Load()
+		if v <= cur {
+			return
+		}
+		if st.version.CompareAndSwap(cur, v) {
+			break
+		}
+	}
+	if m := st.newest.Load(); m != nil {
+		st.snapCost.Store(st.snapshotCost(*m))
+	}
+	st.infoMu.Lock()
+	defer st.infoMu.Unlock()
+	b, _ := json.Marshal(agentInfo{ProtocolVersion: st.version.Load()})
+	if err := writeFileAtomic(filepath.Join(st.dir, agentFile), b); err != nil {
+		st.log.Warn("cannot record the agent's protocol version; the first restore after a supervisor restart will not be compressed", "err", err)
+	}
+}
+
+func (st *stores) loadInfo() {
+	b, err := os.ReadFile(filepath.Join(st.dir, agentFile))
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			st.log.Warn("cannot read "+agentFile+"; assuming protocol version 1", "err", err)
+		}
+		return
+	}
+	var info agentInfo
+	if err := json.Unmarshal(b, &info); err != nil || info.ProtocolVersion < 0 || info.ProtocolVersion > 2 {
+		st.log.Warn(agentFile+" is damaged; assuming protocol version 1", "err", err)
+		return
+	}
+	st.version.Store(info.ProtocolVersion)
+}
+
+// unrestorable wraps ErrUnrestorable with what is missing and what to do.
+func (st *stores) unrestorable(format string, args ...any) error {
+	return fmt.Errorf("%w: %s. The agent is not started without its state. Inspect with `supervisor checkpoints list --data-dir %s` "+
+		"and `supervisor wal dump --data-dir %s`; restore the data directory from a backup, or choose a checkpoint to roll back to "+
+		"with `supervisor restore --data-dir %s --checkpoint ID --no-wal` (that discards the WAL entries after it)",
+		ErrUnrestorable, fmt.Sprintf(format, args...), st.dir, st.dir, st.dir)
+}
+
+// buildRestore assembles a restore from point plus the WAL after its
+// checkpoint's watermark; nil when there is no state at all. It wraps
+// ErrUnrestorable when the invariant cannot be met; other errors (a WAL that
+// cannot be written right now, say) may pass.
+func (st *stores) buildRestore(point restorePoint) (*restorePlan, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	plan := &restorePlan{}
+	var (
+		meta checkpoint.Meta
+		data []byte
+		err  error
+	)
+	switch {
+	case point.checkpointID != "":
+		meta, data, err = st.ckpt.Load(point.checkpointID)
+		if err != nil {
+			return nil, fmt.Errorf("load checkpoint %s: %w", point.checkpointID, err)
+		}
+	default:
+		if point.olderThan != "" {
+			meta, data, plan.skipped, err = st.ckpt.Previous(point.olderThan)
+		} else {
+			meta, data, plan.skipped, err = st.ckpt.Latest()
+		}
+		if errors.Is(err, checkpoint.ErrNotFound) && point.olderThan == "" {
+			err, meta = nil, checkpoint.Meta{}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("find a checkpoint to restore: %w", err)
+		}
+	}
+	plan.checkpointID, plan.created, plan.watermark = meta.ID, meta.Created, meta.Watermark
+	lastSeq := max(st.wal.LastSequence(), meta.Watermark)
+	if point.noWAL {
+		lastSeq = meta.Watermark
+	} else if floor := st.wal.Floor(); floor > meta.Watermark {
+		what := "no checkpoint"
+		if meta.ID != "" {
+			what = fmt.Sprintf("checkpoint %s (watermark %d)", meta.ID, meta.Watermark)
+		}
+		return nil, st.unrestorable("the restore would be %s plus the WAL after it, but the WAL no longer holds the entries up to sequence %d",
+			what, floor)
+	}
+	plan.compressed = st.version.Load() >= 2 && len(data) > schema.CompressThreshold
+	hint := len(data) + restoreOverhead
+	if !point.noWAL {
+		hint += int(min(st.appended.Load()-st.base.Load(), st.restoreLimit))
+	}
+	rb, err := st.codec.NewRestore(schema.Header{}, meta.ID, data, plan.compressed, lastSeq, hint)
+	if err != nil {
+		return nil, st.unrestorable("checkpoint %s cannot be sent: %v", meta.ID, err)
+	}
+	if int64(rb.Len()) > st.restoreLimit {
+		return nil, st.unrestorable("checkpoint %s alone makes a restore of %d bytes, over the %d-byte limit (--max-frame-size)", meta.ID, rb.Len(), st.restoreLimit)
+	}
+	if !point.noWAL {
+		err := st.wal.ReadAfter(meta.Watermark, func(e wal.Entry) error {
+			if int64(rb.Len()+len(e.Data)) > st.restoreLimit {
+				return fmt.Errorf("%w: checkpoint %q plus the WAL after it is more than %d bytes (--max-frame-size); at sequence %d",
+					errRestoreFull, meta.ID, st.restoreLimit, e.Sequence)
+			}
+			return rb.Add(e.Data)
+		})
+		switch {
+		case errors.Is(err, wal.ErrCorrupt), errors.Is(err, errRestoreFull):
+			return nil, st.unrestorable("%v", err)
+		case err != nil:
+			var ve *schema.ValidationError
+			if errors.As(err, &ve) {
+				return nil, st.unrestorable("a WAL entry after checkpoint %q cannot be sent: %v", meta.ID, err)
+			}
+			return nil, fmt.Errorf("read WAL after sequence %d: %w", meta.Watermark, err)
+		}
+	}
+	if meta.ID == "" && rb.Entries() == 0 {
+		return nil, nil
+	}
+	plan.entries = rb.Entries()
+	plan.lastSeq = lastSeq
+	plan.frame = rb.Frame()
+	return plan, nil
+}
+
+// fallbackCandidate returns the newest good checkpoint older than id whose
+// whole WAL tail is still held: where --fallback-on-crash-loop may restore
+// from. ok is false when there is none.
+func (st *stores) fallbackCandidate(id string) (checkpoint.Meta, bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	metas, err := st.ckpt.List()
+	if err != nil {
+		return checkpoint.Meta{}, false
+	}
+	floor := st.wal.Floor()
+	older := id == ""
+	for _, m := range metas {
+		if m.ID == id {
+			older = true
+			continue
+		}
+		if older && !m.Bad && m.Watermark >= floor {
+			return m, true
+		}
+	}
+	return checkpoint.Meta{}, false
+}
+
+// rewind makes an operator's --no-wal restore to cp stick: WAL entries after
+// its watermark and checkpoints newer than it describe history the operator
+// abandoned. The entries are removed (the agent's next sequences continue
+// from the checkpoint) and the newer checkpoints are marked bad (a later
+// crash must not restore the abandoned history). It returns what it did.
+func (st *stores) rewind(cp checkpoint.Meta) (abandoned []string, removed int, prevLast uint64, err error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	metas, err := st.ckpt.List()
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("list checkpoints: %w", err)
+	}
+	for _, m := range metas { // newest first: everything before cp is newer
+		if m.ID == cp.ID {
+			break
+		}
+		if m.Bad {
+			continue
+		}
+		if err := st.ckpt.MarkBad(m.ID, "abandoned by a --no-wal restore to "+cp.ID); err != nil {
+			return abandoned, 0, 0, fmt.Errorf("mark checkpoint %s abandoned: %w", m.ID, err)
+		}
+		abandoned = append(abandoned, m.ID)
+	}
+	prevLast = st.wal.LastSequence()
+	removed, err = st.wal.TruncateAfter(cp.Watermark)
+	if err != nil {
+		return abandoned, removed, prevLast, fmt.Errorf("remove WAL entries after sequence %d: %w", cp.Watermark, err)
+	}
+	m := cp
+	st.newest.Store(&m)
+	st.snapCost.Store(st.snapshotCost(cp))
+	st.appended.Store(0)
+	st.base.Store(0)
+	return abandoned, removed, prevLast, nil
+}
+
+// writeFileAtomic replaces path with b: temporary file, fsync, rename,
+// fsync of the directory.
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
