@@ -349,50 +349,6 @@ func TestCorruptNewestCheckpointFallsBack(t *testing.T) {
 	}
 }
 
-func TestPoisonCheckpointFallsBack(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "data")
-	s1 := startSup(t, supOpts{dataDir: dir, flags: fastFlags,
-		agent: []string{"--heartbeat-interval", "50ms", "--wal-rate", "300", "--checkpoint-every", "30"}})
-	s1.waitEvents("checkpoint_acked", 2, 30*time.Second)
-	s1.signal(syscall.SIGTERM)
-	s1.wait(30 * time.Second)
-	before := s1.allEvents()
-	last, _ := lastOf(before, "applied")
-	b, _ := lastOf(before, "checkpoint_acked")
-	bad := b.str("checkpoint_id")
-
-	s2 := startSup(t, supOpts{dataDir: dir, flags: append(fastFlags, "--max-restarts", "0"),
-		agent: []string{"--heartbeat-interval", "50ms", "--crash-on-restore", bad}})
-	r := s2.waitEvents("restored", 1, 60*time.Second)[0]
-	if r.str("checkpoint_id") == bad {
-		t.Fatal("restored from the poison checkpoint")
-	}
-	if r.int("last_seq") != last.int("seq") || r.str("chain") != last.str("chain") {
-		t.Fatalf("restore from the previous checkpoint reached seq %d, want %d with the same chain", r.int("last_seq"), last.int("seq"))
-	}
-	// s1 and s2 share the events file: count s2's starts only.
-	s1Starts := len(incarnations(before))
-	if n := len(s2.eventsOf("start")) - s1Starts; n != 3 {
-		t.Fatalf("%d starts, want 3 (two deaths on the poison checkpoint, then success)", n)
-	}
-	code, out, _ := cli(t, "checkpoints", "list", "--data-dir", dir)
-	if code != 0 || !strings.Contains(out, bad) || !strings.Contains(out, "bad(") {
-		t.Fatalf("poison checkpoint not marked:\n%s", out)
-	}
-	found := false
-	for _, rec := range auditRecords(t, dir) {
-		found = found || rec["kind"] == "checkpoint_marked_bad"
-	}
-	if !found {
-		t.Fatal("no checkpoint_marked_bad audit record")
-	}
-	// The agent keeps running.
-	time.Sleep(500 * time.Millisecond)
-	if n := len(s2.eventsOf("start")) - s1Starts; n != 3 {
-		t.Fatalf("agent kept restarting: %d starts", n)
-	}
-}
-
 func TestLargeRestoreCompressionByVersion(t *testing.T) {
 	for _, v := range []string{"1", "2"} {
 		t.Run("v"+v, func(t *testing.T) {

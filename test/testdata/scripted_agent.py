@@ -126,6 +126,7 @@ if os.environ.get("SUPERVISOR_RESTORE_PENDING") == "1":
 report(event="start", incarnation=incarnation, restore=restore_info)
 
 acks = {}
+cp_max = {}  # the highest sequence the checkpoint in flight holds
 ack_cv = threading.Condition()
 stopping = threading.Event()
 
@@ -137,7 +138,7 @@ def reader():
             os._exit(0)
         t = m.get("type")
         if t == "checkpoint_ack":
-            report(event="ack", checkpoint_id=m["checkpoint_id"])
+            report(event="ack", checkpoint_id=m["checkpoint_id"], covers=cp_max.get("v", 0))
             with ack_cv:
                 acks["last"] = ("ack", m["checkpoint_id"])
                 ack_cv.notify_all()
@@ -175,6 +176,7 @@ def checkpoint(pad, wait=True):
         data["pad"] = "p" * pad
     with ack_cv:
         acks.pop("last", None)
+        cp_max["v"] = max(applied, default=0)
     send({"type": "checkpoint", "data": data})
     report(event="checkpoint_sent", applied=len(applied), max=max(applied, default=0))
     if wait:
@@ -193,13 +195,16 @@ for step in plan:
             nxt = step["from"]
         rate = step.get("rate", 0)
         sent = []
-        for _ in range(n):
+        for i in range(n):
             send({"type": "wal_entry", "data": entry(nxt, size, step.get("tag", ""))})
             applied.add(nxt)
             sent.append(nxt)
             nxt += 1
             if rate:
                 time.sleep(1.0 / rate)
+            if len(sent) == 50 and i < n - 1:
+                report(event="sent", seqs=sent)  # in chunks: a kill mid-step leaves a record
+                sent = []
         report(event="sent", seqs=sent)
     elif "entry" in step:
         seq = step["entry"]
