@@ -136,6 +136,7 @@ func New(cfg Config) (*Supervisor, error) {
 		limiter:  newRateLimiter(20, 10*time.Second),
 	}
 	s.newestCkp.Store("")
+	s.setState(StateStarting) // the first start is scheduled at once
 	s.met = newMetrics(s.heartbeatAgeSeconds)
 	return s, nil
 }
