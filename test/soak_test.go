@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -37,6 +38,13 @@ func TestRestoreInvariantSoak(t *testing.T) {
 		agentKills int
 		supKills   int
 	)
+	var report string
+	keep := func() {
+		if d := os.Getenv("SOAK_KEEP"); d != "" && t.Failed() {
+			_ = exec.Command("cp", "-a", dir, report, d).Run()
+		}
+	}
+	t.Cleanup(keep)
 	check := func(s *sup, e ev, what string) uint64 {
 		t.Helper()
 		st := restored(t, e).state()
@@ -71,7 +79,7 @@ func TestRestoreInvariantSoak(t *testing.T) {
 				plans = append(plans, p)
 			}
 		}
-		report := filepath.Join(t.TempDir(), "report.jsonl")
+		report = filepath.Join(t.TempDir(), "report.jsonl")
 		o := scripted(t, dir, flags, []string{"AGENT_REPORT=" + report, "AGENT_NO_FINAL_CHECKPOINT=1"}, plans...)
 		o.keepAlive = true
 		s := startSup(t, o)

@@ -25,12 +25,13 @@ import (
 
 func main() {
 	n := flag.Int("n", 100000, "number of wal_entry frames to send")
+	every := flag.Int("checkpoint-every", 50000, "send a small checkpoint after every `N` entries (0 = never): the supervisor refuses a WAL tail larger than a restore may be, as any agent must checkpoint")
 	flag.Parse()
 	in, out := os.Stdin, os.Stdout
 	if os.Getenv("SUPERVISOR_TRANSPORT") == "fd" { // --stdio=false: read fd 3, write fd 4
 		in, out = os.NewFile(3, "frames-in"), os.NewFile(4, "frames-out")
 	}
-	if err := floodAgent(*n, in, out); err != nil {
+	if err := floodAgent(*n, *every, in, out); err != nil {
 		fmt.Fprintln(os.Stderr, "floodagent:", err)
 		os.Exit(1)
 	}
@@ -38,10 +39,10 @@ func main() {
 
 // floodAgent is the cheapest possible agent: one heartbeat, then n 1 KiB
 // wal_entry frames as fast as the pipe takes them (the frame is encoded once
-// with a fixed-width sequence that is patched per entry), then it waits for
-// the supervisor to close its input. It measures the supervisor, not an
-// agent's own work.
-func floodAgent(n int, in io.Reader, out io.Writer) error {
+// with a fixed-width sequence that is patched per entry) with a small
+// checkpoint after every `every` entries, then it waits for the supervisor
+// to close its input. It measures the supervisor, not an agent's own work.
+func floodAgent(n, every int, in io.Reader, out io.Writer) error {
 	w := bufio.NewWriterSize(out, 256<<10)
 	hb, err := schema.Encode(&schema.Heartbeat{})
 	if err != nil {
@@ -79,6 +80,15 @@ func floodAgent(n int, in io.Reader, out io.Writer) error {
 		binary.BigEndian.PutUint64(frame[at:], uint64(seq))
 		if _, err := w.Write(frame); err != nil {
 			return err
+		}
+		if every > 0 && seq%every == 0 {
+			cp, err := schema.Encode(&schema.Checkpoint{Data: schema.RawMap(map[string]any{"upto": seq})})
+			if err != nil {
+				return err
+			}
+			if _, err := w.Write(wire.AppendFrame(nil, cp)); err != nil {
+				return err
+			}
 		}
 	}
 	if err := w.Flush(); err != nil {
