@@ -23,6 +23,10 @@ func (s *Supervisor) preflight() (net.Listener, error) {
 		if errors.As(err, &ee) {
 			err = ee.Err
 		}
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is already in the message
+		}
 		return nil, fmt.Errorf("%w: cannot run the agent command %q: %v (give its path, or put it on $PATH)", ErrConfig, s.cfg.Command[0], err)
 	}
 	if fi, err := os.Stat(s.cfg.DataDir); err == nil && !fi.IsDir() {
