@@ -257,4 +257,3 @@ func orNone(s string) string {
 	}
 	return s
 }
-
