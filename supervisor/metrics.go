@@ -191,9 +191,6 @@ func newMetrics(heartbeatAge func() float64) *metrics {
 	for _, code := range []string{"WAL_FULL", "WAL_FAILED"} {
 		m.walErrors.WithLabelValues(code)
 	}
-	for _, rule := range []string{"zero_length", "too_large", "truncated"} {
-		m.invalid.WithLabelValues("FRAMING_ERROR", rule)
-	}
 	f(newBuildInfoGauge(Build()))
 	return m
 }

@@ -80,7 +80,13 @@ func Main(args []string) int {
 		fmt.Fprintln(os.Stderr, "demo-agent: takes no arguments; --note-every and --checkpoint-every must be positive")
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// No time: the supervisor stamps every line it logs.
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{ReplaceAttr: func(g []string, a slog.Attr) slog.Attr {
+		if len(g) == 0 && a.Key == slog.TimeKey {
+			return slog.Attr{}
+		}
+		return a
+	}}))
 	conn, err := agent.Connect(agent.Options{Logger: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "demo-agent: %v\n", err)
