@@ -234,6 +234,9 @@ func (d *demo) restore(m *schema.Restore) error {
 			return fmt.Errorf("snapshot of checkpoint %s: %w", m.CheckpointID, err)
 		}
 		d.st = st
+		if d.st.AgentState.Status == "" {
+			d.st.AgentState.Status = "idle" // a checkpoint must carry a valid status
+		}
 	}
 	replayed := 0
 	for _, raw := range m.WALEntries {
