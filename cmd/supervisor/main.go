@@ -1,5 +1,3 @@
-// Command supervisor runs an AI agent as a child process and keeps it alive
-// and its state safe. See `supervisor --help` and docs/cli.md.
 package main
 
 import (
