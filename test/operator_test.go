@@ -112,7 +112,8 @@ func TestAgentPrintingToStdoutIsDiagnosed(t *testing.T) {
 	}
 	found := false
 	for _, r := range auditRecords(t, s.dataDir) {
-		if f, _ := r["fields"].(map[string]any); r["kind"] == "framing_error" && strings.Contains(f["diagnosis"].(string), "wrote text") {
+		f, _ := r["fields"].(map[string]any)
+		if d, _ := f["diagnosis"].(string); r["kind"] == "framing_error" && strings.Contains(d, "wrote text") {
 			found = true
 		}
 	}
@@ -156,11 +157,11 @@ func TestFailedStartLeavesNoDataDir(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "data")
 			code, _, stderr := cli(t, append([]string{"run", "--data-dir", dir}, c.args...)...)
+			if _, err := os.Stat(dir); err == nil {
+				t.Errorf("the failed start created %s", dir)
+			}
 			if code != 2 || !strings.Contains(stderr, c.want) {
 				t.Fatalf("exit %d, stderr %q; want 2 and %q", code, stderr, c.want)
-			}
-			if _, err := os.Stat(dir); err == nil {
-				t.Fatalf("the failed start created %s", dir)
 			}
 		})
 	}
