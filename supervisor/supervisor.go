@@ -27,7 +27,7 @@ import (
 // Errors Run returns; the CLI maps them to exit codes.
 var (
 	// ErrCrashLoop: the agent restarted more than --max-restarts times within
-	// --restart-window, or failed with --restart never (exit code 1).
+	// --restart-window (exit code 1).
 	ErrCrashLoop = errors.New("agent crash loop: supervisor gave up")
 	// ErrAgentFailed: the agent failed once and --restart is never (exit 1).
 	ErrAgentFailed = errors.New("agent failed")
@@ -146,7 +146,9 @@ func New(cfg Config) (*Supervisor, error) {
 }
 
 // Run supervises the agent until ctx is cancelled (a graceful stop: returns
-// nil) or the agent crash-loops (returns an error wrapping ErrCrashLoop).
+// nil) or the agent crash-loops (returns an error wrapping ErrCrashLoop), or
+// fails with --restart never (ErrAgentFailed). A start that fails its
+// preflight (ErrConfig) has created nothing.
 func (s *Supervisor) Run(ctx context.Context) (err error) {
 	// Nothing is created before everything that can fail fast has been
 	// checked (preflight.go): a failed start leaves no data directory behind.
