@@ -43,6 +43,9 @@ func (s *Supervisor) preflight() (net.Listener, error) {
 	s.statusMu.Lock()
 	s.status.HTTPAddr = ln.Addr().String()
 	s.statusMu.Unlock()
+	// Requests can arrive before the loop spawns the first agent: say so,
+	// rather than report an empty state.
+	s.setState(StateStarting)
 	return ln, nil
 }
 

@@ -61,6 +61,11 @@ func TestEnvironmentConfiguresRun(t *testing.T) {
 		}
 	}()
 	waitFor(t, 30*time.Second, "the agent up (JSON log)", func() bool { return strings.Contains(out.String(), `"msg":"agent is up"`) })
+	// The agent's own structured log line is embedded as an object, not a
+	// quoted string inside ours.
+	if !strings.Contains(out.String(), `"stream":"stderr","line":{"time":`) || !strings.Contains(out.String(), `"msg":"reference agent started"`) {
+		t.Errorf("the agent's key=value log line is not embedded as an object under --log-format json")
+	}
 	st := statusJSON(t, flagDir)
 	addr, _ := st["http_addr"].(string)
 	if _, port, err := net.SplitHostPort(addr); err != nil || port == "0" {
