@@ -1,8 +1,8 @@
-# Multi-stage build: a static supervisor binary (with the reference agent
+# Multi-stage build: a static supervisor binary (with the demo and reference agents
 # embedded) on a distroless, non-root base.
 #
 #   docker build -t supervisor .
-#   docker run --rm -p 9464:9464 supervisor       # supervises the reference agent
+#   docker run --rm -p 9464:9464 supervisor       # supervises the built-in demo agent
 #
 # To supervise your own agent, build FROM this image and add it (see docs/operations.md).
 FROM golang:1.26 AS build
@@ -10,8 +10,12 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-ARG VERSION=dev
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/supervisor ./cmd/supervisor \
+# .git is not copied, so the build records no VCS revision: pass both, e.g.
+#   docker build --build-arg VERSION=v1.2.0 --build-arg REVISION=$(git rev-parse HEAD) .
+# Empty values fall back to the Go build info (`supervisor version`).
+ARG VERSION=
+ARG REVISION=
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/agent-sidecar/supervisor/supervisor.version=${VERSION} -X github.com/agent-sidecar/supervisor/supervisor.revision=${REVISION}" -o /out/supervisor ./cmd/supervisor \
  && mkdir -p /out/data
 
 FROM gcr.io/distroless/static-debian12:nonroot

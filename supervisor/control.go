@@ -74,6 +74,23 @@ type Status struct {
 	NewestCheckpoint   string    `json:"newest_checkpoint,omitempty"`
 	LastWALSequence    uint64    `json:"last_wal_sequence"`
 	DurableWALSequence uint64    `json:"durable_wal_sequence"`
+
+	// What an operator asks first (issue #17).
+	Version  string `json:"version,omitempty"`   // the running supervisor's build (Build)
+	Revision string `json:"revision,omitempty"`  // its VCS revision
+	HTTPAddr string `json:"http_addr,omitempty"` // the address actually bound ("" = HTTP off)
+	// PendingRestore is a restore point waiting for the agent's next start
+	// (recorded by `supervisor restore`), nil when there is none.
+	PendingRestore *PendingRestore `json:"pending_restore,omitempty"`
+	// Diagnosis explains the last framing error, when it has a known cause
+	// (the agent wrote text to its protocol stream).
+	Diagnosis string `json:"diagnosis,omitempty"`
+}
+
+// PendingRestore is a restore point not yet delivered.
+type PendingRestore struct {
+	CheckpointID string `json:"checkpoint_id"`
+	NoWAL        bool   `json:"no_wal"`
 }
 
 type controlCall struct {
@@ -171,6 +188,9 @@ func (s *Supervisor) handleControl(req ControlRequest, reply chan ControlRespons
 	switch req.Op {
 	case OpStatus:
 		st := s.Status()
+		if p := s.pendingPoint; p != nil { // owner-only state: read here, not in Status
+			st.PendingRestore = &PendingRestore{CheckpointID: p.checkpointID, NoWAL: p.noWAL}
+		}
 		return ControlResponse{OK: true, Status: &st}
 	case OpRestore:
 		id, err := checkpoint.ParseID(req.CheckpointID)
@@ -213,6 +233,8 @@ func (s *Supervisor) Status() Status {
 	s.statusMu.Unlock()
 	st.Running = true
 	st.SupervisorPID = os.Getpid()
+	b := Build()
+	st.Version, st.Revision = b.Version, b.Revision
 	if in := s.curPtr.Load(); in != nil {
 		st.UptimeSeconds = time.Since(in.started).Seconds()
 		if last := in.lastHeartbeat.Load(); last != 0 {

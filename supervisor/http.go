@@ -69,12 +69,12 @@ func (s *Supervisor) readiness() (bool, string, Status) {
 	in := s.curPtr.Load()
 	if in == nil {
 		switch State(st.State) {
+		case StateStarting: // before the first spawn: the listener is bound first (preflight.go)
+			return false, "waiting for the agent's first heartbeat (it is being started)", st
 		case StateBackingOff:
 			return false, "the agent is restarting (back-off after: " + st.LastRestartReason + ")", st
 		case StateGivenUp:
 			return false, "the supervisor gave up on a crash-looping agent", st
-		case StateStarting:
-			return false, "waiting for the agent's first heartbeat (it is being started)", st
 		default:
 			return false, "the agent is not running (state " + st.State + ")", st
 		}

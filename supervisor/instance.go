@@ -40,8 +40,8 @@ const (
 // event is what an instance tells its owner. The owner alone changes
 // lifecycle state.
 type event struct {
-	inst *instance
-	kind eventKind
+	inst   *instance
+	kind   eventKind
 	err    error
 	msg    schema.Message
 	status *os.ProcessState // evFinished
@@ -279,12 +279,12 @@ func (in *instance) logLoop(f *os.File, stream string) {
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {
-			truncated := errors.Is(err, bufio.ErrBufferFull)
-			s := string(trimNewline(line))
-			if truncated {
-				in.log.Info("agent output", "stream", stream, "line", s, "truncated", true)
+			if errors.Is(err, bufio.ErrBufferFull) {
+				in.log.Info("agent output", "stream", stream, "line", string(trimNewline(line)), "truncated", true)
 			} else {
-				in.log.Info("agent output", "stream", stream, "line", s)
+				// Structured lines (JSON, key=value) become a group, not a
+				// quoted string inside our line: agentlog.go.
+				in.log.Info("agent output", slog.String("stream", stream), agentLineAttr(trimNewline(line)))
 			}
 		}
 		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {

@@ -187,8 +187,22 @@ func newMetrics(heartbeatAge func() float64) *metrics {
 	for _, r := range []string{"primary", "shadow"} {
 		m.agentUp.WithLabelValues(r).Set(0)
 	}
+	// Series the alert rules (deploy/prometheus/alerts.yml) use exist at 0
+	// from the start, so increase() and rate() see the first event.
+	for _, r := range restartReasons {
+		m.restarts.WithLabelValues(r)
+	}
+	for _, code := range []string{"WAL_FULL", "WAL_FAILED"} {
+		m.walErrors.WithLabelValues(code)
+	}
+	f(newBuildInfoGauge(Build()))
 	return m
 }
+
+// restartReasons are the values of supervisor_agent_restarts_total's reason
+// label (docs/operations.md).
+var restartReasons = []string{"crashed", "exited", "killed", "hung", "start_timeout",
+	"framing_error", "read_error", "unresponsive", "spawn_failed"}
 
 // agentReport converts an agent's metrics message to base units.
 func (m *metrics) agentReport(role string, data map[string]float64) {

@@ -7,7 +7,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -27,8 +26,10 @@ import (
 // Errors Run returns; the CLI maps them to exit codes.
 var (
 	// ErrCrashLoop: the agent restarted more than --max-restarts times within
-	// --restart-window, or failed with --restart never (exit code 1).
+	// --restart-window (exit code 1).
 	ErrCrashLoop = errors.New("agent crash loop: supervisor gave up")
+	// ErrAgentFailed: the agent failed once and --restart is never (exit 1).
+	ErrAgentFailed = errors.New("agent failed")
 	// ErrDataDirLocked: another supervisor owns the data directory.
 	ErrDataDirLocked = errors.New("data directory is in use by another supervisor")
 )
@@ -142,9 +143,20 @@ func New(cfg Config) (*Supervisor, error) {
 }
 
 // Run supervises the agent until ctx is cancelled (a graceful stop: returns
-// nil) or the agent crash-loops (returns an error wrapping ErrCrashLoop).
+// nil) or the agent crash-loops (returns an error wrapping ErrCrashLoop), or
+// fails with --restart never (ErrAgentFailed). A start that fails its
+// preflight (ErrConfig) has created nothing.
 func (s *Supervisor) Run(ctx context.Context) (err error) {
+	// Nothing is created before everything that can fail fast has been
+	// checked (preflight.go): a failed start leaves no data directory behind.
+	httpLn, err := s.preflight()
+	if err != nil {
+		return err
+	}
 	if err := s.open(); err != nil {
+		if httpLn != nil {
+			httpLn.Close()
+		}
 		return err
 	}
 	bg, stopBG := context.WithCancel(context.Background())
@@ -167,11 +179,7 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 	go func() { defer bgWG.Done(); s.checkpointWorker() }()
 	defer close(s.ckptJobs) // runs before stopBG/bgWG.Wait above: the worker drains and exits
 
-	if s.cfg.HTTPAddr != "" {
-		ln, err := net.Listen("tcp", s.cfg.HTTPAddr)
-		if err != nil {
-			return fmt.Errorf("%w: listen on --http-addr %s: %v", ErrConfig, s.cfg.HTTPAddr, err)
-		}
+	if ln := httpLn; ln != nil {
 		srv := &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
 		s.log.Info("HTTP listener up", "addr", ln.Addr().String())
 		bgWG.Add(1)
@@ -644,8 +652,14 @@ func (s *Supervisor) streamEnded(ev event) {
 		if in.stopping {
 			return
 		}
-		in.log.Error("framing error from the agent: its output can no longer be trusted; restarting it", "err", ev.err)
-		_ = s.audit.Record(AuditFraming, map[string]any{"pid": in.proc.pid, "error": ev.err.Error(), "rule": rule})
+		fields := map[string]any{"pid": in.proc.pid, "error": ev.err.Error(), "rule": rule}
+		if d := s.diagnoseFraming(ev.err); d != "" { // diagnose.go
+			in.log.Error("framing error from the agent: "+d+"; restarting it", "err", ev.err)
+			fields["diagnosis"] = d
+		} else {
+			in.log.Error("framing error from the agent: its output can no longer be trusted; restarting it", "err", ev.err)
+		}
+		_ = s.audit.Record(AuditFraming, fields)
 		s.stopInstance(in, "framing_error")
 		return
 	}
@@ -721,10 +735,10 @@ func (s *Supervisor) instanceExited(in *instance, st *os.ProcessState, startTime
 		s.setState(StateStopped)
 		if failed {
 			s.gaveUp.Store(true)
-			msg := fmt.Sprintf("agent %s (%s) and --restart is never", desc, reason)
+			msg := fmt.Sprintf("agent %s (%s) and --restart is never, so it is not restarted.%s", desc, reason, s.failureHint(reason))
 			s.log.Error(msg)
 			_ = s.audit.Record(AuditGaveUp, map[string]any{"reason": reason, "status": desc, "policy": "never"})
-			return true, fmt.Errorf("%w: %s", ErrCrashLoop, msg)
+			return true, fmt.Errorf("%w: %s", ErrAgentFailed, msg)
 		}
 		return true, nil
 	case RestartOnFailure:
@@ -747,11 +761,11 @@ func (s *Supervisor) scheduleRestart(reason string, failed bool, startTimer *tim
 	if giveUp {
 		s.setState(StateGivenUp)
 		s.gaveUp.Store(true)
-		msg := fmt.Sprintf("agent restarted more than --max-restarts=%d times within --restart-window=%s (last run ended: %s); giving up. "+
+		msg := fmt.Sprintf("agent restarted more than --max-restarts=%d times within --restart-window=%s (last run ended: %s); giving up.%s "+
 			"The agent's state is intact: nothing was marked bad or discarded, and the next start restores the same checkpoint and every WAL entry after it. "+
 			"Check the agent's own output in this log (lines with stream=stderr) and `supervisor audit --data-dir %s` for each exit; "+
 			"raise --max-restarts or use --max-restarts 0 to keep retrying",
-			s.cfg.MaxRestarts, s.cfg.RestartWindow, reason, s.cfg.DataDir)
+			s.cfg.MaxRestarts, s.cfg.RestartWindow, reason, s.failureHint(reason), s.cfg.DataDir)
 		s.log.Error(msg)
 		_ = s.audit.Record(AuditGaveUp, map[string]any{"reason": reason, "restarts_in_window": s.bo.recent(now), "max_restarts": s.cfg.MaxRestarts, "window": s.cfg.RestartWindow.String()})
 		return true, fmt.Errorf("%w: %s", ErrCrashLoop, msg)

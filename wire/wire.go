@@ -95,6 +95,9 @@ func (r *Reader) ReadFrame() ([]byte, error) {
 		return nil, ErrZeroLength
 	}
 	if uint64(size) > uint64(r.max) {
+		if te := r.textHeader(); te != nil {
+			return nil, fmt.Errorf("%w: declared %d bytes, limit %d: %w", ErrFrameTooLarge, size, r.max, te)
+		}
 		return nil, fmt.Errorf("%w: declared %d bytes, limit %d", ErrFrameTooLarge, size, r.max)
 	}
 	return r.readPayload(int(size))

@@ -1,14 +1,15 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -23,104 +24,132 @@ const defaultDataDir = "./supervisor-data"
 
 const controlTimeout = 30 * time.Second
 
-func fail(stderr io.Writer, cmd string, err error) int {
-	fmt.Fprintf(stderr, "supervisor %s: %v\n", cmd, err)
-	return exitFailure
-}
-
-func usageErr(stderr io.Writer, cmd string, err error) int {
-	if errors.Is(err, errHelp) {
-		return exitOK
+// statDataDir checks that a data directory exists, with one clear message
+// when it does not (the path said once, and what to do).
+func statDataDir(dataDir string) error {
+	fi, err := os.Stat(dataDir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("no data directory at %s (has a supervisor run with this --data-dir? set it with --data-dir or SUPERVISOR_DATA_DIR)", dataDir)
+	case err != nil:
+		return fmt.Errorf("data directory %s: %v", dataDir, pathErr(err))
+	case !fi.IsDir():
+		return fmt.Errorf("%s is not a directory", dataDir)
 	}
-	fmt.Fprintf(stderr, "supervisor %s: %v\n", cmd, err)
-	return exitUsage
+	return nil
 }
 
-func printJSON(w io.Writer, v any) {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
+// pathErr drops the path an *fs.PathError repeats ("stat DIR: ...").
+func pathErr(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
-// openStoreReadOnly opens the checkpoint store for reading. It refuses to
-// create a data directory that does not exist (a typo in --data-dir).
+// openStore opens the checkpoint store for reading. It refuses to create a
+// data directory that does not exist (a typo in --data-dir).
 func openStore(dataDir string) (*checkpoint.Store, error) {
-	dir := filepath.Join(dataDir, "checkpoints")
-	if _, err := os.Stat(dataDir); err != nil {
-		return nil, fmt.Errorf("data directory %s: %w", dataDir, err)
+	if err := statDataDir(dataDir); err != nil {
+		return nil, err
 	}
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+	dir := filepath.Join(dataDir, "checkpoints")
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("no checkpoint store in %s (has a supervisor ever run with this --data-dir?)", dataDir)
 	}
 	return checkpoint.Open(dir, checkpoint.Options{})
 }
 
-func cmdCheckpoints(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "list" && args[0] != "show") {
-		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
-			fmt.Fprintln(stdout, "Usage: supervisor checkpoints list|show ID [--data-dir DIR] [--json]")
-			return exitOK
-		}
-		fmt.Fprintln(stderr, "Usage: supervisor checkpoints list|show ID [--data-dir DIR] [--json]")
-		return exitUsage
+// checkpointsCmd is `supervisor checkpoints list|show`.
+type checkpointsCmd struct{ env }
+
+const checkpointsUsage = `Usage:
+  supervisor checkpoints list [--data-dir DIR] [--json]
+  supervisor checkpoints show ID [--data-dir DIR] [--json]
+
+Read the checkpoint store, whether or not a supervisor runs.
+`
+
+func (c *checkpointsCmd) Run(_ context.Context, args []string) error {
+	if len(args) == 0 {
+		return &cliError{cmd: "checkpoints", err: errors.New("missing subcommand: list or show"), usage: true}
 	}
-	sub := args[0]
-	fs := newFlagSet("supervisor checkpoints "+sub, "supervisor checkpoints "+sub+map[string]string{"list": "", "show": " ID"}[sub]+" [--data-dir DIR] [--json]", stderr)
-	dataDir := fs.String("data-dir", defaultDataDir, "the supervisor's data directory")
-	asJSON := fs.Bool("json", false, "print JSON")
-	rest := args[1:]
-	var id string
-	if sub == "show" {
-		if len(rest) == 0 || rest[0] == "" || rest[0][0] == '-' {
-			if len(rest) > 0 && (rest[0] == "--help" || rest[0] == "-h") {
-				fs.Usage()
-				return exitOK
-			}
-			return usageErr(stderr, "checkpoints show", errors.New("missing checkpoint ID"))
-		}
-		id, rest = rest[0], rest[1:]
+	sub, args := args[0], args[1:]
+	switch {
+	case isHelpArg(sub):
+		fmt.Fprint(c.stdout, checkpointsUsage)
+		return nil
+	case sub == "list":
+		return c.list(args)
+	case sub == "show":
+		return c.show(args)
 	}
-	if err := parseFlags(fs, rest); err != nil {
-		return usageErr(stderr, "checkpoints "+sub, err)
+	return usageErr("checkpoints", "unknown subcommand %q (want list or show)", truncate(sub, 40))
+}
+
+func (c *checkpointsCmd) list(args []string) error {
+	f := newFlagSet(c.env, "checkpoints list", "supervisor checkpoints list [--data-dir DIR] [--json]",
+		"Lists stored checkpoints, newest first: id, creation time, WAL watermark, sizes, flags.")
+	dataDir := f.dataDir()
+	asJSON := f.Bool("json", false, "print JSON")
+	pos, _, _, err := f.parse(args)
+	if err != nil {
+		return err
 	}
-	if fs.NArg() > 0 {
-		return usageErr(stderr, "checkpoints "+sub, fmt.Errorf("unexpected argument %q", fs.Arg(0)))
-	}
-	if sub == "show" {
-		parsed, err := checkpoint.ParseID(id)
-		if err != nil {
-			return usageErr(stderr, "checkpoints show", fmt.Errorf("%q is not a checkpoint id (a UUID): %w", id, err))
-		}
-		id = parsed
+	if err := f.noArgs(pos); err != nil {
+		return err
 	}
 	st, err := openStore(*dataDir)
 	if err != nil {
-		return fail(stderr, "checkpoints "+sub, err)
+		return failed("checkpoints list", err)
 	}
-	if sub == "list" {
-		metas, err := st.List()
-		if err != nil {
-			return fail(stderr, "checkpoints list", err)
-		}
-		if *asJSON {
-			if metas == nil {
-				metas = []checkpoint.Meta{}
-			}
-			printJSON(stdout, metas)
-			return exitOK
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tCREATED\tWATERMARK\tSIZE\tSTORED\tFLAGS")
-		for _, m := range metas {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", m.ID, m.Created.UTC().Format(time.RFC3339), m.Watermark, m.Size, m.StoredSize, flagsOf(m))
-		}
-		tw.Flush()
-		return exitOK
+	metas, err := st.List()
+	if err != nil {
+		return failed("checkpoints list", err)
 	}
-	// show: verify the whole checkpoint, not just its header.
+	if *asJSON {
+		if metas == nil {
+			metas = []checkpoint.Meta{}
+		}
+		printJSON(c.stdout, metas)
+		return nil
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tCREATED\tWATERMARK\tSIZE\tSTORED\tFLAGS")
+	for _, m := range metas {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", m.ID, m.Created.UTC().Format(time.RFC3339), m.Watermark, m.Size, m.StoredSize, flagsOf(m))
+	}
+	return tw.Flush()
+}
+
+func (c *checkpointsCmd) show(args []string) error {
+	f := newFlagSet(c.env, "checkpoints show", "supervisor checkpoints show ID [--data-dir DIR] [--json]",
+		"Shows one checkpoint and verifies it (decompression and checksum); exit 1 when it is corrupt.")
+	dataDir := f.dataDir()
+	asJSON := f.Bool("json", false, "print JSON")
+	pos, _, _, err := f.parse(args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(pos) == 0:
+		return usageErr("checkpoints show", "missing checkpoint ID (see `supervisor checkpoints list`)")
+	case len(pos) > 1:
+		return usageErr("checkpoints show", "unexpected argument %q (show takes one checkpoint ID)", truncate(pos[1], 64))
+	}
+	id, err := checkpoint.ParseID(pos[0])
+	if err != nil {
+		return usageErr("checkpoints show", "%q is not a checkpoint id (a UUID): %v", truncate(pos[0], 64), err)
+	}
+	st, err := openStore(*dataDir)
+	if err != nil {
+		return failed("checkpoints show", err)
+	}
+	// Verify the whole checkpoint, not just its header.
 	meta, data, lerr := st.Load(id)
 	if lerr != nil && !errors.Is(lerr, checkpoint.ErrCorrupt) {
-		return fail(stderr, "checkpoints show", lerr)
+		return failed("checkpoints show", lerr)
 	}
 	out := map[string]any{"meta": meta, "verified": lerr == nil}
 	if lerr != nil {
@@ -132,21 +161,338 @@ func cmdCheckpoints(args []string, stdout, stderr io.Writer) int {
 		out["top_level_keys"] = topLevelKeys(data)
 	}
 	if *asJSON {
-		printJSON(stdout, out)
+		printJSON(c.stdout, out)
 	} else {
 		m := out["meta"].(checkpoint.Meta)
-		fmt.Fprintf(stdout, "id:           %s\ncreated:      %s\nwatermark:    %d\nsize:         %d bytes\nstored size:  %d bytes\nchecksum:     %s\nflags:        %s\n",
+		fmt.Fprintf(c.stdout, "id:           %s\ncreated:      %s\nwatermark:    %d\nsize:         %d bytes\nstored size:  %d bytes\nchecksum:     %s\nflags:        %s\n",
 			m.ID, m.Created.UTC().Format(time.RFC3339Nano), m.Watermark, m.Size, m.StoredSize, m.Checksum, flagsOf(m))
 		if lerr != nil {
-			fmt.Fprintf(stdout, "verified:     NO — %v\n", lerr)
+			fmt.Fprintf(c.stdout, "verified:     NO — %v\n", lerr)
 		} else {
-			fmt.Fprintf(stdout, "verified:     yes\nkeys:         %v\n", out["top_level_keys"])
+			fmt.Fprintf(c.stdout, "verified:     yes\nkeys:         %v\n", out["top_level_keys"])
 		}
 	}
 	if lerr != nil {
-		return exitFailure
+		return failed("checkpoints show", fmt.Errorf("checkpoint %s failed verification: %w", id, lerr))
 	}
-	return exitOK
+	return nil
+}
+
+// restoreCmd is `supervisor restore`.
+type restoreCmd struct{ env }
+
+func (c *restoreCmd) Run(_ context.Context, args []string) error {
+	f := newFlagSet(c.env, "restore", "supervisor restore --checkpoint ID [--data-dir DIR] [--no-wal]",
+		`Restarts the running supervisor's agent with a restore from checkpoint ID plus
+the WAL after it (--no-wal: the checkpoint alone, rolling history back). With no
+supervisor running, records ID as the restore point for the next start.`)
+	dataDir := f.dataDir()
+	id := f.String("checkpoint", "", "checkpoint id (a UUID) to restore the agent from (required)")
+	f.meta["checkpoint"] = "ID"
+	noWAL := f.Bool("no-wal", false, "restore the checkpoint alone, without the WAL entries after it (rolls the agent's history back)")
+	pos, _, _, err := f.parse(args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 1 && *id == "" {
+		return usageErr("restore", "give the checkpoint with --checkpoint %s", truncate(pos[0], 64))
+	}
+	if err := f.noArgs(pos); err != nil {
+		return err
+	}
+	if *id == "" {
+		return usageErr("restore", "--checkpoint ID is required (see `supervisor checkpoints list`)")
+	}
+	parsed, err := checkpoint.ParseID(*id)
+	if err != nil {
+		return usageErr("restore", "%q is not a checkpoint id (a UUID): %v", truncate(*id, 64), err)
+	}
+	if err := statDataDir(*dataDir); err != nil {
+		return failed("restore", err)
+	}
+	resp, err := supervisor.Call(*dataDir, supervisor.ControlRequest{Op: supervisor.OpRestore, CheckpointID: parsed, NoWAL: *noWAL}, controlTimeout)
+	if errors.Is(err, supervisor.ErrNotRunning) {
+		if supervisor.DataDirInUse(*dataDir) {
+			return failed("restore", fmt.Errorf("a supervisor holds %s but its control socket does not answer: %w", *dataDir, err))
+		}
+		st, err := openStore(*dataDir)
+		if err != nil {
+			return failed("restore", err)
+		}
+		if _, _, err := st.Load(parsed); err != nil {
+			return failed("restore", fmt.Errorf("checkpoint %s cannot be used: %w", parsed, err))
+		}
+		if err := st.SetRestorePoint(parsed, *noWAL); err != nil {
+			return failed("restore", err)
+		}
+		fmt.Fprintf(c.stdout, "no supervisor is running on %s; checkpoint %s is recorded as the restore point for its next start\n", *dataDir, parsed)
+		return nil
+	}
+	if err != nil {
+		return failed("restore", err)
+	}
+	if r := resp.Restore; r != nil && r.Sent {
+		fmt.Fprintf(c.stdout, "restore sent: checkpoint %s (watermark %d) + %d WAL entries (last sequence %d)\n", r.CheckpointID, r.Watermark, r.WALEntries, r.LastSequence)
+	} else {
+		fmt.Fprintln(c.stdout, resp.Message)
+	}
+	return nil
+}
+
+// statusCmd is `supervisor status`.
+type statusCmd struct{ env }
+
+func (c *statusCmd) Run(_ context.Context, args []string) error {
+	f := newFlagSet(c.env, "status", "supervisor status [--data-dir DIR] [--json]",
+		`Asks the running supervisor over its control socket; with none running, reads
+the stores and says "not running".`)
+	dataDir := f.dataDir()
+	asJSON := f.Bool("json", false, "print JSON")
+	pos, _, _, err := f.parse(args)
+	if err != nil {
+		return err
+	}
+	if err := f.noArgs(pos); err != nil {
+		return err
+	}
+	if err := statDataDir(*dataDir); err != nil {
+		return failed("status", err)
+	}
+	var st supervisor.Status
+	resp, err := supervisor.Call(*dataDir, supervisor.ControlRequest{Op: supervisor.OpStatus}, controlTimeout)
+	switch {
+	case err == nil && resp.Status != nil:
+		st = *resp.Status
+	case errors.Is(err, supervisor.ErrNotRunning):
+		if st, err = offlineStatus(*dataDir); err != nil {
+			return failed("status", err)
+		}
+	case err == nil:
+		return failed("status", errors.New("the supervisor's answer holds no status"))
+	default:
+		return failed("status", err)
+	}
+	if *asJSON {
+		printJSON(c.stdout, st)
+		return nil
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	row := func(k string, v any) { fmt.Fprintf(tw, "%s:\t%v\n", k, v) }
+	if st.Running {
+		row("supervisor", fmt.Sprintf("running (pid %d)", st.SupervisorPID))
+		row("version", fmt.Sprintf("%s (revision %s)", st.Version, st.Revision))
+		row("http", orDash(st.HTTPAddr))
+	} else {
+		row("supervisor", "not running")
+	}
+	row("state", st.State)
+	if st.PID != 0 {
+		row("agent pid", st.PID)
+		row("agent uptime", (time.Duration(st.UptimeSeconds * float64(time.Second))).Round(time.Millisecond))
+	}
+	if !st.LastHeartbeat.IsZero() {
+		row("last heartbeat", fmt.Sprintf("%s (%s ago)", st.LastHeartbeat.Format(time.RFC3339Nano), time.Since(st.LastHeartbeat).Round(time.Millisecond)))
+	}
+	row("restarts", st.Restarts)
+	if st.LastRestartReason != "" {
+		row("last restart reason", st.LastRestartReason)
+	}
+	if st.Diagnosis != "" {
+		row("diagnosis", st.Diagnosis)
+	}
+	row("newest checkpoint", orDash(st.NewestCheckpoint))
+	if p := st.PendingRestore; p != nil {
+		what := "checkpoint + the WAL after it"
+		if p.NoWAL {
+			what = "checkpoint alone (--no-wal)"
+		}
+		row("pending restore", fmt.Sprintf("%s (%s), at the agent's next start", p.CheckpointID, what))
+	}
+	row("last WAL sequence", st.LastWALSequence)
+	if st.Running {
+		row("durable WAL sequence", st.DurableWALSequence)
+	}
+	return tw.Flush()
+}
+
+// offlineStatus reads the stores of a data directory nobody supervises.
+func offlineStatus(dataDir string) (supervisor.Status, error) {
+	st := supervisor.Status{State: "not running"}
+	if store, err := openStore(dataDir); err == nil {
+		if metas, err := store.List(); err == nil {
+			for _, m := range metas {
+				if !m.Bad {
+					st.NewestCheckpoint = m.ID
+					break
+				}
+			}
+		}
+		if id, noWAL, ok, err := store.PeekRestorePoint(); err == nil && ok {
+			st.PendingRestore = &supervisor.PendingRestore{CheckpointID: id, NoWAL: noWAL}
+		}
+	}
+	walDir := filepath.Join(dataDir, "wal")
+	if _, err := os.Stat(walDir); err == nil {
+		info, err := wal.Inspect(walDir)
+		if err != nil {
+			return st, fmt.Errorf("read WAL: %w", err)
+		}
+		st.LastWALSequence = info.Last
+		st.DurableWALSequence = info.Last
+	}
+	return st, nil
+}
+
+// walCmd is `supervisor wal dump`.
+type walCmd struct{ env }
+
+const walUsage = `Usage: supervisor wal dump [--data-dir DIR] [--from SEQ] [--json]
+
+Prints WAL entries (SEQ, operation, params as JSON). Safe while a supervisor runs.
+`
+
+func (c *walCmd) Run(_ context.Context, args []string) error {
+	switch {
+	case len(args) == 0:
+		return &cliError{cmd: "wal", err: errors.New("missing subcommand: dump"), usage: true}
+	case isHelpArg(args[0]):
+		fmt.Fprint(c.stdout, walUsage)
+		return nil
+	case args[0] != "dump":
+		return usageErr("wal", "unknown subcommand %q (want dump)", truncate(args[0], 40))
+	}
+	f := newFlagSet(c.env, "wal dump", "supervisor wal dump [--data-dir DIR] [--from SEQ] [--json]",
+		"Prints WAL entries with sequence >= SEQ. Stops with exit 1 at a corrupt record, after the good prefix.")
+	dataDir := f.dataDir()
+	from := f.Uint64("from", 0, "print entries with sequence >= SEQ")
+	f.meta["from"] = "SEQ"
+	asJSON := f.Bool("json", false, "print one JSON object per line")
+	pos, _, _, err := f.parse(args[1:])
+	if err != nil {
+		return err
+	}
+	if err := f.noArgs(pos); err != nil {
+		return err
+	}
+	if err := statDataDir(*dataDir); err != nil {
+		return failed("wal dump", err)
+	}
+	walDir := filepath.Join(*dataDir, "wal")
+	if _, err := os.Stat(walDir); err != nil {
+		return failed("wal dump", fmt.Errorf("no WAL in %s (%v)", *dataDir, pathErr(err)))
+	}
+	after := uint64(0)
+	if *from > 0 {
+		after = *from - 1
+	}
+	enc := json.NewEncoder(c.stdout)
+	n := 0
+	err = wal.ReadDir(walDir, after, func(e wal.Entry) error {
+		n++
+		var v map[string]any
+		decErr := msgpack.Unmarshal(e.Data, &v)
+		if *asJSON {
+			rec := map[string]any{"sequence": e.Sequence, "size": len(e.Data)}
+			if decErr == nil {
+				rec["entry"] = jsonSafe(v)
+			} else {
+				rec["raw_hex"] = fmt.Sprintf("%x", e.Data)
+			}
+			return enc.Encode(rec)
+		}
+		if decErr != nil {
+			_, err := fmt.Fprintf(c.stdout, "%d\t(%d bytes, undecodable)\n", e.Sequence, len(e.Data))
+			return err
+		}
+		op, _ := v["operation"].(string)
+		params, _ := json.Marshal(jsonSafe(v["params"]))
+		_, err := fmt.Fprintf(c.stdout, "%d\t%s\t%s\n", e.Sequence, op, params)
+		return err
+	})
+	if err != nil {
+		return failed("wal dump", fmt.Errorf("stopped after %d entries: %w", n, err))
+	}
+	return nil
+}
+
+// auditCmd is `supervisor audit`.
+type auditCmd struct{ env }
+
+func (c *auditCmd) Run(_ context.Context, args []string) error {
+	f := newFlagSet(c.env, "audit", "supervisor audit [--data-dir DIR] [--since D] [--json]",
+		"Prints the audit log: one record per decision (restart, restore, checkpoint stored, ...).")
+	dataDir := f.dataDir()
+	var since time.Duration
+	f.duration(&since, "since", 0, "only records from the last D (e.g. 1h)")
+	asJSON := f.Bool("json", false, "print one JSON object per line")
+	pos, _, _, err := f.parse(args)
+	if err != nil {
+		return err
+	}
+	if err := f.noArgs(pos); err != nil {
+		return err
+	}
+	if err := statDataDir(*dataDir); err != nil {
+		return failed("audit", err)
+	}
+	file, err := os.Open(filepath.Join(*dataDir, "audit.jsonl"))
+	if err != nil {
+		return failed("audit", fmt.Errorf("no audit log in %s (%v)", *dataDir, pathErr(err)))
+	}
+	defer file.Close()
+	var cut time.Time
+	if since > 0 {
+		cut = time.Now().Add(-since)
+	}
+	enc := json.NewEncoder(c.stdout)
+	skipped, err := supervisor.ReadAudit(file, cut, func(r supervisor.AuditRecord) error {
+		if *asJSON {
+			return enc.Encode(r)
+		}
+		fields, _ := json.Marshal(r.Fields)
+		_, err := fmt.Fprintf(c.stdout, "%s  %-22s %s\n", r.Time.Format(time.RFC3339Nano), r.Kind, fields)
+		return err
+	})
+	if err != nil {
+		return failed("audit", err)
+	}
+	if skipped > 0 {
+		fmt.Fprintf(c.stderr, "supervisor audit: skipped %d unreadable line(s) (a torn last line after a crash is expected)\n", skipped)
+	}
+	return nil
+}
+
+// versionCmd is `supervisor version`.
+type versionCmd struct{ env }
+
+func (c *versionCmd) Run(_ context.Context, args []string) error {
+	f := newFlagSet(c.env, "version", "supervisor version [--json]",
+		"Prints the version and VCS revision this binary was built from.")
+	asJSON := f.Bool("json", false, "print JSON")
+	pos, _, _, err := f.parse(args)
+	if err != nil {
+		return err
+	}
+	if err := f.noArgs(pos); err != nil {
+		return err
+	}
+	b := supervisor.Build()
+	if *asJSON {
+		printJSON(c.stdout, b)
+		return nil
+	}
+	fmt.Fprintf(c.stdout, "supervisor %s\nrevision:   %s\n", b.Version, b.Revision)
+	if b.Time != "" {
+		fmt.Fprintf(c.stdout, "committed:  %s\n", b.Time)
+	}
+	fmt.Fprintf(c.stdout, "go:         %s\n", b.GoVersion)
+	return nil
+}
+
+func printJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
 }
 
 func flagsOf(m checkpoint.Meta) string {
@@ -176,190 +522,11 @@ func topLevelKeys(data []byte) []string {
 	return keys
 }
 
-func cmdRestore(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("supervisor restore", "supervisor restore --checkpoint ID [--data-dir DIR] [--no-wal]", stderr)
-	dataDir := fs.String("data-dir", defaultDataDir, "the supervisor's data directory")
-	id := fs.String("checkpoint", "", "checkpoint id (a UUID) to restore the agent from (required)")
-	noWAL := fs.Bool("no-wal", false, "restore the checkpoint alone, without the WAL entries after it (rolls the agent's history back)")
-	if err := parseFlags(fs, args); err != nil {
-		return usageErr(stderr, "restore", err)
-	}
-	if *id == "" {
-		return usageErr(stderr, "restore", errors.New("--checkpoint ID is required (see `supervisor checkpoints list`)"))
-	}
-	parsed, err := checkpoint.ParseID(*id)
-	if err != nil {
-		return usageErr(stderr, "restore", fmt.Errorf("%q is not a checkpoint id (a UUID): %w", *id, err))
-	}
-	resp, err := supervisor.Call(*dataDir, supervisor.ControlRequest{Op: supervisor.OpRestore, CheckpointID: parsed, NoWAL: *noWAL}, controlTimeout)
-	if errors.Is(err, supervisor.ErrNotRunning) {
-		if supervisor.DataDirInUse(*dataDir) {
-			return fail(stderr, "restore", fmt.Errorf("a supervisor holds %s but its control socket does not answer: %w", *dataDir, err))
-		}
-		st, err := openStore(*dataDir)
-		if err != nil {
-			return fail(stderr, "restore", err)
-		}
-		if _, _, err := st.Load(parsed); err != nil {
-			return fail(stderr, "restore", fmt.Errorf("checkpoint %s cannot be used: %w", parsed, err))
-		}
-		if err := st.SetRestorePoint(parsed, *noWAL); err != nil {
-			return fail(stderr, "restore", err)
-		}
-		fmt.Fprintf(stdout, "no supervisor is running on %s; checkpoint %s is recorded as the restore point for its next start\n", *dataDir, parsed)
-		return exitOK
-	}
-	if err != nil {
-		return fail(stderr, "restore", err)
-	}
-	if r := resp.Restore; r != nil && r.Sent {
-		fmt.Fprintf(stdout, "restore sent: checkpoint %s (watermark %d) + %d WAL entries (last sequence %d)\n", r.CheckpointID, r.Watermark, r.WALEntries, r.LastSequence)
-	} else {
-		fmt.Fprintln(stdout, resp.Message)
-	}
-	return exitOK
-}
-
-func cmdStatus(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("supervisor status", "supervisor status [--data-dir DIR] [--json]", stderr)
-	dataDir := fs.String("data-dir", defaultDataDir, "the supervisor's data directory")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := parseFlags(fs, args); err != nil {
-		return usageErr(stderr, "status", err)
-	}
-	var st supervisor.Status
-	resp, err := supervisor.Call(*dataDir, supervisor.ControlRequest{Op: supervisor.OpStatus}, controlTimeout)
-	switch {
-	case err == nil && resp.Status != nil:
-		st = *resp.Status
-	case errors.Is(err, supervisor.ErrNotRunning):
-		st, err = offlineStatus(*dataDir)
-		if err != nil {
-			return fail(stderr, "status", err)
-		}
-	default:
-		return fail(stderr, "status", err)
-	}
-	if *asJSON {
-		printJSON(stdout, st)
-		return exitOK
-	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	row := func(k string, v any) { fmt.Fprintf(tw, "%s:\t%v\n", k, v) }
-	if st.Running {
-		row("supervisor", fmt.Sprintf("running (pid %d)", st.SupervisorPID))
-	} else {
-		row("supervisor", "not running")
-	}
-	row("state", st.State)
-	if st.PID != 0 {
-		row("agent pid", st.PID)
-		row("agent uptime", (time.Duration(st.UptimeSeconds * float64(time.Second))).Round(time.Millisecond))
-	}
-	if !st.LastHeartbeat.IsZero() {
-		row("last heartbeat", fmt.Sprintf("%s (%s ago)", st.LastHeartbeat.Format(time.RFC3339Nano), time.Since(st.LastHeartbeat).Round(time.Millisecond)))
-	}
-	row("restarts", st.Restarts)
-	if st.LastRestartReason != "" {
-		row("last restart reason", st.LastRestartReason)
-	}
-	row("newest checkpoint", orDash(st.NewestCheckpoint))
-	row("last WAL sequence", st.LastWALSequence)
-	if st.Running {
-		row("durable WAL sequence", st.DurableWALSequence)
-	}
-	tw.Flush()
-	return exitOK
-}
-
 func orDash(s string) string {
 	if s == "" {
 		return "-"
 	}
 	return s
-}
-
-// offlineStatus reads the stores of a data directory nobody supervises.
-func offlineStatus(dataDir string) (supervisor.Status, error) {
-	st := supervisor.Status{State: "not running"}
-	if _, err := os.Stat(dataDir); err != nil {
-		return st, fmt.Errorf("data directory %s: %w", dataDir, err)
-	}
-	if store, err := openStore(dataDir); err == nil {
-		if metas, err := store.List(); err == nil {
-			for _, m := range metas {
-				if !m.Bad {
-					st.NewestCheckpoint = m.ID
-					break
-				}
-			}
-		}
-	}
-	walDir := filepath.Join(dataDir, "wal")
-	if _, err := os.Stat(walDir); err == nil {
-		info, err := wal.Inspect(walDir)
-		if err != nil {
-			return st, fmt.Errorf("read WAL: %w", err)
-		}
-		st.LastWALSequence = info.Last
-		st.DurableWALSequence = info.Last
-	}
-	return st, nil
-}
-
-func cmdWAL(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] != "dump" {
-		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
-			fmt.Fprintln(stdout, "Usage: supervisor wal dump [--data-dir DIR] [--from SEQ] [--json]")
-			return exitOK
-		}
-		fmt.Fprintln(stderr, "Usage: supervisor wal dump [--data-dir DIR] [--from SEQ] [--json]")
-		return exitUsage
-	}
-	fs := newFlagSet("supervisor wal dump", "supervisor wal dump [--data-dir DIR] [--from SEQ] [--json]", stderr)
-	dataDir := fs.String("data-dir", defaultDataDir, "the supervisor's data directory")
-	from := fs.Uint64("from", 0, "print entries with sequence >= SEQ")
-	asJSON := fs.Bool("json", false, "print one JSON object per line")
-	if err := parseFlags(fs, args[1:]); err != nil {
-		return usageErr(stderr, "wal dump", err)
-	}
-	walDir := filepath.Join(*dataDir, "wal")
-	if _, err := os.Stat(walDir); err != nil {
-		return fail(stderr, "wal dump", fmt.Errorf("no WAL in %s: %w", *dataDir, err))
-	}
-	after := uint64(0)
-	if *from > 0 {
-		after = *from - 1
-	}
-	enc := json.NewEncoder(stdout)
-	n := 0
-	err := wal.ReadDir(walDir, after, func(e wal.Entry) error {
-		n++
-		var v map[string]any
-		decErr := msgpack.Unmarshal(e.Data, &v)
-		if *asJSON {
-			rec := map[string]any{"sequence": e.Sequence, "size": len(e.Data)}
-			if decErr == nil {
-				rec["entry"] = jsonSafe(v)
-			} else {
-				rec["raw_hex"] = fmt.Sprintf("%x", e.Data)
-			}
-			return enc.Encode(rec)
-		}
-		if decErr != nil {
-			_, err := fmt.Fprintf(stdout, "%d\t(%d bytes, undecodable)\n", e.Sequence, len(e.Data))
-			return err
-		}
-		op, _ := v["operation"].(string)
-		params, _ := json.Marshal(jsonSafe(v["params"]))
-		_, err := fmt.Fprintf(stdout, "%d\t%s\t%s\n", e.Sequence, op, params)
-		return err
-	})
-	if err != nil {
-		fmt.Fprintf(stderr, "supervisor wal dump: stopped after %d entries: %v\n", n, err)
-		return exitFailure
-	}
-	return exitOK
 }
 
 // jsonSafe converts msgpack-decoded values into something encoding/json takes
@@ -391,39 +558,4 @@ func jsonSafe(v any) any {
 	default:
 		return t
 	}
-}
-
-func cmdAudit(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("supervisor audit", "supervisor audit [--data-dir DIR] [--since D] [--json]", stderr)
-	dataDir := fs.String("data-dir", defaultDataDir, "the supervisor's data directory")
-	since := fs.Duration("since", 0, "only records from the last D (e.g. 1h)")
-	asJSON := fs.Bool("json", false, "print one JSON object per line")
-	if err := parseFlags(fs, args); err != nil {
-		return usageErr(stderr, "audit", err)
-	}
-	f, err := os.Open(filepath.Join(*dataDir, "audit.jsonl"))
-	if err != nil {
-		return fail(stderr, "audit", fmt.Errorf("no audit log in %s: %w", *dataDir, err))
-	}
-	defer f.Close()
-	var cut time.Time
-	if *since > 0 {
-		cut = time.Now().Add(-*since)
-	}
-	enc := json.NewEncoder(stdout)
-	skipped, err := supervisor.ReadAudit(f, cut, func(r supervisor.AuditRecord) error {
-		if *asJSON {
-			return enc.Encode(r)
-		}
-		fields, _ := json.Marshal(r.Fields)
-		_, err := fmt.Fprintf(stdout, "%s  %-22s %s\n", r.Time.Format(time.RFC3339Nano), r.Kind, fields)
-		return err
-	})
-	if err != nil {
-		return fail(stderr, "audit", err)
-	}
-	if skipped > 0 {
-		fmt.Fprintf(stderr, "supervisor audit: skipped %s unreadable line(s) (a torn last line after a crash is expected)\n", strconv.Itoa(skipped))
-	}
-	return exitOK
 }

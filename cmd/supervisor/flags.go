@@ -5,91 +5,227 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
+	"sort"
+	"strconv"
 	"strings"
-
-	"github.com/agent-sidecar/supervisor/supervisor"
+	"time"
 )
 
-var errHelp = errors.New("help requested")
+// envPrefix prefixes the environment variable of a flag: --heartbeat-timeout
+// is SUPERVISOR_HEARTBEAT_TIMEOUT (SPEC §13).
+const envPrefix = "SUPERVISOR_"
 
-// newFlagSet returns a flag set that prints its usage to stderr and reports
-// -h/--help as errHelp.
-func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: %s\n\nFlags:\n", synopsis)
-		fs.PrintDefaults()
-	}
-	return fs
+// envName is the environment variable that may set flag name.
+func envName(name string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return errHelp
+// flagSet is one command's flags: Go's flag package underneath, with
+// arguments and flags accepted in any order, values from the environment,
+// one-line errors and a help text that names both the flag and its variable.
+type flagSet struct {
+	*flag.FlagSet
+	cmd      string // "checkpoints show"
+	synopsis string // "supervisor checkpoints show ID [--data-dir DIR] [--json]"
+	about    string // a paragraph under the synopsis
+	e        env
+	meta     map[string]string // flag → value name in help ("DIR"); default by type
+	// fromEnv lists the flags read from the environment when absent from
+	// the command line: all of run's; --data-dir elsewhere.
+	fromEnv func(name string) bool
+}
+
+func newFlagSet(e env, cmd, synopsis, about string) *flagSet {
+	fs := flag.NewFlagSet("supervisor "+cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are reported once, by report
+	fs.Usage = func() {}
+	return &flagSet{FlagSet: fs, cmd: cmd, synopsis: synopsis, about: about, e: e, meta: map[string]string{},
+		fromEnv: func(name string) bool { return name == "data-dir" }}
+}
+
+// dataDir defines --data-dir, which every command has.
+func (f *flagSet) dataDir() *string {
+	p := f.String("data-dir", defaultDataDir, "the supervisor's data directory")
+	f.meta["data-dir"] = "DIR"
+	return p
+}
+
+// duration defines a duration flag whose error for a bare number says to
+// add a unit.
+func (f *flagSet) duration(p *time.Duration, name string, value time.Duration, usage string) {
+	*p = value
+	f.Var((*durationValue)(p), name, usage)
+	f.meta[name] = "D"
+}
+
+// durationValue is time.Duration as a flag.Value with a helpful error.
+type durationValue time.Duration
+
+func (d *durationValue) String() string { return (*time.Duration)(d).String() }
+
+func (d *durationValue) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		if _, nerr := strconv.ParseFloat(s, 64); nerr == nil {
+			return fmt.Errorf("a duration needs a unit: use a unit, e.g. %ss or %sms", s, s)
 		}
-		return err
+		return errors.New("not a duration: use e.g. 500ms, 5s, 2m or 1h")
+	}
+	*d = durationValue(v)
+	return nil
+}
+
+// parse parses args with flags before, between and after the positional
+// arguments, up to a "--". It returns the positional arguments and, when
+// there is a "--", what follows it (dashdash reports whether there was
+// one). Flags absent from the command line are then taken from the
+// environment. -h/--help prints the help to stdout and returns errHelp.
+func (f *flagSet) parse(args []string) (pos, afterDashDash []string, dashdash bool, err error) {
+	flagArgs, pos, afterDashDash, dashdash := f.split(args)
+	if err := f.FlagSet.Parse(flagArgs); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			f.printHelp(f.e.stdout)
+			return nil, nil, false, errHelp
+		}
+		return nil, nil, false, usageErr(f.cmd, "%s", tidyFlagError(err))
+	}
+	if err := f.applyEnv(); err != nil {
+		return nil, nil, false, err
+	}
+	return pos, afterDashDash, dashdash, nil
+}
+
+// split sorts args into flags (with their values), positional arguments,
+// and what follows a "--".
+func (f *flagSet) split(args []string) (flagArgs, pos, afterDashDash []string, dashdash bool) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			afterDashDash, dashdash = args[i+1:], true
+			break
+		}
+		if len(a) < 2 || a[0] != '-' {
+			pos = append(pos, a)
+			continue
+		}
+		flagArgs = append(flagArgs, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		if fl := f.Lookup(name); fl != nil && !isBool(fl) && i+1 < len(args) {
+			i++
+			flagArgs = append(flagArgs, args[i])
+		}
+	}
+	return flagArgs, pos, afterDashDash, dashdash
+}
+
+// noArgs is a usage error for positional arguments a command does not take.
+func (f *flagSet) noArgs(pos []string) error {
+	if len(pos) > 0 {
+		return usageErr(f.cmd, "unexpected argument %q (this command takes only flags)", pos[0])
 	}
 	return nil
 }
 
-func parseRunFlags(args []string, stderr io.Writer) (supervisor.Config, string, error) {
-	cfg := supervisor.DefaultConfig()
-	fs := newFlagSet("supervisor run", "supervisor run [flags] [-- AGENT_COMMAND [ARGS...]]", stderr)
-	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the WAL, checkpoints, control socket and audit log")
-	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "HTTP listener for /metrics, /healthz, /readyz and /v1/requests (empty disables)")
-	fs.BoolVar(&cfg.Stdio, "stdio", cfg.Stdio, "frames over the agent's stdin/stdout; false: over fd 3 (agent reads) and fd 4 (agent writes)")
-	fs.DurationVar(&cfg.HeartbeatTimeout, "heartbeat-timeout", cfg.HeartbeatTimeout, "an agent silent this long is hung and is restarted")
-	fs.DurationVar(&cfg.StartTimeout, "start-timeout", cfg.StartTimeout, "time allowed for the first heartbeat after a start")
-	fs.DurationVar(&cfg.KillTimeout, "kill-timeout", cfg.KillTimeout, "time between SIGTERM and SIGKILL when stopping an agent")
-	restart := fs.String("restart", string(cfg.Restart), "restart policy: always, on-failure or never")
-	fs.DurationVar(&cfg.BackoffInitial, "backoff-initial", cfg.BackoffInitial, "first restart delay (doubles per consecutive restart, with jitter)")
-	fs.DurationVar(&cfg.BackoffMax, "backoff-max", cfg.BackoffMax, "longest restart delay")
-	fs.IntVar(&cfg.MaxRestarts, "max-restarts", cfg.MaxRestarts, "give up after more restarts than this within --restart-window (0: never give up)")
-	fs.DurationVar(&cfg.RestartWindow, "restart-window", cfg.RestartWindow, "window for --max-restarts")
-	fs.BoolVar(&cfg.FallbackOnCrashLoop, "fallback-on-crash-loop", cfg.FallbackOnCrashLoop, "at the crash-loop limit, restore from the next older checkpoint whose whole WAL tail is held instead of giving up (nothing is marked bad)")
-	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "on SIGTERM/SIGINT, time the agent gets to checkpoint and exit")
-	fs.StringVar(&cfg.WALSync, "wal-sync", cfg.WALSync, "WAL durability: always (fsync each append), batch (group commit) or none")
-	fs.DurationVar(&cfg.WALSyncInterval, "wal-sync-interval", cfg.WALSyncInterval, "longest time between WAL fsyncs under a steady flood (batch policy)")
-	fs.Int64Var(&cfg.WALSegmentSize, "wal-segment-size", cfg.WALSegmentSize, "WAL segment size in bytes; segments are pre-allocated and zero-filled, so the WAL uses at least two")
-	ops := fs.String("wal-operations", "", "comma-separated WAL operation names accepted besides memory_add, tool_register, state_update")
-	fs.IntVar(&cfg.CheckpointRetain, "checkpoint-retain", cfg.CheckpointRetain, "how many newest checkpoints to keep (plus pinned evolution backups)")
-	fs.IntVar(&cfg.CheckpointLevel, "checkpoint-level", cfg.CheckpointLevel, "zstd level for checkpoints: 1 fastest .. 4 best compression (0: store default)")
-	fs.IntVar(&cfg.MaxFrameSize, "max-frame-size", cfg.MaxFrameSize, "largest frame accepted from the agent, in bytes")
-	fs.DurationVar(&cfg.ShadowDuration, "shadow-duration", cfg.ShadowDuration, "how long an evolution's shadow agent is compared with the primary")
-	fs.Float64Var(&cfg.EvolutionThresholds.MaxLatencyIncrease, "evolution-max-latency-increase", cfg.EvolutionThresholds.MaxLatencyIncrease, "promote only if shadow avg latency ÷ primary − 1 is at most this")
-	fs.Float64Var(&cfg.EvolutionThresholds.MaxErrorRateIncrease, "evolution-max-error-rate-increase", cfg.EvolutionThresholds.MaxErrorRateIncrease, "promote only if shadow error rate − primary error rate is at most this")
-	fs.Float64Var(&cfg.EvolutionThresholds.MaxMemoryIncrease, "evolution-max-memory-increase", cfg.EvolutionThresholds.MaxMemoryIncrease, "promote only if shadow memory ÷ primary − 1 is at most this")
-	fs.IntVar(&cfg.EvolutionMinReports, "evolution-min-reports", cfg.EvolutionMinReports, "metrics reports needed from each of the primary and the shadow during a trial")
-	logFormat := fs.String("log-format", "text", "log format: text or json")
-	if err := parseFlags(fs, args); err != nil {
-		return cfg, "", err
-	}
-	p, err := supervisor.ParseRestartPolicy(*restart)
-	if err != nil {
-		return cfg, "", err
-	}
-	cfg.Restart = p
-	if *ops != "" {
-		for _, op := range strings.Split(*ops, ",") {
-			if op = strings.TrimSpace(op); op != "" {
-				cfg.WALOperations = append(cfg.WALOperations, op)
-			}
-		}
-	}
-	if *logFormat != "text" && *logFormat != "json" {
-		return cfg, "", fmt.Errorf("--log-format must be text or json, got %q", *logFormat)
-	}
-	cfg.Command = fs.Args()
-	return cfg, *logFormat, nil
+func isBool(fl *flag.Flag) bool {
+	b, ok := fl.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }
 
-func newLogger(w io.Writer, format string) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
-	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+// tidyFlagError rewrites the flag package's errors in the syntax the
+// documentation uses (--name, not -name).
+func tidyFlagError(err error) string {
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		return fmt.Sprintf("unknown flag --%s", name)
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+		return fmt.Sprintf("--%s needs a value", name)
+	}
+	if strings.Contains(msg, " for flag -") {
+		return strings.Replace(msg, " for flag -", " for --", 1)
+	}
+	return strings.Replace(msg, " for -", " for --", 1)
+}
+
+// applyEnv sets each flag that may come from the environment, was not on
+// the command line, and has its variable set. A value that does not parse
+// is a usage error naming the variable.
+func (f *flagSet) applyEnv() error {
+	if f.e.lookupEnv == nil {
+		return nil
+	}
+	set := map[string]bool{}
+	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	var err error
+	f.VisitAll(func(fl *flag.Flag) {
+		if err != nil || set[fl.Name] || !f.fromEnv(fl.Name) {
+			return
+		}
+		v, ok := f.e.lookupEnv(envName(fl.Name))
+		if !ok {
+			return
+		}
+		if serr := fl.Value.Set(v); serr != nil {
+			err = usageErr(f.cmd, "environment variable %s=%q (for --%s): %v", envName(fl.Name), truncate(v, 64), fl.Name, serr)
+		}
+	})
+	return err
+}
+
+// printHelp writes the synopsis and every flag with its default and its
+// environment variable.
+func (f *flagSet) printHelp(w io.Writer) {
+	fmt.Fprintf(w, "Usage: %s\n", f.synopsis)
+	if f.about != "" {
+		fmt.Fprintf(w, "\n%s\n", f.about)
+	}
+	var flags []*flag.Flag
+	f.VisitAll(func(fl *flag.Flag) { flags = append(flags, fl) })
+	if len(flags) == 0 {
+		return
+	}
+	sort.Slice(flags, func(i, j int) bool { return flags[i].Name < flags[j].Name })
+	fmt.Fprintln(w, "\nFlags (and the environment variable used when the flag is not given):")
+	for _, fl := range flags {
+		head := "  --" + fl.Name
+		if m := f.metaOf(fl); m != "" {
+			head += " " + m
+		}
+		if f.fromEnv(fl.Name) {
+			head += "  $" + envName(fl.Name)
+		}
+		def := ""
+		if fl.DefValue != "" && fl.DefValue != "0" && fl.DefValue != "false" && fl.DefValue != "0s" {
+			def = fmt.Sprintf(" (default %s)", fl.DefValue)
+		}
+		fmt.Fprintf(w, "%s\n      %s%s\n", head, fl.Usage, def)
+	}
+}
+
+func (f *flagSet) metaOf(fl *flag.Flag) string {
+	if m, ok := f.meta[fl.Name]; ok {
+		return m
+	}
+	if isBool(fl) {
+		return ""
+	}
+	switch fl.Value.(type) {
+	case *durationValue:
+		return "D"
+	}
+	if _, err := strconv.ParseFloat(fl.DefValue, 64); err == nil {
+		return "N"
+	}
+	return "VALUE"
+}
+
+// truncate caps text that came from outside before it goes into a message.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }

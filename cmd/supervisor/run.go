@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/agent-sidecar/supervisor/examples/demo"
+	"github.com/agent-sidecar/supervisor/examples/refagent"
+	"github.com/agent-sidecar/supervisor/supervisor"
+)
+
+const runSynopsis = "supervisor run [flags] [-- AGENT_COMMAND [ARGS...]]"
+
+const runAbout = `Spawns the agent and supervises it until SIGTERM or SIGINT (a second signal skips
+the graceful wait). Without "-- AGENT_COMMAND" it runs the built-in demo agent.
+Flags and the environment: --heartbeat-timeout 2s on the command line, or
+SUPERVISOR_HEARTBEAT_TIMEOUT=2s in the environment; the command line wins.`
+
+// runCmd is `supervisor run`.
+type runCmd struct{ env }
+
+// runFlags defines run's flags on a config (defaults from
+// supervisor.DefaultConfig) and returns what Config does not hold.
+func runFlags(e env, cfg *supervisor.Config) (f *flagSet, restart, ops, logFormat *string) {
+	f = newFlagSet(e, "run", runSynopsis, runAbout)
+	f.fromEnv = func(string) bool { return true }
+	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the WAL, checkpoints, control socket and audit log (created mode 0700)")
+	f.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "HTTP listener for /metrics, /healthz, /readyz and /v1/requests (empty disables; port 0 picks a free one)")
+	f.BoolVar(&cfg.Stdio, "stdio", cfg.Stdio, "frames over the agent's stdin/stdout; false: over fd 3 (agent reads) and fd 4 (agent writes)")
+	f.duration(&cfg.HeartbeatTimeout, "heartbeat-timeout", cfg.HeartbeatTimeout, "an agent silent this long is hung and is restarted")
+	f.duration(&cfg.StartTimeout, "start-timeout", cfg.StartTimeout, "time allowed for the first heartbeat after a start")
+	f.duration(&cfg.KillTimeout, "kill-timeout", cfg.KillTimeout, "time between SIGTERM and SIGKILL when stopping an agent")
+	restart = f.String("restart", string(cfg.Restart), "restart policy: always, on-failure or never")
+	f.duration(&cfg.BackoffInitial, "backoff-initial", cfg.BackoffInitial, "first restart delay (doubles per consecutive restart, with jitter)")
+	f.duration(&cfg.BackoffMax, "backoff-max", cfg.BackoffMax, "longest restart delay")
+	f.IntVar(&cfg.MaxRestarts, "max-restarts", cfg.MaxRestarts, "give up after more restarts than this within --restart-window (0: never give up)")
+	f.duration(&cfg.RestartWindow, "restart-window", cfg.RestartWindow, "window for --max-restarts")
+	f.BoolVar(&cfg.FallbackOnCrashLoop, "fallback-on-crash-loop", cfg.FallbackOnCrashLoop, "at the crash-loop limit, restore from the next older checkpoint whose whole WAL tail is held instead of giving up (nothing is marked bad)")
+	f.duration(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "on SIGTERM/SIGINT, time the agent gets to checkpoint and exit")
+	f.StringVar(&cfg.WALSync, "wal-sync", cfg.WALSync, "WAL durability: always (fsync each append), batch (group commit) or none")
+	f.duration(&cfg.WALSyncInterval, "wal-sync-interval", cfg.WALSyncInterval, "longest time between WAL fsyncs under a steady flood (batch policy)")
+	f.Int64Var(&cfg.WALSegmentSize, "wal-segment-size", cfg.WALSegmentSize, "WAL segment size in bytes; segments are pre-allocated and zero-filled, so the WAL uses at least two")
+	ops = f.String("wal-operations", "", "comma-separated WAL operation names accepted besides memory_add, tool_register, state_update")
+	f.IntVar(&cfg.CheckpointRetain, "checkpoint-retain", cfg.CheckpointRetain, "how many newest checkpoints to keep (plus pinned evolution backups)")
+	f.IntVar(&cfg.CheckpointLevel, "checkpoint-level", cfg.CheckpointLevel, "zstd level for checkpoints: 1 fastest .. 4 best compression (0: store default)")
+	f.IntVar(&cfg.MaxFrameSize, "max-frame-size", cfg.MaxFrameSize, "largest frame accepted from the agent, in bytes")
+	f.duration(&cfg.ShadowDuration, "shadow-duration", cfg.ShadowDuration, "how long an evolution's shadow agent is compared with the primary")
+	f.Float64Var(&cfg.EvolutionThresholds.MaxLatencyIncrease, "evolution-max-latency-increase", cfg.EvolutionThresholds.MaxLatencyIncrease, "promote only if shadow avg latency ÷ primary − 1 is at most this")
+	f.Float64Var(&cfg.EvolutionThresholds.MaxErrorRateIncrease, "evolution-max-error-rate-increase", cfg.EvolutionThresholds.MaxErrorRateIncrease, "promote only if shadow error rate − primary error rate is at most this")
+	f.Float64Var(&cfg.EvolutionThresholds.MaxMemoryIncrease, "evolution-max-memory-increase", cfg.EvolutionThresholds.MaxMemoryIncrease, "promote only if shadow memory ÷ primary − 1 is at most this")
+	f.IntVar(&cfg.EvolutionMinReports, "evolution-min-reports", cfg.EvolutionMinReports, "metrics reports needed from each of the primary and the shadow during a trial")
+	logFormat = f.String("log-format", "text", "log format on stderr: text or json")
+	for name, m := range map[string]string{"data-dir": "DIR", "http-addr": "ADDR", "restart": "POLICY", "wal-sync": "POLICY",
+		"wal-segment-size": "BYTES", "wal-operations": "LIST", "max-frame-size": "BYTES", "log-format": "FORMAT",
+		"evolution-max-latency-increase": "X", "evolution-max-error-rate-increase": "X", "evolution-max-memory-increase": "X"} {
+		f.meta[name] = m
+	}
+	return f, restart, ops, logFormat
+}
+
+// parseRun turns run's arguments (and environment) into a configuration.
+// Without "--" the agent is the built-in demo agent; "--" with nothing
+// after it is a usage error.
+func parseRun(e env, args []string) (supervisor.Config, string, error) {
+	cfg := supervisor.DefaultConfig()
+	f, restart, ops, logFormat := runFlags(e, &cfg)
+	// An agent command without "--" is the likelier mistake than whatever
+	// flag of the agent's follows it: say so first.
+	if _, pos, _, _ := f.split(args); len(pos) > 0 {
+		i := slices.Index(args, pos[0])
+		return cfg, "", usageErr("run", "unexpected argument %q: the agent command goes after --, as in: supervisor run [flags] -- %s",
+			truncate(pos[0], 64), truncate(strings.Join(args[i:], " "), 80))
+	}
+	_, command, dashdash, err := f.parse(args)
+	if err != nil {
+		return cfg, "", err
+	}
+	switch {
+	case dashdash && len(command) == 0:
+		return cfg, "", usageErr("run", "nothing after --: give the agent command (supervisor run [flags] -- AGENT_COMMAND [ARGS...]), or leave out -- to run the built-in demo agent")
+	}
+	p, err := supervisor.ParseRestartPolicy(*restart)
+	if err != nil {
+		return cfg, "", usageErr("run", "--restart: %v", err)
+	}
+	cfg.Restart = p
+	for _, op := range strings.Split(*ops, ",") {
+		if op = strings.TrimSpace(op); op != "" {
+			cfg.WALOperations = append(cfg.WALOperations, op)
+		}
+	}
+	if *logFormat != "text" && *logFormat != "json" {
+		return cfg, "", usageErr("run", "--log-format must be text or json, got %q", truncate(*logFormat, 32))
+	}
+	cfg.Command = command
+	return cfg, *logFormat, nil
+}
+
+// Run supervises until ctx ends (nil: a clean stop) or the agent fails.
+func (c *runCmd) Run(ctx context.Context, args []string) error {
+	cfg, logFormat, err := parseRun(c.env, args)
+	if err != nil {
+		return err
+	}
+	if len(cfg.Command) == 0 {
+		self, err := os.Executable()
+		if err != nil {
+			return failed("run", fmt.Errorf("no agent command given, and this binary cannot be located to run the demo agent: %v", err))
+		}
+		cfg.Command = []string{self, "demo-agent"}
+	}
+	log := newLogger(c.stderr, logFormat)
+	cfg.Logger = log
+	sup, err := supervisor.New(cfg)
+	if err != nil {
+		return failed("run", err)
+	}
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			select {
+			case <-c.force:
+				sup.ForceStop()
+			case <-done:
+				return
+			}
+		}
+	}()
+	runErr := sup.Run(ctx)
+	err = failed("run", runErr)
+	code := exitCode(err)
+	if code == exitOK {
+		log.Info("supervisor stopped", "exit_code", code)
+	} else {
+		log.Error("supervisor stopped", "exit_code", code, "err", runErr)
+	}
+	return err
+}
+
+func newLogger(w io.Writer, format string) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// embeddedAgent is an agent built into this binary: `run` without an agent
+// command re-executes the binary as demo-agent. It prints its own errors.
+type embeddedAgent struct{ name string }
+
+func (a embeddedAgent) Run(_ context.Context, args []string) error {
+	var code int
+	switch a.name {
+	case "demo-agent":
+		code = demo.Main(args)
+	default:
+		code = refagent.Main(args)
+	}
+	if code == 0 {
+		return nil
+	}
+	return &cliError{cmd: a.name, err: errors.New("agent exited"), code: code, quiet: true}
+}
