@@ -39,8 +39,8 @@ type shadowSinks struct {
 	t *trial
 }
 
-func (k shadowSinks) appendWAL(in *instance, recs []schema.WALRecord) {
-	k.s.appendWAL(in, k.t.wal, recs)
+func (k shadowSinks) appendWAL(in *instance, recs []schema.WALRecord, ack bool) {
+	k.s.appendWAL(in, k.t.wal, recs, ack)
 }
 
 func (k shadowSinks) checkpoint(in *instance, cp *schema.Checkpoint, _ time.Time) {

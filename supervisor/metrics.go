@@ -55,6 +55,8 @@ type metrics struct {
 	genericMu     sync.Mutex
 	genericKeys   map[string]struct{}
 	genericDenied prometheus.Counter
+
+	extensionMetrics // wal_ack and request results (extension_metrics.go)
 }
 
 func newMetrics(heartbeatAge func() float64) *metrics {
@@ -183,6 +185,7 @@ func newMetrics(heartbeatAge func() float64) *metrics {
 	for _, r := range []string{"primary", "shadow"} {
 		m.agentUp.WithLabelValues(r).Set(0)
 	}
+	m.extensionMetrics = newExtensionMetrics(m.reg)
 	return m
 }
 

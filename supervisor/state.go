@@ -26,8 +26,8 @@ func zstdLevel(n int) zstd.EncoderLevel {
 // primarySinks route a primary's messages into the supervisor's stores.
 type primarySinks struct{ s *Supervisor }
 
-func (p primarySinks) appendWAL(in *instance, recs []schema.WALRecord) {
-	p.s.appendWAL(in, p.s.wal, recs)
+func (p primarySinks) appendWAL(in *instance, recs []schema.WALRecord, ack bool) {
+	p.s.appendWAL(in, p.s.wal, recs, ack)
 }
 
 func (p primarySinks) checkpoint(in *instance, cp *schema.Checkpoint, arrived time.Time) {
@@ -78,8 +78,9 @@ func (s *Supervisor) invalidMessage(in *instance, err error) {
 }
 
 // appendWAL appends entries as one unit and reports storage failures to the
-// agent as WAL_FULL / WAL_FAILED.
-func (s *Supervisor) appendWAL(in *instance, l *wal.Log, recs []schema.WALRecord) {
+// agent as WAL_FULL / WAL_FAILED. With ack, accepted entries are answered
+// with wal_ack once durable; failed ones only with the error.
+func (s *Supervisor) appendWAL(in *instance, l *wal.Log, recs []schema.WALRecord, ack bool) {
 	entries := make([]wal.Entry, len(recs))
 	size := 0
 	for i, r := range recs {
@@ -118,6 +119,9 @@ func (s *Supervisor) appendWAL(in *instance, l *wal.Log, recs []schema.WALRecord
 		if ok, _ := s.limiter.allow(time.Now()); ok {
 			in.log.Info("gap in WAL sequences (allowed)", "after", g.After, "next", g.Next)
 		}
+	}
+	if ack { // issue 14: the agent waits for durability (acks.go)
+		in.ackWhenDurable(l, recs[len(recs)-1].Sequence)
 	}
 }
 
