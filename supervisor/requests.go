@@ -403,6 +403,8 @@ func jsonValue(d *msgpack.Decoder, depth int) (any, error) {
 			return nil, err
 		}
 		return map[string]any{"ext_type": id, "data": b}, nil
+	case msgpcode.IsBin(c):
+		return d.DecodeBytes() // []byte: base64 in JSON
 	case c == msgpcode.Float || c == msgpcode.Double:
 		f, err := d.DecodeFloat64()
 		if err != nil {

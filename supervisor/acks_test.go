@@ -1,0 +1,124 @@
+package supervisor
+
+import (
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/wal"
+)
+
+// ackTestInstance is an instance without a process: what it sends to the
+// agent stays in its outbound queue for the test to read.
+func ackTestInstance(t *testing.T) *instance {
+	t.Helper()
+	in := &instance{
+		role: RolePrimary, codec: schema.NewCodec(schema.Options{}), out: make(chan []byte, 64),
+		met: newMetrics(func() float64 { return 0 }), log: slog.New(slog.NewTextHandler(t.Output(), nil)),
+	}
+	t.Cleanup(in.stopAcks)
+	return in
+}
+
+func nextToAgent(t *testing.T, in *instance) schema.Message {
+	t.Helper()
+	select {
+	case b := <-in.out:
+		m, err := schema.Decode(schema.ToAgent, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing sent to the agent")
+		return nil
+	}
+}
+
+func openTestWAL(t *testing.T, policy wal.SyncPolicy) *wal.Log {
+	t.Helper()
+	l, err := wal.Open(wal.Options{Dir: t.TempDir(), Sync: policy, NoPreallocate: true, SegmentSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func appendSeq(t *testing.T, l *wal.Log, seqs ...uint64) {
+	t.Helper()
+	es := make([]wal.Entry, len(seqs))
+	for i, s := range seqs {
+		es[i] = wal.Entry{Sequence: s, Data: []byte{0x80}}
+	}
+	if _, err := l.Append(es...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAckOnceDurable(t *testing.T) {
+	for _, policy := range []wal.SyncPolicy{wal.SyncBatch, wal.SyncAlways, wal.SyncNone} {
+		t.Run(policy.String(), func(t *testing.T) {
+			l := openTestWAL(t, policy)
+			in := ackTestInstance(t)
+			appendSeq(t, l, 1, 2, 3)
+			in.ackWhenDurable(l, 3)
+			ack, ok := nextToAgent(t, in).(*schema.WALAck)
+			if !ok || ack.Sequence != 3 {
+				t.Fatalf("sent %+v, want wal_ack 3", ack)
+			}
+			if d := l.DurableSequence(); d < 3 {
+				t.Fatalf("acknowledged 3 with only %d durable", d)
+			}
+			// A replayed (duplicate) entry that asks is acknowledged too.
+			in.ackWhenDurable(l, 2)
+			if ack, ok := nextToAgent(t, in).(*schema.WALAck); !ok || ack.Sequence < 2 {
+				t.Fatalf("replay ack %+v", ack)
+			}
+		})
+	}
+}
+
+// TestAcksCoalesce: asks queued while the acker waits are answered by
+// cumulative acks, never one per entry, and every ask is covered.
+func TestAcksCoalesce(t *testing.T) {
+	l := openTestWAL(t, wal.SyncBatch)
+	in := ackTestInstance(t)
+	for s := uint64(1); s <= 50; s++ {
+		appendSeq(t, l, s)
+		in.ackWhenDurable(l, s)
+	}
+	var acks []uint64
+	for len(acks) == 0 || acks[len(acks)-1] < 50 {
+		ack := nextToAgent(t, in).(*schema.WALAck)
+		if len(acks) > 0 && ack.Sequence <= acks[len(acks)-1] {
+			t.Fatalf("acks not increasing: %v then %d", acks, ack.Sequence)
+		}
+		acks = append(acks, ack.Sequence)
+	}
+	if len(acks) >= 50 {
+		t.Errorf("%d acks for 50 entries asked at once: not coalesced", len(acks))
+	}
+	t.Logf("50 asks answered by %d acks: %v", len(acks), acks)
+}
+
+func TestAckerStops(t *testing.T) {
+	l := openTestWAL(t, wal.SyncBatch)
+	in := ackTestInstance(t)
+	appendSeq(t, l, 1)
+	in.ackWhenDurable(l, 1)
+	nextToAgent(t, in)
+	done := in.acks.done
+	in.stopAcks()
+	select {
+	case <-done:
+	default:
+		t.Fatal("stopAcks returned before the acker exited")
+	}
+	in.stopAcks()           // harmless twice
+	in.ackWhenDurable(l, 1) // ignored after the stop: no new goroutine
+	if in.acks.done != done {
+		t.Error("an ask after stopAcks started a new acker")
+	}
+}
