@@ -49,11 +49,24 @@ func (e *RequestError) Error() string { return e.Code + ": " + e.Message }
 // Log may be called from a handler that [Conn.Run] is running: wal_ack
 // messages are taken by the Conn's reader, not by Run.
 func (c *Conn) Log(ctx context.Context, op string, params any, seq uint64) error {
-	rec, err := walRecord(op, params, seq)
+	wait, err := c.StartLog(op, params, seq)
 	if err != nil {
 		return err
 	}
-	return c.logDurable(ctx, &schema.WALEntry{Entry: rec, Ack: true}, seq, seq)
+	return wait(ctx)
+}
+
+// StartLog sends one entry with ack: true, like [Conn.Log], and returns a
+// function that waits for its durability (with Log's results). It keeps
+// several entries in flight: the caller sends them in sequence order (one
+// goroutine, or under its own lock) and may wait for them concurrently.
+// Every returned wait function must be called (it releases the waiter).
+func (c *Conn) StartLog(op string, params any, seq uint64) (wait func(context.Context) error, err error) {
+	rec, err := walRecord(op, params, seq)
+	if err != nil {
+		return nil, err
+	}
+	return c.startDurable(&schema.WALEntry{Entry: rec, Ack: true}, seq, seq)
 }
 
 // LogBatch is [Conn.Log] for several operations, logged as one unit (all of
@@ -75,27 +88,33 @@ func (c *Conn) LogBatch(ctx context.Context, entries []WALOp) error {
 		recs[i] = rec
 		lo, hi = min(lo, e.Sequence), max(hi, e.Sequence)
 	}
-	return c.logDurable(ctx, &schema.WALBatch{Entries: recs, Ack: true}, lo, hi)
+	wait, err := c.startDurable(&schema.WALBatch{Entries: recs, Ack: true}, lo, hi)
+	if err != nil {
+		return err
+	}
+	return wait(ctx)
 }
 
-func (c *Conn) logDurable(ctx context.Context, m schema.Message, first, last uint64) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
+// startDurable registers a waiter for [first, last] before sending m, so an
+// ack that comes at once is not missed.
+func (c *Conn) startDurable(m schema.Message, first, last uint64) (func(context.Context) error, error) {
 	c.startReader.Do(func() { go c.readLoop() })
 	w := c.durable.wait(first, last)
-	defer c.durable.cancel(w)
 	if err := c.Send(m); err != nil {
-		return err
+		c.durable.cancel(w)
+		return nil, err
 	}
-	select {
-	case err := <-w.done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-c.closed:
-		return ErrClosed
-	}
+	return func(ctx context.Context) error {
+		defer c.durable.cancel(w)
+		select {
+		case err := <-w.done:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.closed:
+			return ErrClosed
+		}
+	}, nil
 }
 
 // durability matches wal_ack and WAL errors from the supervisor to the Log

@@ -141,3 +141,30 @@ func TestLogInsideRequestHandler(t *testing.T) {
 		t.Fatalf("Run = %v", err)
 	}
 }
+
+// TestStartLogPipelines: entries in flight are all answered by one
+// cumulative ack.
+func TestStartLogPipelines(t *testing.T) {
+	conn, sup := newPair(t, defaultConfig(), agent.Options{})
+	var waits []func(context.Context) error
+	for seq := uint64(1); seq <= 8; seq++ {
+		w, err := conn.StartLog(schema.OpStateUpdate, nil, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waits = append(waits, w)
+	}
+	for seq := uint64(1); seq <= 8; seq++ {
+		if e := recvAs[*schema.WALEntry](t, sup); e.Entry.Sequence != seq || !e.Ack {
+			t.Fatalf("entry %+v, want sequence %d with ack", e, seq)
+		}
+	}
+	sup.send(&schema.WALAck{Sequence: 8})
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	for i, w := range waits {
+		if err := w(ctx); err != nil {
+			t.Fatalf("entry %d: %v", i+1, err)
+		}
+	}
+}
