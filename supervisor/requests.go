@@ -463,7 +463,8 @@ func (s *Supervisor) forwardRequest(w http.ResponseWriter, r *http.Request, in *
 	}
 	// The server's write timeout must not cut a legitimate wait short.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + 10*time.Second))
-	timer := time.NewTimer(wait)
+	// A request expires after --request-retention: no answer can come later.
+	timer := time.NewTimer(min(wait, s.cfg.RequestRetention))
 	defer timer.Stop()
 	select {
 	case <-req.done:
