@@ -336,11 +336,11 @@ func TestBadRequestResults(t *testing.T) {
 // TestKill9AfterWalAckLosesNothing kills the supervisor with SIGKILL right
 // after the durable agent acted on acknowledged entries, again and again on
 // one data directory: every entry the agent acted on is in the WAL.
-// SUPERVISOR_SOAK=1 runs 40 rounds instead of 4.
+// SOAK=1 (or SUPERVISOR_SOAK=1) runs 40 rounds instead of 4.
 func TestKill9AfterWalAckLosesNothing(t *testing.T) {
 	requirePythonMsgpack(t)
 	rounds := 4
-	if os.Getenv("SUPERVISOR_SOAK") != "" {
+	if os.Getenv("SOAK") != "" || os.Getenv("SUPERVISOR_SOAK") != "" {
 		rounds = 40
 	}
 	dir := t.TempDir()
