@@ -228,6 +228,8 @@ while True:
         with open(os.environ["ERRORS_LOG"], "a") as f:
             f.write(json.dumps(msg["error"]) + "\n")
         continue
+    if msg["type"] == "shutdown":
+        sys.exit(0)
     if msg["type"] != "process_request":
         continue
     rid, how = msg["request_id"], msg["data"]["message"]
