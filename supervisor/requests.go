@@ -27,8 +27,9 @@ const (
 	// maxRequestWait caps POST /v1/requests?wait=.
 	maxRequestWait = 5 * time.Minute
 	// maxRetainedRequests bounds the requests held for GET (pending and
-	// finished); at the cap the oldest finished one is forgotten, and when
-	// every held request is still pending, new ones are refused (429).
+	// finished); at the cap the oldest finished one is forgotten, or, when
+	// every one is still pending (an agent that never answers), the oldest
+	// pending one.
 	maxRetainedRequests = 10000
 	// maxRetainedResultBytes bounds the bytes of results held; the oldest
 	// finished results are forgotten first.
@@ -49,7 +50,6 @@ const (
 var (
 	errRequestUnknown  = errors.New("no such request")
 	errRequestAnswered = errors.New("request already answered")
-	errTooManyPending  = errors.New("too many requests pending")
 )
 
 // resultError is a failed request's error, as the agent sent it (truncated).
@@ -110,20 +110,21 @@ func newRequestTable(retention time.Duration, met *metrics) *requestTable {
 }
 
 // add registers a request about to be sent (trial: the evolution trial it is
-// mirrored to, or ""). It fails with errTooManyPending when the table is
-// full of pending requests.
-func (t *requestTable) add(id, trial string) (*request, error) {
+// mirrored to, or ""). At the count cap it forgets the oldest finished
+// request, or the oldest pending one when none has finished (a caller
+// waiting for it gets 202).
+func (t *requestTable) add(id, trial string) *request {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.now()
 	t.sweepLocked(now, false)
 	if len(t.recs) >= t.maxCount && !t.evictLocked() {
-		return nil, fmt.Errorf("%w: %d requests held, none finished", errTooManyPending, len(t.recs))
+		t.evictPendingLocked()
 	}
 	r := &request{id: id, sent: now, status: statusPending, done: make(chan struct{}), trial: trial}
 	t.recs[id] = r
 	t.gaugesLocked()
-	return r, nil
+	return r
 }
 
 // forget removes a request that could not be sent.
@@ -244,6 +245,20 @@ func (t *requestTable) evictLocked() bool {
 	}
 	t.removeLocked(oldest)
 	return true
+}
+
+// evictPendingLocked forgets the oldest pending request, waking its waiter.
+func (t *requestTable) evictPendingLocked() {
+	var oldest *request
+	for _, r := range t.recs {
+		if r.status == statusPending && (oldest == nil || r.sent.Before(oldest.sent)) {
+			oldest = r
+		}
+	}
+	if oldest != nil {
+		close(oldest.done)
+		t.removeLocked(oldest)
+	}
 }
 
 func (t *requestTable) removeLocked(r *request) {
@@ -445,10 +460,7 @@ func (s *Supervisor) forwardRequest(w http.ResponseWriter, r *http.Request, in *
 	if t != nil && t.shadow != nil {
 		trial = t.id
 	}
-	req, err := s.requests.add(msg.RequestID, trial)
-	if err != nil {
-		return http.StatusTooManyRequests, map[string]any{"error": err.Error() + "; retry later"}
-	}
+	req := s.requests.add(msg.RequestID, trial)
 	// Registered before it is sent, so an instant answer is never missed.
 	if !in.sendMsg(msg) {
 		s.requests.forget(msg.RequestID)

@@ -31,10 +31,7 @@ func newTestTable(retention time.Duration) (*requestTable, *fakeClock) {
 
 func TestRequestTableLifecycle(t *testing.T) {
 	tb, clk := newTestTable(time.Minute)
-	r, err := tb.add("a", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := tb.add("a", "")
 	if v, _ := tb.view("a"); v.Status != statusPending {
 		t.Errorf("new request is %q, want pending", v.Status)
 	}
@@ -92,28 +89,41 @@ func TestRequestTableLifecycle(t *testing.T) {
 func TestRequestTableBounded(t *testing.T) {
 	tb, clk := newTestTable(time.Hour)
 	tb.maxCount, tb.maxBytes = 3, 10
+	held := func(want ...string) {
+		t.Helper()
+		if len(tb.recs) != len(want) {
+			t.Errorf("%d held, want %v", len(tb.recs), want)
+		}
+		for _, id := range want {
+			if _, ok := tb.view(id); !ok {
+				t.Errorf("%s was forgotten; want %v held", id, want)
+			}
+		}
+	}
+	// At the count cap with every request pending (an agent that never
+	// answers), the oldest pending one goes, and its waiter is woken.
+	p0 := tb.add("p0", "")
+	clk.advance(time.Second)
 	tb.add("p1", "")
 	tb.add("p2", "")
 	tb.add("p3", "")
-	if _, err := tb.add("p4", ""); !errors.Is(err, errTooManyPending) {
-		t.Fatalf("add beyond the cap with every request pending = %v, want errTooManyPending", err)
+	held("p1", "p2", "p3")
+	select {
+	case <-p0.done:
+	default:
+		t.Error("the forgotten request's waiter was not woken")
 	}
-	clk.advance(time.Second)
-	tb.finish("p1", json.RawMessage(`"123456"`), nil)
-	clk.advance(time.Second)
-	tb.finish("p2", json.RawMessage(`"123456"`), nil) // 16 bytes > 10: p1, the oldest finished, goes
-	if _, ok := tb.view("p1"); ok {
-		t.Error("the byte budget did not evict the oldest result")
-	}
+	// With a finished one, it goes first.
+	tb.finish("p1", json.RawMessage(`{}`), nil)
 	tb.add("p4", "")
-	if _, err := tb.add("p5", ""); err != nil { // count cap: p2 (finished) makes room
-		t.Fatal(err)
-	}
-	if _, ok := tb.view("p2"); ok {
-		t.Error("the count cap did not evict the oldest finished request")
-	}
-	if tb.bytes != 0 || len(tb.recs) != 3 {
-		t.Errorf("bytes %d, %d held", tb.bytes, len(tb.recs))
+	held("p2", "p3", "p4")
+	// Over the byte budget, the oldest finished results go.
+	tb.finish("p2", json.RawMessage(`"123456"`), nil)
+	clk.advance(time.Second)
+	tb.finish("p3", json.RawMessage(`"123456"`), nil)
+	held("p3", "p4")
+	if tb.bytes != 8 {
+		t.Errorf("%d bytes counted, want 8", tb.bytes)
 	}
 }
 
