@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/wal"
 )
@@ -120,5 +122,39 @@ func TestAckerStops(t *testing.T) {
 	in.ackWhenDurable(l, 1) // ignored after the stop: no new goroutine
 	if in.acks.done != done {
 		t.Error("an ask after stopAcks started a new acker")
+	}
+}
+
+// TestFailedAppendAnswersErrorNotAck: an entry that asked for an ack but
+// could not be appended gets WAL_FAILED naming its sequences, never an ack.
+func TestFailedAppendAnswersErrorNotAck(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.DataDir, cfg.Command = t.TempDir(), []string{"/bin/true"}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := ackTestInstance(t)
+	in.proc = &process{}
+	l := openTestWAL(t, wal.SyncBatch)
+	l.Close() // every append now fails
+	s.appendWAL(in, l, []schema.WALRecord{{Sequence: 4, Raw: []byte{0x80}}, {Sequence: 5, Raw: []byte{0x80}}}, true)
+	m, ok := nextToAgent(t, in).(*schema.Error)
+	if !ok || m.Error.Code != schema.CodeWALFailed {
+		t.Fatalf("sent %+v, want a WAL_FAILED error", m)
+	}
+	var det struct {
+		First uint64 `msgpack:"first_sequence"`
+		Last  uint64 `msgpack:"last_sequence"`
+	}
+	if err := msgpack.Unmarshal(m.Error.Details, &det); err != nil || det.First != 4 || det.Last != 5 {
+		t.Errorf("details %+v (%v), want first_sequence 4, last_sequence 5", det, err)
+	}
+	// No acker was started, so nothing can follow; nothing else is queued.
+	if in.acks.done != nil {
+		t.Error("a failed append started the acker")
+	}
+	if n := len(in.out); n != 0 {
+		t.Errorf("%d more frames sent after the error", n)
 	}
 }
