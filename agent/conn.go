@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"syscall"
 
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/wire"
@@ -132,7 +133,8 @@ func Connect(opts Options) (*Conn, error) {
 					"length-prefixed MessagePack and is meant to be started by `supervisor run -- COMMAND`", ErrNotSupervised)
 			}
 		}
-		return newConn(os.Stdin, os.Stdout, cfg, opts, []io.Closer{os.Stdin, os.Stdout}), nil
+		in, out := pollable(os.Stdin, "supervisor-in"), pollable(os.Stdout, "supervisor-out")
+		return newConn(in, out, cfg, opts, []io.Closer{in, out}), nil
 	case TransportFD:
 		in, err := openFD(3, "supervisor-in")
 		if err != nil {
@@ -150,15 +152,36 @@ func Connect(opts Options) (*Conn, error) {
 }
 
 func openFD(fd uintptr, name string) (*os.File, error) {
+	// Checked on the raw descriptor: an *os.File made only to look would
+	// close it when garbage-collected.
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(fd), &st); err != nil {
+		return nil, fmt.Errorf("%w: %s=%s but fd %d is not open (%v); start the agent with `supervisor run --stdio=false`",
+			ErrTransport, EnvTransport, TransportFD, fd, err)
+	}
+	_ = syscall.SetNonblock(int(fd), true) // see pollable
 	f := os.NewFile(fd, name)
 	if f == nil {
 		return nil, fmt.Errorf("%w: fd %d is not valid", ErrTransport, fd)
 	}
-	if _, err := f.Stat(); err != nil {
-		return nil, fmt.Errorf("%w: %s=%s but fd %d is not open (%v); start the agent with `supervisor run --stdio=false`",
-			ErrTransport, EnvTransport, TransportFD, fd, err)
-	}
 	return f, nil
+}
+
+// pollable returns the descriptor of f (os.Stdin or os.Stdout, which live as
+// long as the process) as a file that Go's network poller serves: the
+// descriptor is switched to non-blocking mode. An inherited pipe
+// is in blocking mode, and a goroutine blocked reading it holds an OS thread
+// in the read(2) system call; the goroutines it wakes (a Log waiting for its
+// wal_ack) then wait for the runtime to notice, tens of microseconds on
+// every message. The pipe ends are the agent's own (the supervisor holds the
+// other ends), so nothing else sees the change. If the switch fails, f is
+// returned as it is.
+func pollable(f *os.File, name string) *os.File {
+	fd := int(f.Fd()) // Fd puts f in blocking mode; the new file below takes it back out
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		return f
+	}
+	return os.NewFile(uintptr(fd), name)
 }
 
 // NewConn returns a Conn reading frames from r and writing them to w, for
