@@ -158,3 +158,27 @@ func TestFailedAppendAnswersErrorNotAck(t *testing.T) {
 		t.Errorf("%d more frames sent after the error", n)
 	}
 }
+
+// TestShadowAcksFromScratchWAL: a shadow's ack: true entries go to its
+// trial's scratch WAL (never fsynced) and are acknowledged from it; the
+// primary's WAL does not see them.
+func TestShadowAcksFromScratchWAL(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.DataDir, cfg.Command = t.TempDir(), []string{"/bin/true"}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	primary := openTestWAL(t, wal.SyncBatch)
+	s.wal = primary
+	tr := &trial{id: "t1", wal: openTestWAL(t, wal.SyncNone)}
+	in := ackTestInstance(t)
+	in.role = RoleShadow
+	shadowSinks{s: s, t: tr}.appendWAL(in, []schema.WALRecord{{Sequence: 9, Raw: []byte{0x80}}}, true)
+	if ack, ok := nextToAgent(t, in).(*schema.WALAck); !ok || ack.Sequence != 9 {
+		t.Fatalf("shadow got %+v, want wal_ack 9", ack)
+	}
+	if tr.wal.LastSequence() != 9 || primary.LastSequence() != 0 {
+		t.Errorf("scratch WAL at %d, primary at %d; want 9 and 0", tr.wal.LastSequence(), primary.LastSequence())
+	}
+}
