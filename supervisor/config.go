@@ -173,7 +173,10 @@ func (c *Config) Validate() error {
 	if c.PoisonGrace <= 0 {
 		c.PoisonGrace = 10 * time.Second
 	}
-	if c.RequestRetention <= 0 {
+	if c.RequestRetention < 0 {
+		return bad("--request-retention must be a positive duration, got %s", c.RequestRetention)
+	}
+	if c.RequestRetention == 0 {
 		c.RequestRetention = 10 * time.Minute
 	}
 	if c.HTTPAddr != "" && c.HTTPTokenFile == "" && !c.HTTPAllowRemote && !isLoopbackAddr(c.HTTPAddr) {

@@ -291,3 +291,11 @@ func TestShadowAnswers(t *testing.T) {
 		t.Errorf("primary answer: trial %q, %v", trial, err)
 	}
 }
+
+func TestRequestRetentionMustBePositive(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.DataDir, cfg.Command, cfg.RequestRetention = t.TempDir(), []string{"/bin/true"}, -time.Second
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "--request-retention") {
+		t.Errorf("New with a negative retention: %v", err)
+	}
+}
