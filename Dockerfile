@@ -25,4 +25,4 @@ USER 65532:65532
 VOLUME ["/data"]
 EXPOSE 9464
 ENTRYPOINT ["/usr/local/bin/supervisor"]
-CMD ["run", "--data-dir", "/data", "--http-addr", "0.0.0.0:9464"]
+CMD ["run", "--data-dir", "/data", "--http-addr", "0.0.0.0:9464", "--http-allow-remote"]

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"syscall"
 
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/wire"
@@ -70,7 +71,8 @@ type Options struct {
 // running, which is how an agent waits for the ack of its final checkpoint.
 //
 // A Conn owns one goroutine that reads and decodes frames ahead of the
-// receiver (one frame at a time). It ends when the input returns an error:
+// receiver (up to 64 MiB of them), so that a handler waiting in [Conn.Log]
+// never stops the wal_ack it waits for from being read. It ends when the input returns an error:
 // the supervisor closed its end, or [Conn.Close] closed the input.
 type Conn struct {
 	cfg     Config
@@ -85,9 +87,19 @@ type Conn struct {
 	closers []io.Closer
 
 	startReader sync.Once
-	incoming    chan received
 	readerDone  chan struct{}
 	readErr     error // written by the reader before it closes readerDone
+
+	// The reader queues what it reads instead of handing it over one at a
+	// time, so that it keeps reading while a handler waits for a wal_ack
+	// (which the reader delivers to durable directly). qbytes bounds it.
+	qmu    sync.Mutex
+	queue  []received
+	qbytes int
+	qready chan struct{} // a message was queued (capacity 1)
+	qspace chan struct{} // a message was taken (capacity 1)
+
+	durable durability // wal_ack waiters (durable.go)
 
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -98,9 +110,14 @@ type Conn struct {
 }
 
 type received struct {
-	msg schema.Message
-	err error
+	msg  schema.Message
+	err  error
+	size int // frame bytes, counted against maxQueuedBytes
 }
+
+// maxQueuedBytes bounds the frames read ahead of the receiver; the reader
+// waits beyond it (one frame is always accepted, whatever its size).
+const maxQueuedBytes = 64 << 20
 
 // Connect connects to the supervisor that started this process, using the
 // transport named by SUPERVISOR_TRANSPORT: stdin/stdout for "stdio", fds 3
@@ -116,7 +133,8 @@ func Connect(opts Options) (*Conn, error) {
 					"length-prefixed MessagePack and is meant to be started by `supervisor run -- COMMAND`", ErrNotSupervised)
 			}
 		}
-		return newConn(os.Stdin, os.Stdout, cfg, opts, []io.Closer{os.Stdin, os.Stdout}), nil
+		in, out := pollable(os.Stdin, "supervisor-in"), pollable(os.Stdout, "supervisor-out")
+		return newConn(in, out, cfg, opts, []io.Closer{in, out}), nil
 	case TransportFD:
 		in, err := openFD(3, "supervisor-in")
 		if err != nil {
@@ -134,15 +152,36 @@ func Connect(opts Options) (*Conn, error) {
 }
 
 func openFD(fd uintptr, name string) (*os.File, error) {
+	// Checked on the raw descriptor: an *os.File made only to look would
+	// close it when garbage-collected.
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(fd), &st); err != nil {
+		return nil, fmt.Errorf("%w: %s=%s but fd %d is not open (%v); start the agent with `supervisor run --stdio=false`",
+			ErrTransport, EnvTransport, TransportFD, fd, err)
+	}
+	_ = syscall.SetNonblock(int(fd), true) // see pollable
 	f := os.NewFile(fd, name)
 	if f == nil {
 		return nil, fmt.Errorf("%w: fd %d is not valid", ErrTransport, fd)
 	}
-	if _, err := f.Stat(); err != nil {
-		return nil, fmt.Errorf("%w: %s=%s but fd %d is not open (%v); start the agent with `supervisor run --stdio=false`",
-			ErrTransport, EnvTransport, TransportFD, fd, err)
-	}
 	return f, nil
+}
+
+// pollable returns the descriptor of f (os.Stdin or os.Stdout, which live as
+// long as the process) as a file that Go's network poller serves: the
+// descriptor is switched to non-blocking mode. An inherited pipe
+// is in blocking mode, and a goroutine blocked reading it holds an OS thread
+// in the read(2) system call; the goroutines it wakes (a Log waiting for its
+// wal_ack) then wait for the runtime to notice, tens of microseconds on
+// every message. The pipe ends are the agent's own (the supervisor holds the
+// other ends), so nothing else sees the change. If the switch fails, f is
+// returned as it is.
+func pollable(f *os.File, name string) *os.File {
+	fd := int(f.Fd()) // Fd puts f in blocking mode; the new file below takes it back out
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		return f
+	}
+	return os.NewFile(uintptr(fd), name)
 }
 
 // NewConn returns a Conn reading frames from r and writing them to w, for
@@ -182,8 +221,9 @@ func newConn(r io.Reader, w io.Writer, cfg Config, opts Options, closers []io.Cl
 		fw:         wire.NewWriter(w, opts.MaxFrameSize),
 		fr:         wire.NewReader(r, opts.MaxFrameSize),
 		closers:    closers,
-		incoming:   make(chan received),
 		readerDone: make(chan struct{}),
+		qready:     make(chan struct{}, 1),
+		qspace:     make(chan struct{}, 1),
 		closed:     make(chan struct{}),
 	}
 }
@@ -222,9 +262,11 @@ func (c *Conn) isClosed() bool {
 }
 
 // readLoop reads and decodes frames until the input fails. It is started by
-// the first receive and owned by the Conn.
+// the first receive (or the first Log) and owned by the Conn. wal_ack
+// messages go to the durability waiters, never to the receiver.
 func (c *Conn) readLoop() {
 	defer close(c.readerDone)
+	defer func() { c.durable.end(c.readErr) }()
 	for {
 		frame, err := c.fr.ReadFrame()
 		if err != nil {
@@ -239,13 +281,56 @@ func (c *Conn) readLoop() {
 			return
 		}
 		msg, err := c.codec.Decode(schema.ToAgent, frame)
-		select {
-		case c.incoming <- received{msg: msg, err: err}:
-		case <-c.closed:
+		if err == nil && c.durable.observe(msg) {
+			continue
+		}
+		if !c.enqueue(received{msg: msg, err: err, size: len(frame)}) {
 			c.readErr = ErrClosed
 			return
 		}
 	}
+}
+
+// enqueue queues a message for the receiver, waiting while the queue is
+// over its byte bound; false when the Conn was closed meanwhile.
+func (c *Conn) enqueue(r received) bool {
+	for {
+		c.qmu.Lock()
+		if len(c.queue) == 0 || c.qbytes+r.size <= maxQueuedBytes {
+			c.queue = append(c.queue, r)
+			c.qbytes += r.size
+			c.qmu.Unlock()
+			select {
+			case c.qready <- struct{}{}:
+			default:
+			}
+			return true
+		}
+		c.qmu.Unlock()
+		select {
+		case <-c.qspace:
+		case <-c.closed:
+			return false
+		}
+	}
+}
+
+// dequeue takes the oldest queued message.
+func (c *Conn) dequeue() (received, bool) {
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	if len(c.queue) == 0 {
+		return received{}, false
+	}
+	r := c.queue[0]
+	c.queue[0] = received{}
+	c.queue = c.queue[1:]
+	c.qbytes -= r.size
+	select {
+	case c.qspace <- struct{}{}:
+	default:
+	}
+	return r, true
 }
 
 // Receive returns the next message from the supervisor. It returns
@@ -271,18 +356,28 @@ func (c *Conn) receive(ctx context.Context) (schema.Message, error) {
 		return nil, err
 	}
 	c.startReader.Do(func() { go c.readLoop() })
-	select {
-	case in := <-c.incoming:
-		if in.err != nil {
-			return nil, fmt.Errorf("agent: the supervisor sent a message that failed validation: %w", in.err)
+	for {
+		if in, ok := c.dequeue(); ok {
+			if in.err != nil {
+				return nil, fmt.Errorf("agent: the supervisor sent a message that failed validation: %w", in.err)
+			}
+			return in.msg, nil
 		}
-		return in.msg, nil
-	case <-c.readerDone:
-		return nil, c.readErr
-	case <-c.closed:
-		return nil, ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
+		select {
+		case <-c.qready:
+		case <-c.readerDone:
+			if in, ok := c.dequeue(); ok { // what was read before the end comes first
+				if in.err != nil {
+					return nil, fmt.Errorf("agent: the supervisor sent a message that failed validation: %w", in.err)
+				}
+				return in.msg, nil
+			}
+			return nil, c.readErr
+		case <-c.closed:
+			return nil, ErrClosed
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 }
 

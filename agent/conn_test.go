@@ -24,7 +24,7 @@ const testTimeout = 30 * time.Second
 
 // supervisorEnd is the supervisor's side of a pair of pipes.
 type supervisorEnd struct {
-	t     *testing.T
+	t     testing.TB
 	r     *wire.Reader
 	w     *wire.Writer
 	in    *os.File // reads what the agent writes
@@ -32,11 +32,11 @@ type supervisorEnd struct {
 	codec *schema.Codec
 }
 
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
-func newPair(t *testing.T, cfg agent.Config, opts agent.Options) (*agent.Conn, *supervisorEnd) {
+func newPair(t testing.TB, cfg agent.Config, opts agent.Options) (*agent.Conn, *supervisorEnd) {
 	t.Helper()
 	agentIn, supOut, err := os.Pipe()
 	if err != nil {

@@ -33,8 +33,13 @@ type Handlers struct {
 	// EvolutionResult reports the supervisor's decision on an evolution.
 	EvolutionResult func(*schema.EvolutionResult)
 	// ProcessRequest is a user request. Log what it changes in the WAL
-	// before changing it.
+	// before changing it. It is not called when Request is set.
 	ProcessRequest func(*schema.ProcessRequest)
+	// Request answers a user request: its return value becomes the
+	// request_result the HTTP caller receives (data must encode to a map; an
+	// error is sent as {code, message}, with the code of a *RequestError or
+	// REQUEST_FAILED). Use Conn.Log inside it before any side effect.
+	Request func(*schema.ProcessRequest) (any, error)
 	// Shutdown asks the agent to stop. If msg.CreateCheckpoint, send a final
 	// checkpoint and wait for its ack (SendCheckpoint, AwaitCheckpointAck)
 	// before returning. After it returns, Run returns ErrShutdown.
@@ -112,6 +117,10 @@ func (c *Conn) dispatch(m schema.Message, h Handlers) error {
 			return nil
 		}
 	case *schema.ProcessRequest:
+		if h.Request != nil {
+			c.answer(m, h.Request) // durable.go
+			return nil
+		}
 		if h.ProcessRequest != nil {
 			h.ProcessRequest(m)
 			return nil

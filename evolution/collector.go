@@ -52,6 +52,13 @@ type Summary struct {
 	FirstInvalid string // the first of them, e.g. "error_rate=NaN"
 
 	First, Last time.Time // arrival of the first and last report; zero when none
+
+	// Answers to the requests mirrored to both sides during the trial
+	// (request_result): how many came, how many were errors, and the mean
+	// time from process_request to the answer, in seconds.
+	Results       int
+	ResultErrors  int
+	ResultLatency float64
 }
 
 // Collector aggregates the metrics reports of both sides of a trial. It keeps
@@ -106,6 +113,23 @@ func (c *Collector) Add(side Side, report map[string]float64, at time.Time) {
 		*k.n++
 		*k.mean += (x - *k.mean) / float64(*k.n)
 	}
+}
+
+// AddResult records one request_result from side: whether it was an error,
+// and how long after the process_request it came. Negative latencies count
+// as 0. A side other than [Primary] or [Shadow] is ignored.
+func (c *Collector) AddResult(side Side, failed bool, latency time.Duration) {
+	if side != Primary && side != Shadow {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := &c.sides[side]
+	s.Results++
+	if failed {
+		s.ResultErrors++
+	}
+	s.ResultLatency += (max(latency, 0).Seconds() - s.ResultLatency) / float64(s.Results)
 }
 
 // Summary returns side's aggregate so far. An unknown side gives the zero

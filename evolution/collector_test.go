@@ -159,3 +159,17 @@ func BenchmarkCollectorAdd(b *testing.B) {
 		c.Add(Shadow, report, now)
 	}
 }
+
+func TestCollectorAddResult(t *testing.T) {
+	c := NewCollector()
+	c.AddResult(Shadow, false, 10*time.Millisecond)
+	c.AddResult(Shadow, true, 30*time.Millisecond)
+	c.AddResult(Side(7), true, time.Second)
+	s := c.Summary(Shadow)
+	if s.Results != 2 || s.ResultErrors != 1 || s.ResultLatency < 0.0199 || s.ResultLatency > 0.0201 {
+		t.Errorf("shadow summary %+v", s)
+	}
+	if p := c.Summary(Primary); p.Results != 0 {
+		t.Errorf("primary got results: %+v", p)
+	}
+}

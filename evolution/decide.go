@@ -20,6 +20,11 @@ const (
 	MetricLatencyImprovement = "latency_improvement" // shadow avg latency ÷ primary − 1; negative is better
 	MetricErrorRateChange    = "error_rate_change"   // shadow error rate − primary error rate
 	MetricMemoryIncrease     = "memory_increase"     // shadow memory usage ÷ primary − 1
+
+	// From the answers (request_result) to requests mirrored to both sides,
+	// present only when both answered at least one:
+	MetricRequestErrorRateChange    = "request_error_rate_change"   // shadow error answers ÷ answers − primary's
+	MetricRequestLatencyImprovement = "request_latency_improvement" // shadow mean answer time ÷ primary − 1
 )
 
 // Values of [Decision.Decision], as sent in evolution_result.decision.
@@ -113,7 +118,9 @@ type Decision struct {
 //     of them ("not enough data");
 //  5. a primary figure of 0 against a shadow figure above 0, which makes the
 //     ratio unbounded (0 against 0 is no change);
-//  6. any figure over its limit.
+//  6. any figure over its limit. When both sides answered mirrored requests
+//     (request_result), their error share and mean answer time are figures
+//     too, held to the error-rate and latency limits.
 //
 // Promotion needs all of them to pass. Metrics carries whatever figures were
 // computable even on rejection, so the audit log shows them.
@@ -185,6 +192,18 @@ func Decide(primary, shadow Summary, o Outcome, t Thresholds) Decision {
 	if !within(f.memory, t.MaxMemoryIncrease) {
 		over = append(over, "memory")
 	}
+	if f.hasReqErr {
+		figures += fmt.Sprintf(", request errors %s (%s)", abs3(f.reqErr), limitAbs3(t.MaxErrorRateIncrease))
+		if !within(f.reqErr, t.MaxErrorRateIncrease) {
+			over = append(over, "request error")
+		}
+	}
+	if f.hasReqLat {
+		figures += fmt.Sprintf(", request latency %s (%s)", pct(f.reqLat), limitPct(t.MaxLatencyIncrease))
+		if !within(f.reqLat, t.MaxLatencyIncrease) {
+			over = append(over, "request latency")
+		}
+	}
 	if len(over) > 0 {
 		return reject("over the %s %s: %s", joinAnd(over), plural(len(over), "limit", "limits"), figures)
 	}
@@ -202,6 +221,8 @@ func Decide(primary, shadow Summary, o Outcome, t Thresholds) Decision {
 type comparison struct {
 	latency, errRate, memory          float64
 	hasLatency, hasErrRate, hasMemory bool
+	reqErr, reqLat                    float64
+	hasReqErr, hasReqLat              bool
 }
 
 func compute(p, s Summary) comparison {
@@ -214,6 +235,13 @@ func compute(p, s Summary) comparison {
 	}
 	if p.MemoryReports > 0 && s.MemoryReports > 0 && validMemory(p.MemoryUsage) && validMemory(s.MemoryUsage) {
 		c.memory, c.hasMemory = ratioChange(s.MemoryUsage, p.MemoryUsage)
+	}
+	if p.Results > 0 && s.Results > 0 {
+		c.reqErr = clean(float64(s.ResultErrors)/float64(s.Results) - float64(p.ResultErrors)/float64(p.Results))
+		c.hasReqErr = true
+		if validLatency(p.ResultLatency) && validLatency(s.ResultLatency) {
+			c.reqLat, c.hasReqLat = ratioChange(s.ResultLatency, p.ResultLatency)
+		}
 	}
 	return c
 }
@@ -228,6 +256,12 @@ func (c comparison) metrics() map[string]float64 {
 	}
 	if c.hasMemory {
 		m[MetricMemoryIncrease] = c.memory
+	}
+	if c.hasReqErr {
+		m[MetricRequestErrorRateChange] = c.reqErr
+	}
+	if c.hasReqLat {
+		m[MetricRequestLatencyImprovement] = c.reqLat
 	}
 	return m
 }

@@ -246,3 +246,43 @@ func BenchmarkDecide(b *testing.B) {
 		Decide(p, s, alive, th)
 	}
 }
+
+// withResults adds request answers to a Summary.
+func withResults(s Summary, n, errs int, latency float64) Summary {
+	s.Results, s.ResultErrors, s.ResultLatency = n, errs, latency
+	return s
+}
+
+func TestDecideRequestResults(t *testing.T) {
+	base := full(3, 10, 0.01, 100)
+	for _, c := range []struct {
+		name    string
+		p, s    Summary
+		promote bool
+		reason  string
+		metrics map[string]float64
+	}{
+		{"no answers on one side: no request figures", withResults(base, 4, 0, 0.010), base, true, "within all limits", map[string]float64{}},
+		{"shadow answers as well promotes", withResults(base, 4, 0, 0.010), withResults(base, 4, 0, 0.0101), true, "request errors +0.000 (limit +0.010), request latency +1.0% (limit +5.0%)",
+			map[string]float64{MetricRequestErrorRateChange: 0, MetricRequestLatencyImprovement: 0.01}},
+		{"shadow failing requests rejects", withResults(base, 4, 0, 0.010), withResults(base, 4, 2, 0.010), false, "over the request error limit", map[string]float64{MetricRequestErrorRateChange: 0.5}},
+		{"shadow answering slower rejects", withResults(base, 4, 0, 0.010), withResults(base, 4, 0, 0.020), false, "over the request latency limit", map[string]float64{MetricRequestLatencyImprovement: 1}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := Decide(c.p, c.s, alive, DefaultThresholds())
+			if d.Promote != c.promote || !strings.Contains(d.Reason, c.reason) {
+				t.Errorf("promote %v reason %q; want %v and %q", d.Promote, d.Reason, c.promote, c.reason)
+			}
+			for k, v := range c.metrics {
+				if got, ok := d.Metrics[k]; !ok || math.Abs(got-v) > 1e-9 {
+					t.Errorf("metric %s = %v (present %v), want %v", k, got, ok, v)
+				}
+			}
+			if len(c.metrics) == 0 {
+				if _, ok := d.Metrics[MetricRequestErrorRateChange]; ok {
+					t.Errorf("request figures without answers on both sides: %v", d.Metrics)
+				}
+			}
+		})
+	}
+}

@@ -36,6 +36,8 @@ const (
 	fRequestID
 	fCreateCheckpoint
 	fLastSequence
+	fAck      // extension: wal_entry/wal_batch ack
+	fSequence // extension: wal_ack sequence
 	nTop
 )
 
@@ -46,7 +48,7 @@ var topNames = []string{
 	fSnapshot: "snapshot", fWALEntries: "wal_entries", fCode: "code", fModule: "module",
 	fBackupCheckpointID: "backup_checkpoint_id", fSuccess: "success", fDecision: "decision",
 	fMetrics: "metrics", fReason: "reason", fRequestID: "request_id",
-	fCreateCheckpoint: "create_checkpoint", fLastSequence: "last_sequence",
+	fCreateCheckpoint: "create_checkpoint", fLastSequence: "last_sequence", fAck: "ack", fSequence: "sequence",
 }
 
 // topIndex returns the f* index of a message-level key, or -1.
@@ -98,6 +100,10 @@ func topIndex(key []byte) int {
 		return fCreateCheckpoint
 	case "last_sequence":
 		return fLastSequence
+	case "ack":
+		return fAck
+	case "sequence":
+		return fSequence
 	}
 	return -1
 }
@@ -137,7 +143,7 @@ func (c *Codec) putState(s *decodeState) {
 // the bounds walk (well-formed MessagePack, lengths within the payload,
 // nesting at most MaxDepth, no trailing bytes), then the type and its
 // direction, the type's size limit, decompression of a v2 body, and every
-// field. It returns one of the 13 message types as a pointer, or a
+// field. It returns one of the 15 message types as a pointer, or a
 // *ValidationError (which unwraps to ErrInvalidMessage) naming the field
 // and the rule.
 //
@@ -205,6 +211,10 @@ func (c *Codec) Decode(dir Direction, payload []byte) (Message, error) {
 		return s.processRequest(&top, h)
 	case TypeShutdown:
 		return s.shutdown(&top, h)
+	case TypeRequestResult:
+		return s.requestResult(&top, h)
+	case TypeWALAck:
+		return s.walAck(&top, h)
 	}
 	return nil, s.fail("type", RuleUnknownType, "unknown message type %q", typ) // unreachable: messageType knows all types
 }
@@ -764,7 +774,11 @@ func (s *decodeState) walEntry(top *[nTop][]byte, h Header) (Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &WALEntry{Header: h, Entry: r}, nil
+	ack, err := s.ackFlag(top)
+	if err != nil {
+		return nil, err
+	}
+	return &WALEntry{Header: h, Entry: r, Ack: ack}, nil
 }
 
 func (s *decodeState) walBatch(top *[nTop][]byte, h Header) (Message, error) {
@@ -801,7 +815,11 @@ func (s *decodeState) walBatch(top *[nTop][]byte, h Header) (Message, error) {
 		}
 		off = end
 	}
-	return &WALBatch{Header: h, Entries: entries}, nil
+	ack, err := s.ackFlag(top)
+	if err != nil {
+		return nil, err
+	}
+	return &WALBatch{Header: h, Entries: entries, Ack: ack}, nil
 }
 
 func (s *decodeState) evolutionIntent(top *[nTop][]byte, h Header) (Message, error) {

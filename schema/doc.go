@@ -1,4 +1,4 @@
-// Package schema defines the 13 messages exchanged between the supervisor
+// Package schema defines the 15 messages exchanged between the supervisor
 // and its agent, and decodes, validates and encodes them.
 //
 // # Decoding
@@ -14,7 +14,8 @@
 //     library allocates from declared lengths, so a 5-byte payload claiming
 //     a 4-GiB array would otherwise be a fatal out-of-memory;
 //  2. requires a map with string keys, a string "type" naming one of the
-//     13 types, valid in that direction;
+//     15 types (the seed's 13 and the extensions wal_ack and
+//     request_result), valid in that direction;
 //  3. checks the type's size limit ([Limits]);
 //  4. decodes "timestamp" (required, an integer of any width — a float or a
 //     string is invalid), "version" (optional integer, 1 when absent) and

@@ -57,6 +57,12 @@ func (c *Codec) Encode(m Message) ([]byte, error) {
 		err = e.evolutionResult(m)
 	case *ProcessRequest:
 		err = e.processRequest(m)
+	case *RequestResult:
+		err = e.requestResult(m)
+	case *WALAck:
+		e.begin(&m.Header, 1, false)
+		e.key("sequence")
+		e.b = AppendUint(e.b, m.Sequence)
 	case *Shutdown:
 		e.begin(&m.Header, 2, false)
 		e.str("reason", m.Reason)
@@ -253,9 +259,10 @@ func recordSize(r *WALRecord) int {
 }
 
 func (e *encoder) walEntry(m *WALEntry) error {
-	e.beginSized(&m.Header, 1, false, recordSize(&m.Entry))
+	e.beginSized(&m.Header, 1+boolField(m.Ack), false, recordSize(&m.Entry))
 	e.key("data")
 	e.walRecord("data", &m.Entry)
+	e.ack(m.Ack)
 	return nil
 }
 
@@ -271,7 +278,7 @@ func (e *encoder) walBatch(m *WALBatch) error {
 	for i := range m.Entries {
 		size += recordSize(&m.Entries[i])
 	}
-	e.beginSized(&m.Header, 1, false, size)
+	e.beginSized(&m.Header, 1+boolField(m.Ack), false, size)
 	e.key("data")
 	e.b = AppendArrayHeader(e.b, len(m.Entries))
 	for i := range m.Entries {
@@ -281,6 +288,7 @@ func (e *encoder) walBatch(m *WALBatch) error {
 			e.setErr(e.fail(path("data", i, ""), RuleTooLarge, "entry of %d bytes is over the %d-byte wal_entry limit", n, lim.WALEntry))
 		}
 	}
+	e.ack(m.Ack)
 	return nil
 }
 

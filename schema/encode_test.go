@@ -376,10 +376,10 @@ func TestCodecLimits(t *testing.T) {
 }
 
 func TestTypes(t *testing.T) {
-	if got := schema.Types(schema.FromAgent); len(got) != 7 || got[6] != schema.TypeError {
+	if got := schema.Types(schema.FromAgent); len(got) != 8 || got[6] != schema.TypeError {
 		t.Errorf("FromAgent types %v", got)
 	}
-	if got := schema.Types(schema.ToAgent); len(got) != 7 || got[0] != schema.TypeError {
+	if got := schema.Types(schema.ToAgent); len(got) != 8 || got[0] != schema.TypeError {
 		t.Errorf("ToAgent types %v", got)
 	}
 }

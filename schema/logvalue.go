@@ -53,6 +53,21 @@ func LogValue(m Message) slog.Value {
 		attrs = append(attrs, slog.String("request_id", m.RequestID), slog.Int("message_bytes", len(m.Data.Message)))
 	case *Shutdown:
 		attrs = append(attrs, slog.String("reason", m.Reason), slog.Bool("create_checkpoint", m.CreateCheckpoint))
+	case *WALAck:
+		attrs = append(attrs, slog.Uint64("sequence", m.Sequence))
+	case *RequestResult:
+		id := m.RequestID
+		if len(id) > 64 {
+			id = id[:64] + "..."
+		}
+		attrs = append(attrs, slog.String("request_id", id), slog.Int("data_bytes", len(m.Data)))
+		if m.Error != nil {
+			code := m.Error.Code
+			if len(code) > 64 {
+				code = code[:64] + "..."
+			}
+			attrs = append(attrs, slog.String("error_code", code))
+		}
 	}
 	return slog.GroupValue(attrs...)
 }

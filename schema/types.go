@@ -20,6 +20,10 @@ const (
 	TypeEvolutionResult = "evolution_result"
 	TypeProcessRequest  = "process_request"
 	TypeShutdown        = "shutdown"
+	// The two opt-in extensions (see extensions.go): a supervisor → agent
+	// durability acknowledgement and an agent → supervisor request answer.
+	TypeWALAck        = "wal_ack"
+	TypeRequestResult = "request_result"
 )
 
 // Direction says who sent a message.
@@ -101,7 +105,8 @@ type Header struct {
 // access to its [Header].
 func (h *Header) Head() *Header { return h }
 
-// Message is one of the 13 message types. Only pointers to the types of this
+// Message is one of the 15 message types (the seed's 13 and the two
+// extensions). Only pointers to the types of this
 // package implement it.
 type Message interface {
 	// MessageType returns the wire type, one of the Type constants.
@@ -144,12 +149,17 @@ type WALRecord struct {
 type WALEntry struct {
 	Header
 	Entry WALRecord
+	// Ack asks for a wal_ack once the entry is durable (the ack: true
+	// extension); false when absent.
+	Ack bool
 }
 
 // WALBatch logs several operations at once (agent → supervisor).
 type WALBatch struct {
 	Header
 	Entries []WALRecord // encode: from Raw if set, else from the fields
+	// Ack asks for a wal_ack once the whole batch is durable.
+	Ack bool
 }
 
 // Hypothesis is an evolution_intent's proposed change.
@@ -297,6 +307,8 @@ var typeDirections = map[string]Direction{
 	TypeEvolutionResult: ToAgent,
 	TypeProcessRequest:  ToAgent,
 	TypeShutdown:        ToAgent,
+	TypeWALAck:          ToAgent,
+	TypeRequestResult:   FromAgent,
 }
 
 // Types returns the message types valid in direction dir, in the order of
@@ -323,5 +335,5 @@ var allDirections = func() []Direction {
 var allTypes = []string{
 	TypeHeartbeat, TypeCheckpoint, TypeWALEntry, TypeWALBatch, TypeEvolutionIntent,
 	TypeMetrics, TypeError, TypeCheckpointAck, TypeRestore, TypeHotReload,
-	TypeEvolutionResult, TypeProcessRequest, TypeShutdown,
+	TypeEvolutionResult, TypeProcessRequest, TypeShutdown, TypeRequestResult, TypeWALAck,
 }

@@ -36,6 +36,15 @@ type Config struct {
 	// on fd 3 (agent reads) and fd 4 (agent writes).
 	Stdio    bool
 	HTTPAddr string // "" disables the HTTP listener
+	// HTTPTokenFile holds the bearer token that /v1/requests requires; ""
+	// leaves the request API open (then HTTPAddr must be loopback unless
+	// HTTPAllowRemote).
+	HTTPTokenFile string
+	// HTTPAllowRemote allows a non-loopback HTTPAddr without a token file.
+	HTTPAllowRemote bool
+	// RequestRetention: how long a request waits for its result, and a
+	// result is kept for GET /v1/requests/ID. 10m.
+	RequestRetention time.Duration
 
 	HeartbeatTimeout time.Duration // 5s
 	StartTimeout     time.Duration // 30s, covers the first heartbeat
@@ -97,6 +106,7 @@ func DefaultConfig() Config {
 		CheckpointRetain: 5,
 		MaxFrameSize:     128 << 20,
 		ShadowDuration:   30 * time.Second,
+		RequestRetention: 10 * time.Minute,
 
 		EvolutionThresholds: evolution.DefaultThresholds(),
 		EvolutionMinReports: 1,
@@ -160,6 +170,17 @@ func (c *Config) Validate() error {
 	}
 	if c.HealthyReset <= 0 {
 		c.HealthyReset = 10 * time.Second
+	}
+	if c.RequestRetention < 0 {
+		return bad("--request-retention must be a positive duration, got %s", c.RequestRetention)
+	}
+	if c.RequestRetention == 0 {
+		c.RequestRetention = 10 * time.Minute
+	}
+	if c.HTTPAddr != "" && c.HTTPTokenFile == "" && !c.HTTPAllowRemote && !isLoopbackAddr(c.HTTPAddr) {
+		return bad("--http-addr %s is not a loopback address and no --http-token-file protects /v1/requests: "+
+			"anyone who can reach it could send work to the agent. Give --http-token-file FILE (a bearer token), "+
+			"or --http-allow-remote to expose it without one (e.g. behind an authenticating proxy or a network policy)", c.HTTPAddr)
 	}
 	if c.WALSegmentSize < 4096 {
 		return bad("--wal-segment-size must be at least 4096 bytes, got %d", c.WALSegmentSize)

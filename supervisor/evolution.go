@@ -39,8 +39,8 @@ type shadowSinks struct {
 	t *trial
 }
 
-func (k shadowSinks) appendWAL(in *instance, recs []schema.WALRecord) {
-	k.s.appendWAL(in, func(es []wal.Entry) (wal.AppendResult, error) { return k.t.wal.Append(es...) }, recs)
+func (k shadowSinks) appendWAL(in *instance, recs []schema.WALRecord, ack bool) {
+	k.s.appendWAL(in, k.t.wal, func(es []wal.Entry) (wal.AppendResult, error) { return k.t.wal.Append(es...) }, recs, ack)
 }
 
 func (k shadowSinks) versionSeen(*instance, int32) {}

@@ -24,7 +24,8 @@ func (s *Supervisor) httpHandler() http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.met.reg, promhttp.HandlerOpts{
 		ErrorLog: slogPrinter{s}, Registry: s.met.reg,
 	}))
-	mux.HandleFunc("POST /v1/requests", s.handleRequest)
+	mux.Handle("POST /v1/requests", s.requireToken(http.HandlerFunc(s.handleRequest)))
+	mux.Handle("GET /v1/requests/{id}", s.requireToken(http.HandlerFunc(s.handleGetRequest)))
 	return mux
 }
 
@@ -97,7 +98,8 @@ type requestBody struct {
 	UserID  string         `json:"user_id"`
 }
 
-// POST /v1/requests forwards work to the agent as process_request.
+// POST /v1/requests forwards work to the agent as process_request; with
+// ?wait=D it waits up to D for the agent's request_result.
 func (s *Supervisor) handleRequest(w http.ResponseWriter, r *http.Request) {
 	code, body := s.acceptRequest(w, r)
 	s.met.requests.WithLabelValues(strconv.Itoa(code)).Inc()
@@ -105,6 +107,10 @@ func (s *Supervisor) handleRequest(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Supervisor) acceptRequest(w http.ResponseWriter, r *http.Request) (int, map[string]any) {
+	wait, err := parseWait(r)
+	if err != nil {
+		return http.StatusBadRequest, map[string]any{"error": err.Error()}
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
 	var req requestBody
 	dec := json.NewDecoder(r.Body)
@@ -135,12 +141,5 @@ func (s *Supervisor) acceptRequest(w http.ResponseWriter, r *http.Request) (int,
 	}
 	id := newUUID()
 	msg := &schema.ProcessRequest{RequestID: id, Data: schema.RequestData{Message: *req.Message, Context: ctxRaw, UserID: req.UserID}}
-	if !in.sendMsg(msg) {
-		return http.StatusServiceUnavailable, map[string]any{"error": "the agent is not accepting input"}
-	}
-	// During an evolution trial the shadow gets the same traffic.
-	if t := s.trialPtr.Load(); t != nil && t.shadow != nil {
-		t.shadow.sendMsg(msg)
-	}
-	return http.StatusAccepted, map[string]any{"request_id": id}
+	return s.forwardRequest(w, r, in, msg, wait) // requests.go
 }

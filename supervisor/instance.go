@@ -50,12 +50,14 @@ type event struct {
 // sinks are where an instance's valid messages go. A primary's sinks are the
 // supervisor's WAL, checkpoint store and metrics; a shadow's are scratch ones.
 type sinks interface {
-	appendWAL(inst *instance, recs []schema.WALRecord)
+	// appendWAL appends recs; with ack, the agent asked for a wal_ack.
+	appendWAL(inst *instance, recs []schema.WALRecord, ack bool)
 	checkpoint(inst *instance, cp *schema.Checkpoint, arrived time.Time)
 	agentMetrics(inst *instance, m *schema.Metrics)
 	agentError(inst *instance, m *schema.Error)
 	invalid(inst *instance, err error)
-	versionSeen(inst *instance, v int32) // the agent spoke a higher protocol version
+	versionSeen(inst *instance, v int32)                   // the agent spoke a higher protocol version
+	requestResult(inst *instance, m *schema.RequestResult) // requests.go
 }
 
 // instance is one incarnation of an agent: the process, a goroutine reading
@@ -107,6 +109,8 @@ type instance struct {
 	// waiting for.
 	abandoned chan struct{}
 	abandonMu sync.Once
+
+	acks acks // wal_ack for ack: true entries (acks.go)
 }
 
 func newInstance(n int, role string, proc *process, codec *schema.Codec, maxFrame int, sk sinks, events chan<- event, met *metrics, log *slog.Logger) *instance {
@@ -243,9 +247,11 @@ func (in *instance) readLoop(r *wire.Reader) {
 				in.emit(event{kind: evFirstHeartbeat})
 			}
 		case *schema.WALEntry:
-			in.inSink(func() { in.sinks.appendWAL(in, []schema.WALRecord{m.Entry}) })
+			in.inSink(func() { in.sinks.appendWAL(in, []schema.WALRecord{m.Entry}, m.Ack) })
 		case *schema.WALBatch:
-			in.inSink(func() { in.sinks.appendWAL(in, m.Entries) })
+			in.inSink(func() { in.sinks.appendWAL(in, m.Entries, m.Ack) })
+		case *schema.RequestResult:
+			in.sinks.requestResult(in, m)
 		case *schema.Checkpoint:
 			in.inSink(func() { in.sinks.checkpoint(in, m, time.Now()) })
 		case *schema.Metrics:
@@ -350,6 +356,7 @@ wait:
 	}
 	in.proc.closeReaders()
 	<-in.readerEnd
+	in.stopAcks()
 	in.logsEnd.Wait()
 	in.closeOutbound()
 	<-in.writerEnd

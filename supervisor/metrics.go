@@ -56,6 +56,8 @@ type metrics struct {
 	genericMu     sync.Mutex
 	genericKeys   map[string]struct{}
 	genericDenied prometheus.Counter
+
+	extensionMetrics // wal_ack and request results (extension_metrics.go)
 }
 
 func newMetrics(heartbeatAge func() float64) *metrics {
@@ -192,10 +194,11 @@ func newMetrics(heartbeatAge func() float64) *metrics {
 	for _, r := range restartReasons {
 		m.restarts.WithLabelValues(r)
 	}
-	for _, code := range []string{"WAL_FULL", "WAL_FAILED"} {
+	for _, code := range []string{"WAL_FULL", "WAL_FAILED", "SEQUENCE_CONFLICT"} {
 		m.walErrors.WithLabelValues(code)
 	}
 	f(newBuildInfoGauge(Build()))
+	m.extensionMetrics = newExtensionMetrics(m.reg)
 	return m
 }
 

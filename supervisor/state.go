@@ -25,8 +25,8 @@ func zstdLevel(n int) zstd.EncoderLevel {
 // primarySinks route a primary's messages into the supervisor's stores.
 type primarySinks struct{ s *Supervisor }
 
-func (p primarySinks) appendWAL(in *instance, recs []schema.WALRecord) {
-	p.s.appendWAL(in, p.s.st.append, recs)
+func (p primarySinks) appendWAL(in *instance, recs []schema.WALRecord, ack bool) {
+	p.s.appendWAL(in, p.s.st.wal, p.s.st.append, recs, ack)
 }
 
 func (p primarySinks) versionSeen(_ *instance, v int32) { p.s.st.noteVersion(v) }
@@ -79,11 +79,13 @@ func (s *Supervisor) invalidMessage(in *instance, err error) {
 }
 
 // appendWAL appends entries as one unit through appendFn (the primary's
-// stores, or a shadow's scratch WAL) and reports what went wrong to the
+// stores, or a shadow's scratch WAL l) and reports what went wrong to the
 // agent: WAL_FULL / WAL_FAILED for storage, SEQUENCE_CONFLICT for an entry
 // at an old sequence that is not a byte-identical replay. Nothing an agent
-// sends is dropped silently.
-func (s *Supervisor) appendWAL(in *instance, appendFn func([]wal.Entry) (wal.AppendResult, error), recs []schema.WALRecord) {
+// sends is dropped silently. With ack, accepted entries (replays included)
+// are answered with wal_ack once durable in l; refused ones only with the
+// error.
+func (s *Supervisor) appendWAL(in *instance, l *wal.Log, appendFn func([]wal.Entry) (wal.AppendResult, error), recs []schema.WALRecord, ack bool) {
 	entries := make([]wal.Entry, len(recs))
 	size := 0
 	for i, r := range recs {
@@ -137,6 +139,9 @@ func (s *Supervisor) appendWAL(in *instance, appendFn func([]wal.Entry) (wal.App
 		if ok, _ := s.limiter.allow(time.Now()); ok {
 			in.log.Info("gap in WAL sequences (allowed)", "after", g.After, "next", g.Next)
 		}
+	}
+	if ack { // issue 14: the agent waits for durability (acks.go)
+		in.ackWhenDurable(l, recs[len(recs)-1].Sequence)
 	}
 }
 

@@ -102,6 +102,11 @@ type Supervisor struct {
 	loopDone chan struct{}
 
 	limiter *rateLimiter
+
+	// The request API (requests.go): results of process_request, and the
+	// SHA-256 of the --http-token-file bearer token (nil: no token).
+	requests  *requestTable
+	tokenHash []byte
 }
 
 type ckptJob struct {
@@ -139,6 +144,12 @@ func New(cfg Config) (*Supervisor, error) {
 	s.newestCkp.Store("")
 	s.setState(StateStarting) // the first start is scheduled at once
 	s.met = newMetrics(s.heartbeatAgeSeconds)
+	s.requests = newRequestTable(cfg.RequestRetention, s.met)
+	tok, err := loadToken(cfg.HTTPTokenFile)
+	if err != nil {
+		return nil, err
+	}
+	s.tokenHash = tok
 	return s, nil
 }
 

@@ -32,6 +32,9 @@ func runFlags(e env, cfg *supervisor.Config) (f *flagSet, restart, ops, logForma
 	f.fromEnv = func(string) bool { return true }
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the WAL, checkpoints, control socket and audit log (created mode 0700)")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "HTTP listener for /metrics, /healthz, /readyz and /v1/requests (empty disables; port 0 picks a free one)")
+	f.StringVar(&cfg.HTTPTokenFile, "http-token-file", cfg.HTTPTokenFile, "file holding the bearer token that /v1/requests requires (probes and /metrics stay open)")
+	f.BoolVar(&cfg.HTTPAllowRemote, "http-allow-remote", cfg.HTTPAllowRemote, "allow a non-loopback --http-addr without --http-token-file (the request API is then open to the network)")
+	f.duration(&cfg.RequestRetention, "request-retention", cfg.RequestRetention, "how long a request waits for the agent's result, and a result is kept for GET /v1/requests/ID")
 	f.BoolVar(&cfg.Stdio, "stdio", cfg.Stdio, "frames over the agent's stdin/stdout; false: over fd 3 (agent reads) and fd 4 (agent writes)")
 	f.duration(&cfg.HeartbeatTimeout, "heartbeat-timeout", cfg.HeartbeatTimeout, "an agent silent this long is hung and is restarted")
 	f.duration(&cfg.StartTimeout, "start-timeout", cfg.StartTimeout, "time allowed for the first heartbeat after a start")
@@ -56,7 +59,7 @@ func runFlags(e env, cfg *supervisor.Config) (f *flagSet, restart, ops, logForma
 	f.Float64Var(&cfg.EvolutionThresholds.MaxMemoryIncrease, "evolution-max-memory-increase", cfg.EvolutionThresholds.MaxMemoryIncrease, "promote only if shadow memory ÷ primary − 1 is at most this")
 	f.IntVar(&cfg.EvolutionMinReports, "evolution-min-reports", cfg.EvolutionMinReports, "metrics reports needed from each of the primary and the shadow during a trial")
 	logFormat = f.String("log-format", "text", "log format on stderr: text or json")
-	for name, m := range map[string]string{"data-dir": "DIR", "http-addr": "ADDR", "restart": "POLICY", "wal-sync": "POLICY",
+	for name, m := range map[string]string{"data-dir": "DIR", "http-addr": "ADDR", "http-token-file": "FILE", "restart": "POLICY", "wal-sync": "POLICY",
 		"wal-segment-size": "BYTES", "wal-operations": "LIST", "max-frame-size": "BYTES", "log-format": "FORMAT",
 		"evolution-max-latency-increase": "X", "evolution-max-error-rate-increase": "X", "evolution-max-memory-increase": "X"} {
 		f.meta[name] = m

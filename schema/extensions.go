@@ -1,0 +1,163 @@
+package schema
+
+import (
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// The opt-in extensions for agents that must not act before their entry is
+// durable (docs/protocol.md, "Extensions"). An agent that never sends
+// ack: true or request_result never receives anything new.
+//
+//   - wal_entry and wal_batch may carry ack: true ([WALEntry.Ack],
+//     [WALBatch.Ack]); the supervisor then answers with a [WALAck] once
+//     every entry up to WALAck.Sequence is durable. Acks are cumulative.
+//   - request_result ([RequestResult]) is the agent's answer to a
+//     process_request: data, or an error {code, message}.
+
+// CodeRequestFailed is the error code the Go client puts in a request_result
+// whose handler returned a plain error.
+const CodeRequestFailed = "REQUEST_FAILED"
+
+// WALAck tells the agent that every WAL entry with a sequence up to and
+// including Sequence is durable (supervisor → agent). Acks are cumulative:
+// one ack answers every ack: true entry at or below Sequence.
+type WALAck struct {
+	Header
+	Sequence uint64
+}
+
+// RequestResult is the agent's answer to a process_request (agent →
+// supervisor): exactly one of Data and Error is set.
+type RequestResult struct {
+	Header
+	RequestID string
+	// Data is the raw bytes of the answer map (aliases the payload on
+	// decode); nil when the request failed.
+	Data msgpack.RawMessage
+	// Error is set when the request failed: Code (not empty) and Message.
+	// Only Code and Message are sent and read.
+	Error *ErrorBody
+}
+
+func (*WALAck) MessageType() string        { return TypeWALAck }
+func (*RequestResult) MessageType() string { return TypeRequestResult }
+
+// requestErrorNames are the fields read from request_result.error.
+var requestErrorNames = []string{"code", "message"}
+
+// ackFlag reads the optional ack field of a wal_entry or wal_batch: a
+// boolean, false when absent or nil.
+func (s *decodeState) ackFlag(top *[nTop][]byte) (bool, error) {
+	v := top[fAck]
+	if !present(v) {
+		return false, nil
+	}
+	return s.bool(v, "ack")
+}
+
+func (s *decodeState) walAck(top *[nTop][]byte, h Header) (Message, error) {
+	if err := s.noCompression(top); err != nil {
+		return nil, err
+	}
+	v := top[fSequence]
+	if v == nil {
+		return nil, s.missing("sequence", "a positive integer")
+	}
+	n, err := s.int(v, "sequence")
+	if err != nil {
+		return nil, err
+	}
+	if n <= 0 {
+		return nil, s.fail("sequence", RuleFieldValue, "must be a positive integer, got %d", n)
+	}
+	return &WALAck{Header: h, Sequence: uint64(n)}, nil
+}
+
+func (s *decodeState) requestResult(top *[nTop][]byte, h Header) (Message, error) {
+	if err := s.noCompression(top); err != nil {
+		return nil, err
+	}
+	m := &RequestResult{Header: h}
+	var err error
+	if m.RequestID, err = s.reqStr(top[fRequestID], "request_id"); err != nil {
+		return nil, err
+	}
+	if m.RequestID == "" {
+		return nil, s.fail("request_id", RuleFieldValue, "must be the request_id of the process_request answered, got an empty string")
+	}
+	data, ev := top[fData], top[fError]
+	switch {
+	case present(data) && present(ev):
+		return nil, s.fail("", RuleFieldValue, "has both data and error; send data for an answer or error for a failure, not both")
+	case !present(data) && !present(ev):
+		return nil, s.missing("data", "a map with the answer, or an error {code, message}")
+	case present(data):
+		if m.Data, err = s.reqMap(data, "data"); err != nil {
+			return nil, err
+		}
+		return m, nil
+	}
+	if _, err := s.reqMap(ev, "error"); err != nil {
+		return nil, err
+	}
+	var f [2][]byte
+	if err := s.fields(ev, "error", requestErrorNames, f[:], true); err != nil {
+		return nil, err
+	}
+	b := &ErrorBody{}
+	if b.Code, err = s.reqStr(f[0], "error.code"); err != nil {
+		return nil, err
+	}
+	if b.Code == "" {
+		return nil, s.fail("error.code", RuleFieldValue, "must name the error, got an empty string")
+	}
+	if b.Message, err = s.reqStr(f[1], "error.message"); err != nil {
+		return nil, err
+	}
+	m.Error = b
+	return m, nil
+}
+
+func (e *encoder) requestResult(m *RequestResult) error {
+	if m.RequestID == "" {
+		return e.fail("request_id", RuleMissingField, "a request_id is required")
+	}
+	switch {
+	case m.Data != nil && m.Error != nil:
+		return e.fail("", RuleFieldValue, "has both data and error; set exactly one")
+	case m.Data == nil && m.Error == nil:
+		return e.fail("data", RuleMissingField, "a request_result needs data or an error")
+	case m.Error != nil && m.Error.Code == "":
+		return e.fail("error.code", RuleMissingField, "an error code is required")
+	}
+	size := len(m.RequestID) + len(m.Data)
+	if m.Error != nil {
+		size += len(m.Error.Code) + len(m.Error.Message)
+	}
+	e.beginSized(&m.Header, 2, false, size)
+	e.str("request_id", m.RequestID)
+	if m.Data != nil {
+		e.raw("data", m.Data)
+		return nil
+	}
+	e.key("error")
+	e.b = append(e.b, 0x82)
+	e.str("code", m.Error.Code)
+	e.str("message", m.Error.Message)
+	return nil
+}
+
+// ack appends ack: true when set; absent means false.
+func (e *encoder) ack(on bool) {
+	if on {
+		e.key("ack")
+		e.b = appendBool(e.b, true)
+	}
+}
+
+func boolField(on bool) int {
+	if on {
+		return 1
+	}
+	return 0
+}

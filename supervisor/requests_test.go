@@ -1,0 +1,301 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/agent-sidecar/supervisor/schema"
+)
+
+// fakeClock is a settable clock for the request table.
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time          { return c.t }
+func (c *fakeClock) advance(d time.Duration) { c.t = c.t.Add(d) }
+func newTestTable(retention time.Duration) (*requestTable, *fakeClock) {
+	clk := &fakeClock{t: time.Unix(1705392000, 0)}
+	tb := newRequestTable(retention, newMetrics(func() float64 { return 0 }))
+	tb.now = clk.now
+	return tb, clk
+}
+
+func TestRequestTableLifecycle(t *testing.T) {
+	tb, clk := newTestTable(time.Minute)
+	r := tb.add("a", "")
+	if v, _ := tb.view("a"); v.Status != statusPending {
+		t.Errorf("new request is %q, want pending", v.Status)
+	}
+	clk.advance(20 * time.Millisecond)
+	outcome, took, _, err := tb.finish("a", json.RawMessage(`{"x":1}`), nil)
+	if err != nil || outcome != outcomeAnswered || took != 20*time.Millisecond {
+		t.Fatalf("finish = %q %v %v", outcome, took, err)
+	}
+	select {
+	case <-r.done:
+	default:
+		t.Fatal("a waiter was not woken by the answer")
+	}
+	if v, _ := tb.view("a"); v.Status != statusAnswered || string(v.Data) != `{"x":1}` {
+		t.Errorf("view %+v", v)
+	}
+	if _, _, _, err := tb.finish("a", json.RawMessage(`{}`), nil); !errors.Is(err, errRequestAnswered) {
+		t.Errorf("second result = %v, want errRequestAnswered", err)
+	}
+	if _, _, _, err := tb.finish("never-sent", json.RawMessage(`{}`), nil); !errors.Is(err, errRequestUnknown) {
+		t.Errorf("result for an unknown id = %v, want errRequestUnknown", err)
+	}
+	tb.add("b", "")
+	if o, _, _, _ := tb.finish("b", nil, &resultError{Code: "TOOL_FAILED", Message: "m"}); o != outcomeFailed {
+		t.Errorf("error result outcome %q", o)
+	}
+	if v, _ := tb.view("b"); v.Status != statusFailed || v.Error.Code != "TOOL_FAILED" {
+		t.Errorf("view %+v", v)
+	}
+
+	// A request unanswered for the retention expires; its late result is
+	// dropped (no error), and it is forgotten a retention later.
+	tb.add("slow", "")
+	clk.advance(time.Minute)
+	if v, _ := tb.view("slow"); v.Status != statusExpired {
+		t.Errorf("unanswered request after the retention is %q, want expired", v.Status)
+	}
+	if o, _, _, err := tb.finish("slow", json.RawMessage(`{}`), nil); o != outcomeLate || err != nil {
+		t.Errorf("late result = %q, %v; want late, nil", o, err)
+	}
+	if got := testutil.ToFloat64(tb.met.requestOutcomes.WithLabelValues(outcomeExpired)); got != 1 {
+		t.Errorf("expired counter %v", got)
+	}
+	clk.advance(time.Minute + time.Second)
+	for _, id := range []string{"a", "b", "slow"} {
+		if _, ok := tb.view(id); ok {
+			t.Errorf("%s still held after twice the retention", id)
+		}
+	}
+	if _, _, _, err := tb.finish("slow", json.RawMessage(`{}`), nil); !errors.Is(err, errRequestUnknown) {
+		t.Errorf("result for a forgotten request = %v, want errRequestUnknown", err)
+	}
+}
+
+func TestRequestTableBounded(t *testing.T) {
+	tb, clk := newTestTable(time.Hour)
+	tb.maxCount, tb.maxBytes = 3, 10
+	held := func(want ...string) {
+		t.Helper()
+		if len(tb.recs) != len(want) {
+			t.Errorf("%d held, want %v", len(tb.recs), want)
+		}
+		for _, id := range want {
+			if _, ok := tb.view(id); !ok {
+				t.Errorf("%s was forgotten; want %v held", id, want)
+			}
+		}
+	}
+	// At the count cap with every request pending (an agent that never
+	// answers), the oldest pending one goes, and its waiter is woken.
+	p0 := tb.add("p0", "")
+	clk.advance(time.Second)
+	tb.add("p1", "")
+	tb.add("p2", "")
+	tb.add("p3", "")
+	held("p1", "p2", "p3")
+	select {
+	case <-p0.done:
+	default:
+		t.Error("the forgotten request's waiter was not woken")
+	}
+	// With a finished one, it goes first.
+	tb.finish("p1", json.RawMessage(`{}`), nil)
+	tb.add("p4", "")
+	held("p2", "p3", "p4")
+	// Over the byte budget, the oldest finished results go.
+	tb.finish("p2", json.RawMessage(`"123456"`), nil)
+	clk.advance(time.Second)
+	tb.finish("p3", json.RawMessage(`"123456"`), nil)
+	held("p3", "p4")
+	if tb.bytes != 8 {
+		t.Errorf("%d bytes counted, want 8", tb.bytes)
+	}
+}
+
+func TestMsgpackToJSON(t *testing.T) {
+	raw, _ := schema.MarshalMap(map[string]any{"s": "x", "n": -3, "f": 1.5, "a": []any{true, nil}, "m": map[string]any{"k": uint64(1 << 63)}})
+	raw = append([]byte{raw[0] + 1, 0xa1, 'b', 0xc4, 2, 1, 2}, raw[1:]...) // b: bin
+	got, err := msgpackToJSON(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"a":[true,null],"b":"AQI=","f":1.5,"m":{"k":9223372036854775808},"n":-3,"s":"x"}`
+	if string(got) != want {
+		t.Errorf("got %s\nwant %s", got, want)
+	}
+	// Non-string keys and ext values still give JSON.
+	odd := []byte{0x82, 0x01, 0xa1, 'x', 0xa1, 'e', 0xd4, 0x05, 0xff}
+	if got, err := msgpackToJSON(odd); err != nil || string(got) != `{"1":"x","e":{"data":"/w==","ext_type":5}}` {
+		t.Errorf("got %s, %v", got, err)
+	}
+}
+
+// testHTTP returns a supervisor's handler, not running (no agent).
+func testHTTP(t *testing.T, mutate func(*Config)) http.Handler {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.DataDir = t.TempDir()
+	cfg.Command = []string{"/bin/true"}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.httpHandler()
+}
+
+func do(t *testing.T, h http.Handler, method, target, token, body string) (int, string) {
+	t.Helper()
+	req := httptest.NewRequest(method, target, strings.NewReader(body))
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	b, _ := io.ReadAll(rec.Result().Body)
+	return rec.Code, string(b)
+}
+
+func TestRequestWaitParameter(t *testing.T) {
+	h := testHTTP(t, nil)
+	for _, c := range []struct {
+		wait string
+		code int
+		want string
+	}{
+		{"abc", 400, "not a duration"},
+		{"30", 400, "not a duration"},
+		{"6m", 400, "out of range"},
+		{"-1s", 400, "out of range"},
+		{"5m", 503, "no agent is ready"}, // valid: the missing agent is the next problem
+	} {
+		code, body := do(t, h, "POST", "/v1/requests?wait="+c.wait, "", `{"message":"hi"}`)
+		if code != c.code || !strings.Contains(body, c.want) {
+			t.Errorf("wait=%s: %d %s; want %d and %q", c.wait, code, body, c.code, c.want)
+		}
+	}
+}
+
+func TestRequestAPIToken(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := testHTTP(t, func(c *Config) { c.HTTPTokenFile = file })
+	for _, c := range []struct {
+		name, method, path, token string
+		code                      int
+	}{
+		{"POST without a token", "POST", "/v1/requests", "", 401},
+		{"POST with a wrong token", "POST", "/v1/requests", "s3cret2", 401},
+		{"POST with a token prefix", "POST", "/v1/requests", "s3cre", 401},
+		{"GET without a token", "GET", "/v1/requests/x", "", 401},
+		{"POST with the token", "POST", "/v1/requests", "s3cret", 503}, // authorized; no agent
+		{"GET with the token", "GET", "/v1/requests/x", "s3cret", 404},
+		{"healthz stays open", "GET", "/healthz", "", 200},
+		{"readyz stays open", "GET", "/readyz", "", 503},
+		{"metrics stay open", "GET", "/metrics", "", 200},
+	} {
+		code, body := do(t, h, c.method, c.path, c.token, `{"message":"hi"}`)
+		if code != c.code {
+			t.Errorf("%s: %d %s, want %d", c.name, code, body, c.code)
+		}
+	}
+	// The Authorization header must say Bearer.
+	req := httptest.NewRequest("POST", "/v1/requests", strings.NewReader(`{"message":"hi"}`))
+	req.Header.Set("Authorization", "Basic s3cret")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != 401 || rec.Header().Get("WWW-Authenticate") == "" {
+		t.Errorf("Basic auth: %d %v", rec.Code, rec.Header())
+	}
+}
+
+func TestHTTPAddrNeedsTokenOrPermission(t *testing.T) {
+	token := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(token, []byte("t"), 0o600)
+	empty := filepath.Join(t.TempDir(), "empty")
+	os.WriteFile(empty, []byte("\n"), 0o600)
+	for _, c := range []struct {
+		addr, token string
+		allow       bool
+		wantErr     string
+	}{
+		{"127.0.0.1:9464", "", false, ""},
+		{"[::1]:9464", "", false, ""},
+		{"localhost:9464", "", false, ""},
+		{"", "", false, ""},
+		{"0.0.0.0:9464", "", false, "not a loopback address"},
+		{":9464", "", false, "not a loopback address"},
+		{"10.1.2.3:9464", "", false, "--http-allow-remote"},
+		{"0.0.0.0:9464", "", true, ""},
+		{"0.0.0.0:9464", token, false, ""},
+		{"127.0.0.1:9464", empty, false, "is empty"},
+		{"127.0.0.1:9464", "/nonexistent/token", false, "--http-token-file"},
+	} {
+		cfg := DefaultConfig()
+		cfg.DataDir = t.TempDir()
+		cfg.Command = []string{"/bin/true"}
+		cfg.HTTPAddr, cfg.HTTPTokenFile, cfg.HTTPAllowRemote = c.addr, c.token, c.allow
+		_, err := New(cfg)
+		switch {
+		case c.wantErr == "" && err != nil:
+			t.Errorf("%q token %q allow %v: %v", c.addr, c.token, c.allow, err)
+		case c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr) || !errors.Is(err, ErrConfig)):
+			t.Errorf("%q token %q allow %v: %v, want a configuration error containing %q", c.addr, c.token, c.allow, err, c.wantErr)
+		}
+	}
+}
+
+// TestShadowAnswers: the shadow may answer only requests mirrored to its
+// trial, once each; its answers never complete the primary's request.
+func TestShadowAnswers(t *testing.T) {
+	tb, clk := newTestTable(time.Minute)
+	tb.add("mirrored", "trial-1")
+	tb.add("primary-only", "")
+	clk.advance(30 * time.Millisecond)
+	if _, err := tb.shadowAnswer("mirrored", "trial-2"); !errors.Is(err, errRequestUnknown) {
+		t.Errorf("another trial's shadow: %v, want errRequestUnknown", err)
+	}
+	if _, err := tb.shadowAnswer("primary-only", "trial-1"); !errors.Is(err, errRequestUnknown) {
+		t.Errorf("a request not mirrored: %v, want errRequestUnknown", err)
+	}
+	took, err := tb.shadowAnswer("mirrored", "trial-1")
+	if err != nil || took != 30*time.Millisecond {
+		t.Errorf("shadow answer: %v, %v", took, err)
+	}
+	if _, err := tb.shadowAnswer("mirrored", "trial-1"); !errors.Is(err, errRequestAnswered) {
+		t.Errorf("second shadow answer: %v, want errRequestAnswered", err)
+	}
+	if v, _ := tb.view("mirrored"); v.Status != statusPending {
+		t.Errorf("the shadow's answer completed the request: %+v", v)
+	}
+	if _, _, trial, err := tb.finish("mirrored", json.RawMessage(`{}`), nil); err != nil || trial != "trial-1" {
+		t.Errorf("primary answer: trial %q, %v", trial, err)
+	}
+}
+
+func TestRequestRetentionMustBePositive(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.DataDir, cfg.Command, cfg.RequestRetention = t.TempDir(), []string{"/bin/true"}, -time.Second
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "--request-retention") {
+		t.Errorf("New with a negative retention: %v", err)
+	}
+}

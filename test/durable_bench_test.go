@@ -1,0 +1,120 @@
+package test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	ackAgentOnce sync.Once
+	ackAgentPath string
+	ackAgentErr  error
+)
+
+// ackAgent builds test/ackagent once (benchmarks only).
+func ackAgent(b *testing.B) string {
+	b.Helper()
+	ackAgentOnce.Do(func() {
+		ackAgentPath = filepath.Join(filepath.Dir(binPath), "ackagent")
+		out, err := exec.Command("go", "build", "-o", ackAgentPath, "./ackagent").CombinedOutput()
+		if err != nil {
+			ackAgentErr = fmt.Errorf("building test/ackagent: %v\n%s", err, out)
+		}
+	})
+	if ackAgentErr != nil {
+		b.Fatal(ackAgentErr)
+	}
+	return ackAgentPath
+}
+
+// runAckAgent runs the supervisor over test/ackagent in mode and returns the
+// figures the agent wrote, and the data directory.
+func runAckAgent(b *testing.B, flags []string, env ...string) (map[string]float64, string) {
+	b.Helper()
+	out := filepath.Join(b.TempDir(), "figures.json")
+	s := startSup(b, supOpts{command: []string{ackAgent(b)}, flags: flags, env: append(env, "ACKBENCH_OUT="+out)})
+	var figures map[string]float64
+	waitFor(b, 10*time.Minute, "the agent's figures", func() bool {
+		data, err := os.ReadFile(out)
+		return err == nil && json.Unmarshal(data, &figures) == nil
+	})
+	// The WAL's own fsyncs, as the supervisor timed them.
+	if n := s.metric("supervisor_wal_fsync_duration_seconds_count"); n > 0 {
+		figures["wal_fsync_mean_ns"] = s.metric("supervisor_wal_fsync_duration_seconds_sum") / n * 1e9
+		figures["wal_fsyncs"] = n
+	}
+	s.signal(syscall.SIGTERM)
+	s.wait(30 * time.Second)
+	return figures, s.dataDir
+}
+
+// BenchmarkWALAck: an agent (test/ackagent, the Go client) logs 1 KiB
+// entries with ack: true through the real binary and times each until its
+// wal_ack (Conn.Log), under the default --wal-sync batch.
+//
+//   - single: one entry at a time; p50/p99 of the round trip beside the
+//     machine's own fdatasync latency (1 KiB into a preallocated file on the
+//     same filesystem), one probe after each round trip, so both see the
+//     same disk (SPEC §8 target: within 1.5×);
+//   - inflight=K: K entries in flight (Conn.StartLog), throughput.
+//
+// One op is one entry; use -benchtime=2000x (start-up is not amortised).
+func BenchmarkWALAck(b *testing.B) {
+	b.Run("single", func(b *testing.B) {
+		syncDir := b.TempDir() // beside the data directory: the same filesystem
+		fig, _ := runAckAgent(b, nil, "ACKBENCH_MODE=latency", "ACKBENCH_N="+strconv.Itoa(b.N), "ACKBENCH_SYNCDIR="+syncDir)
+		b.ReportMetric(fig["mean_ns"], "ns/op")
+		b.ReportMetric(fig["p50_ns"]/1e3, "ack-p50-µs")
+		b.ReportMetric(fig["p99_ns"]/1e3, "ack-p99-µs")
+		b.ReportMetric(fig["fdatasync_p50_ns"]/1e3, "fdatasync-p50-µs")
+		b.ReportMetric(fig["fdatasync_p99_ns"]/1e3, "fdatasync-p99-µs")
+		b.ReportMetric(fig["p50_ns"]/fig["fdatasync_p50_ns"], "p50-ratio")
+		b.ReportMetric(fig["p99_ns"]/fig["fdatasync_p99_ns"], "p99-ratio")
+	})
+	// The same round trip with --wal-sync none: the cost of the messages
+	// alone (two pipe hops, decoding, the acker), without an fsync.
+	b.Run("single/wal-sync=none", func(b *testing.B) {
+		fig, _ := runAckAgent(b, []string{"--wal-sync", "none"}, "ACKBENCH_MODE=latency", "ACKBENCH_N="+strconv.Itoa(b.N), "ACKBENCH_SYNCDIR="+b.TempDir())
+		b.ReportMetric(fig["mean_ns"], "ns/op")
+		b.ReportMetric(fig["p50_ns"]/1e3, "ack-p50-µs")
+		b.ReportMetric(fig["p99_ns"]/1e3, "ack-p99-µs")
+	})
+	for _, k := range []int{1, 8, 64} {
+		b.Run("inflight="+strconv.Itoa(k), func(b *testing.B) {
+			fig, _ := runAckAgent(b, nil, "ACKBENCH_MODE=inflight", "ACKBENCH_N="+strconv.Itoa(b.N), "ACKBENCH_K="+strconv.Itoa(k))
+			b.ReportMetric(1e9/fig["entries_per_second"], "ns/op")
+			b.ReportMetric(fig["entries_per_second"], "entries/s")
+		})
+	}
+}
+
+// BenchmarkRequestWait: POST /v1/requests?wait=10s over loopback → the
+// agent (test/ackagent, answering at once) → request_result → 200, one
+// request at a time; p50/p99 of the HTTP round trip.
+func BenchmarkRequestWait(b *testing.B) {
+	s := startSup(b, supOpts{command: []string{ackAgent(b)}, env: []string{"ACKBENCH_MODE=serve"}})
+	s.waitReady()
+	lat := make([]time.Duration, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		t0 := time.Now()
+		code, body := s.post("/v1/requests?wait=10s", `{"message":"ping"}`)
+		lat[i] = time.Since(t0)
+		if code != 200 {
+			b.Fatalf("POST ?wait: %d %s", code, body)
+		}
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[b.N/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[min(b.N-1, b.N*99/100)].Microseconds()), "p99-µs")
+}
