@@ -215,8 +215,14 @@ func TestRestoreByOperatorCommand(t *testing.T) {
 		// not dropped as duplicates.
 		want := a.int("last_seq") + 20
 		waitFor(t, 30*time.Second, "new entries after rollback applied", func() bool {
-			e, ok := lastOf(s.allEvents(), "applied")
-			return ok && e.int("seq") >= want
+			// By the incarnation that got the rollback: the one before it
+			// applied entries above want too (the abandoned history).
+			for _, e := range s.eventsOf("applied") {
+				if e.int("pid") == r.int("pid") && e.int("seq") >= want {
+					return true
+				}
+			}
+			return false
 		})
 		starts := s.eventsOf("start")
 		_ = syscall.Kill(starts[len(starts)-1].int("pid"), syscall.SIGKILL)

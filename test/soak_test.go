@@ -86,7 +86,16 @@ func TestRestoreInvariantSoak(t *testing.T) {
 		seen := 0
 		deadline := time.Now().Add(60 * time.Second)
 		for seen < len(plans) && time.Now().Before(deadline) {
-			starts := s.eventsOf("start")
+			// One snapshot of the report: every start in it is checked
+			// before a kill decision raises the floor with what that very
+			// incarnation wrote.
+			events := s.allEvents()
+			var starts []ev
+			for _, e := range events {
+				if e.str("event") == "start" {
+					starts = append(starts, e)
+				}
+			}
 			for ; seen < len(starts); seen++ {
 				k := check(s, starts[seen], fmt.Sprintf("epoch %d start %d", epoch, seen))
 				floor = max(floor, k)
@@ -94,7 +103,6 @@ func TestRestoreInvariantSoak(t *testing.T) {
 					restarts++
 				}
 			}
-			events := s.allEvents()
 			if len(events) == 0 {
 				time.Sleep(10 * time.Millisecond)
 				continue

@@ -214,11 +214,11 @@ func TestGoSupervisorMessagesDecodeInPython(t *testing.T) {
 	}{
 		{&schema.CheckpointAck{Header: h, CheckpointID: "550e8400-e29b-41d4-a716-446655440000", Size: 1024000},
 			`{"type":"checkpoint_ack","timestamp":1705392000,"checkpoint_id":"550e8400-e29b-41d4-a716-446655440000","size":1024000}`},
-		{&schema.Restore{Header: h, CheckpointID: "c1", Snapshot: snapshot, WALEntries: []msgpack.RawMessage{entry}},
+		{&schema.Restore{Header: h, CheckpointID: "c1", Snapshot: snapshot, WALEntries: []msgpack.RawMessage{entry}, LastSequence: 12345},
 			`{"type":"restore","timestamp":1705392000,"checkpoint_id":"c1","snapshot":{"agent_state":{"status":"idle"},"big":1099511627776,"f":0.5,"n":-5},
-			  "wal_entries":[{"operation":"memory_add","params":{"content":"hi"},"sequence":12345}]}`},
+			  "last_sequence":12345,"wal_entries":[{"operation":"memory_add","params":{"content":"hi"},"sequence":12345}]}`},
 		{&schema.Restore{Header: h, WALEntries: []msgpack.RawMessage{entry}},
-			`{"type":"restore","timestamp":1705392000,"checkpoint_id":"","snapshot":{},"wal_entries":[{"operation":"memory_add","params":{"content":"hi"},"sequence":12345}]}`},
+			`{"type":"restore","timestamp":1705392000,"checkpoint_id":"","snapshot":{},"last_sequence":0,"wal_entries":[{"operation":"memory_add","params":{"content":"hi"},"sequence":12345}]}`},
 		{&schema.HotReload{Header: schema.Header{Timestamp: 1705392000, Version: 2}, Code: "latency_ms=5", Module: "memory", BackupCheckpointID: "b1"},
 			`{"type":"hot_reload","timestamp":1705392000,"version":2,"code":"latency_ms=5","module":"memory","backup_checkpoint_id":"b1"}`},
 		{&schema.EvolutionResult{Header: h, Success: true, Decision: "promoted", Metrics: map[string]float64{"latency_improvement": -0.15, "error_rate_change": -0.05, "memory_increase": 0.1}, Reason: "Shadow instance showed 15% latency improvement"},
@@ -238,7 +238,7 @@ func TestGoSupervisorMessagesDecodeInPython(t *testing.T) {
 			want string
 		}{&schema.Restore{Header: h, CheckpointID: "c2", Snapshot: snapshot, Compress: true},
 			`{"type":"restore","timestamp":1705392000,"version":2,"compressed":true,"compression":"zstd","checkpoint_id":"c2",
-			  "snapshot":{"agent_state":{"status":"idle"},"big":1099511627776,"f":0.5,"n":-5},"wal_entries":[]}`})
+			  "snapshot":{"agent_state":{"status":"idle"},"big":1099511627776,"f":0.5,"n":-5},"last_sequence":0,"wal_entries":[]}`})
 	}
 
 	var in bytes.Buffer
