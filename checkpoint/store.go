@@ -209,6 +209,74 @@ func (s *Store) Save(data []byte, watermark uint64) (Meta, error) {
 	}, nil
 }
 
+// SaveStream stores a new checkpoint whose uncompressed bytes fill writes,
+// compressing them as they come: the whole checkpoint is never held in
+// memory (the encoder keeps a 1 MiB window). The size and checksum are
+// counted on the way. If fill returns an error, or writes more than
+// Options.MaxSize bytes (an error wrapping ErrTooLarge), nothing is stored
+// and the error is returned as it is. Otherwise it is Save.
+func (s *Store) SaveStream(watermark uint64, fill func(w io.Writer) error) (Meta, error) {
+	s.saveMu.Lock()
+	defer s.saveMu.Unlock()
+	u, err := uuid.NewV7()
+	if err != nil {
+		return Meta{}, fmt.Errorf("checkpoint: new id: %w", err)
+	}
+	h := header{id: u, created: time.Now().UTC().Round(0), watermark: watermark}
+	id := u.String()
+	var fillErr error
+	stored, err := writeAtomic(s.dir, fileName(id), func(f *os.File) error {
+		if _, err := f.Seek(headerLen, io.SeekStart); err != nil {
+			return err
+		}
+		cw := &countingWriter{w: f}
+		enc, err := zstd.NewWriter(cw,
+			zstd.WithEncoderLevel(s.opts.Level),
+			zstd.WithWindowSize(encoderWindow),
+			zstd.WithEncoderConcurrency(1),
+			zstd.WithEncoderCRC(true))
+		if err != nil {
+			return fmt.Errorf("compress: %w", err)
+		}
+		sum := &summingWriter{w: enc, max: s.opts.MaxSize}
+		if fillErr = fill(sum); fillErr != nil {
+			enc.Close()
+			return fillErr
+		}
+		if err := enc.Close(); err != nil {
+			return fmt.Errorf("compress: %w", err)
+		}
+		h.size, h.crc, h.bodyLen = uint64(sum.n), sum.crc, uint64(cw.n)
+		_, err = f.WriteAt(h.marshal(), 0)
+		return err
+	})
+	if err != nil {
+		if fillErr != nil && errors.Is(err, fillErr) {
+			return Meta{}, err
+		}
+		return Meta{}, fmt.Errorf("checkpoint: save %s in %s: %w", id, s.dir, err)
+	}
+	return Meta{ID: id, Created: h.created, Watermark: watermark, Size: int64(h.size), StoredSize: stored, Checksum: h.checksum()}, nil
+}
+
+// summingWriter counts and checksums what passes through it, refusing more
+// than max bytes.
+type summingWriter struct {
+	w   io.Writer
+	n   int64
+	max int64
+	crc uint32
+}
+
+func (s *summingWriter) Write(p []byte) (int, error) {
+	if s.n+int64(len(p)) > s.max {
+		return 0, fmt.Errorf("%w: checkpoint over %d bytes", ErrTooLarge, s.max)
+	}
+	s.crc = crc32.Update(s.crc, castagnoli, p)
+	s.n += int64(len(p))
+	return s.w.Write(p)
+}
+
 // compress writes data to w as one zstd frame carrying its content size and
 // checksum. From concurrentThreshold up, parallel jobs compress it on every
 // core; the 1 MiB window keeps each job (4 MiB of input) and so the
@@ -342,13 +410,16 @@ func (s *Store) stat(id string, markers map[string]bool) (entry, error) {
 // the caller must close it; otherwise it is nil and e.err says why.
 func (s *Store) open(id string, markers map[string]bool) (f *os.File, e entry, h header, err error) {
 	e = entry{Meta: Meta{ID: id}}
-	f, err = os.Open(filepath.Join(s.dir, fileName(id)))
+	f, err = openNoFollow(filepath.Join(s.dir, fileName(id)))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, e, h, fmt.Errorf("%w: checkpoint %s (see `supervisor checkpoints list`)", ErrNotFound, id)
 	}
 	var fi os.FileInfo
 	if err == nil {
 		fi, err = f.Stat()
+	}
+	if err == nil {
+		err = checkOwner(fi)
 	}
 	if err == nil {
 		h, err = s.readHeader(f, id, fi.Size())

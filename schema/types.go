@@ -122,6 +122,12 @@ type Checkpoint struct {
 	// Status is data.agent_state.status when present ("" otherwise); Decode
 	// has checked it is one of the Status constants. Encode ignores it.
 	Status string
+	// Zstd is set instead of Data when the codec streams checkpoints
+	// ([Options].StreamCheckpoints) and the message arrived compressed: the
+	// agent's zstd bytes, not yet decompressed or validated beyond the
+	// envelope. [Codec.CheckpointData] validates and inflates them as a
+	// stream. Encode ignores it.
+	Zstd []byte
 }
 
 // WALRecord is one write-ahead-log entry: {operation, params, sequence}.
