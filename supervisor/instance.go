@@ -74,8 +74,13 @@ type instance struct {
 	inFrames map[string]prometheus.Counter
 
 	lastHeartbeat atomic.Int64 // unix nanos; 0 before the first
-	firstHBAt     atomic.Int64
-	version       atomic.Int32 // highest protocol version the agent has used
+	// startRef is started (unix nanos), moved forward by the time the
+	// reader was held up by our storage, like lastHeartbeat; pausedAt is
+	// when the current hold-up began (0: none). See pauseLiveness.
+	startRef  atomic.Int64
+	pausedAt  atomic.Int64
+	firstHBAt atomic.Int64
+	version   atomic.Int32 // highest protocol version the agent has used
 
 	outMu     sync.Mutex
 	out       chan []byte
@@ -109,6 +114,7 @@ func newInstance(n int, role string, proc *process, codec *schema.Codec, maxFram
 		inBytes:   met.frameBytes.WithLabelValues("in"),
 		inFrames:  map[string]prometheus.Counter{},
 	}
+	inst.startRef.Store(inst.started.UnixNano())
 	for _, typ := range schema.Types(schema.FromAgent) {
 		inst.inFrames[typ] = met.frames.WithLabelValues("in", typ)
 	}
@@ -279,11 +285,31 @@ func trimNewline(b []byte) []byte {
 // heartbeatAge returns the time since the last heartbeat, or since the start
 // when none has arrived yet, and whether one has.
 func (in *instance) heartbeatAge(now time.Time) (time.Duration, bool) {
+	if p := in.pausedAt.Load(); p != 0 && p < now.UnixNano() {
+		now = time.Unix(0, p) // the clock stands still while we hold the reader up
+	}
 	last := in.lastHeartbeat.Load()
 	if last == 0 {
-		return now.Sub(in.started), false
+		return max(0, now.Sub(time.Unix(0, in.startRef.Load()))), false
 	}
-	return now.Sub(time.Unix(0, last)), true
+	return max(0, now.Sub(time.Unix(0, last))), true
+}
+
+// pauseLiveness is called by the frame reader before it waits on our own
+// storage (a full checkpoint queue); the returned func ends the wait. The
+// time in between does not count against the agent: heartbeats it wrote
+// meanwhile sit unread in the pipe because of us. Reader goroutine only.
+func (in *instance) pauseLiveness() (resume func()) {
+	t0 := time.Now().UnixNano()
+	in.pausedAt.Store(t0)
+	return func() {
+		d := time.Now().UnixNano() - t0
+		if in.lastHeartbeat.Load() != 0 {
+			in.lastHeartbeat.Add(d)
+		}
+		in.startRef.Add(d)
+		in.pausedAt.Store(0)
+	}
 }
 
 // finish reaps the process and waits for its goroutines: the frame reader is

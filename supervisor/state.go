@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -35,8 +36,20 @@ func (p primarySinks) checkpoint(in *instance, cp *schema.Checkpoint, arrived ti
 	// The reader appends WAL entries in frame order, so everything the agent
 	// logged before this checkpoint is appended now: that is the watermark.
 	wm := s.wal.LastSequence()
+	// Bounded by bytes: while the queue is full the reader waits here, and
+	// the agent's pipe fills (back-pressure). A compressed checkpoint is
+	// queued compressed. The wait is our storage's time, not the agent's:
+	// it does not count against the agent's heartbeat.
+	size := int64(len(cp.Data) + len(cp.Zstd))
+	resume := in.pauseLiveness()
+	_, ok := s.ckptGate.acquire(size, in.abandoned)
+	resume()
+	if !ok {
+		return // the instance is being finished; this checkpoint is not acknowledged
+	}
+	s.bmet.ckptQueueBytes.Add(float64(size))
 	s.ckptWG.Add(1)
-	s.ckptJobs <- ckptJob{inst: in, data: cp.Data, watermark: wm, arrived: arrived}
+	s.ckptJobs <- ckptJob{inst: in, data: cp.Data, zstd: cp.Zstd, size: size, watermark: wm, arrived: arrived}
 }
 
 func (p primarySinks) agentMetrics(in *instance, m *schema.Metrics) {
@@ -126,6 +139,9 @@ func (s *Supervisor) appendWAL(in *instance, l *wal.Log, recs []schema.WALRecord
 func (s *Supervisor) checkpointWorker() {
 	for job := range s.ckptJobs {
 		s.storeCheckpoint(job)
+		job.data, job.zstd = nil, nil
+		s.ckptGate.release(job.size)
+		s.bmet.ckptQueueBytes.Sub(float64(job.size))
 		s.ckptWG.Done()
 	}
 }
@@ -148,9 +164,27 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 		return
 	}
 	s.storeMu.Lock()
-	meta, err := s.store.Save(job.data, job.watermark)
+	var meta checkpoint.Meta
+	var invalid error
+	if job.zstd != nil {
+		// Validated and stored as one stream: the decompressed body (up to
+		// 100 MiB) is never held; a payload error aborts the save.
+		meta, err = s.store.SaveStream(job.watermark, func(w io.Writer) error {
+			_, _, err := s.codec.CheckpointData(job.zstd, w)
+			if errors.Is(err, schema.ErrInvalidMessage) {
+				invalid = err
+			}
+			return err
+		})
+	} else {
+		meta, err = s.store.Save(job.data, job.watermark)
+	}
 	if err != nil {
 		s.storeMu.Unlock()
+		if invalid != nil {
+			s.invalidMessage(in, invalid)
+			return
+		}
 		fail("save", err)
 		return
 	}

@@ -63,6 +63,7 @@ type Supervisor struct {
 	store  *checkpoint.Store
 	audit  *auditLog
 	met    *metrics
+	bmet   *boundsMetrics
 	lock   *os.File
 	ledger *evolution.Ledger
 
@@ -91,10 +92,13 @@ type Supervisor struct {
 	statusMu  sync.Mutex
 	status    Status
 	gaveUp    atomic.Bool
+	auditPtr  atomic.Pointer[auditLog] // for ReopenAudit from a signal handler
+	loopBeat  atomic.Int64 // unix nanos of the owner loop's last turn; 0 before Run
 	newestCkp atomic.Value // string
 
 	// Checkpoint storing runs on its own goroutine, in arrival order.
 	ckptJobs chan ckptJob
+	ckptGate *byteGate
 	ckptWG   sync.WaitGroup
 	// storeMu serialises checkpoint saves, pruning, WAL truncation and restore
 	// assembly, so a restore never sees a half-applied retention step.
@@ -110,10 +114,17 @@ type restorePoint struct {
 
 type ckptJob struct {
 	inst      *instance
-	data      []byte
+	data      []byte // uncompressed data, or nil when zstd is set
+	zstd      []byte // the agent's compressed data, validated while it is stored
+	size      int64  // bytes reserved in ckptGate
 	watermark uint64
 	arrived   time.Time
 }
+
+// ckptQueueBytes bounds the checkpoints waiting to be stored (compressed ones
+// count their compressed size). An agent that sends faster than they are
+// stored is slowed down through its pipe.
+const ckptQueueBytes = 8 << 20
 
 // New validates the configuration. Nothing is opened until Run.
 func New(cfg Config) (*Supervisor, error) {
@@ -127,7 +138,7 @@ func New(cfg Config) (*Supervisor, error) {
 	s := &Supervisor{
 		cfg:     cfg,
 		log:     log,
-		codec:   schema.NewCodec(schema.Options{ExtraWALOperations: cfg.WALOperations}),
+		codec:   schema.NewCodec(schema.Options{ExtraWALOperations: cfg.WALOperations, StreamCheckpoints: true}),
 		events:  make(chan event, 256),
 		control: make(chan controlCall),
 		force:   make(chan struct{}, 1),
@@ -137,10 +148,12 @@ func New(cfg Config) (*Supervisor, error) {
 			maxRestarts: cfg.MaxRestarts, window: cfg.RestartWindow,
 		},
 		ckptJobs: make(chan ckptJob, 16),
+		ckptGate: newByteGate(ckptQueueBytes),
 		limiter:  newRateLimiter(20, 10*time.Second),
 	}
 	s.newestCkp.Store("")
 	s.met = newMetrics(s.heartbeatAgeSeconds)
+	s.bmet = newBoundsMetrics(s.met.reg, cfg.LogDropped)
 	return s, nil
 }
 
@@ -175,8 +188,10 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 		if err != nil {
 			return fmt.Errorf("%w: listen on --http-addr %s: %v", ErrConfig, s.cfg.HTTPAddr, err)
 		}
-		srv := &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
-		s.log.Info("HTTP listener up", "addr", ln.Addr().String())
+		srv := s.newHTTPServer()
+		connCap := httpConnCap()
+		ln = newLimitListener(ln, connCap, func(d int) { s.bmet.httpConns.Add(float64(d)) }, s.bmet.httpWaits.Inc)
+		s.log.Info("HTTP listener up", "addr", ln.Addr().String(), "max_connections", connCap)
 		bgWG.Add(1)
 		go func() {
 			defer bgWG.Done()
@@ -215,6 +230,9 @@ func (s *Supervisor) open() error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("%w: create data directory %s: %v", ErrConfig, dir, err)
 	}
+	if err := checkDataDir(dir); err != nil {
+		return err
+	}
 	lock, err := lockDataDir(dir)
 	if err != nil {
 		return err
@@ -225,6 +243,7 @@ func (s *Supervisor) open() error {
 		return err
 	}
 	s.audit = audit
+	s.auditPtr.Store(audit)
 	policy, err := wal.ParseSyncPolicy(s.cfg.WALSync)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
@@ -296,9 +315,9 @@ func (s *Supervisor) close() error {
 // lockDataDir takes an exclusive flock on DATA_DIR/LOCK and writes our pid.
 func lockDataDir(dir string) (*os.File, error) {
 	path := filepath.Join(dir, "LOCK")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := openNoFollow(path, os.O_RDWR|os.O_CREATE)
 	if err != nil {
-		return nil, fmt.Errorf("open lock file %s: %w", path, err)
+		return nil, fmt.Errorf("open lock file %s: %w (a symlink there is refused; remove it)", path, err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		b, _ := os.ReadFile(path)
@@ -344,11 +363,17 @@ func (s *Supervisor) loop(ctx context.Context) error {
 	done := ctx.Done()
 	trialTick := time.NewTicker(250 * time.Millisecond)
 	defer trialTick.Stop()
+	// The loop's own heartbeat: /healthz fails when it stops beating.
+	beat := time.NewTicker(time.Second)
+	defer beat.Stop()
 	defer s.abortTrial("the supervisor stopped during the trial")
 	defer s.answerPending("the supervisor stopped before the restore was sent")
 
 	for {
+		s.loopBeat.Store(time.Now().UnixNano())
 		select {
+		case <-beat.C:
+
 		case <-done:
 			done = nil
 			s.shutting = true

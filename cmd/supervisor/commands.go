@@ -209,6 +209,10 @@ func cmdRestore(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "no supervisor is running on %s; checkpoint %s is recorded as the restore point for its next start\n", *dataDir, parsed)
 		return exitOK
 	}
+	if errors.Is(err, supervisor.ErrBusy) { // issue 12: a distinct exit code for "busy, retry"
+		fmt.Fprintf(stderr, "supervisor restore: %v\n", err)
+		return exitBusy
+	}
 	if err != nil {
 		return fail(stderr, "restore", err)
 	}

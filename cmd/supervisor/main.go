@@ -7,11 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/agent-sidecar/supervisor/examples/refagent"
+	"github.com/agent-sidecar/supervisor/logging"
 	"github.com/agent-sidecar/supervisor/supervisor"
 )
 
@@ -23,6 +26,7 @@ const (
 	exitOK       = 0
 	exitFailure  = 1 // the agent crash-looped, or a command failed
 	exitUsage    = 2 // usage or configuration error
+	exitBusy     = 3 // `supervisor restore`: another restore is being delivered; retry (issue 12)
 	refAgentVerb = "reference-agent"
 )
 
@@ -40,7 +44,8 @@ Usage:
 
 Without an agent command, "run" supervises the built-in reference agent.
 Every command has --help. Exit codes: 0 clean stop, 1 the agent crash-looped
-(or a command failed), 2 usage or configuration error.
+(or a command failed), 2 usage or configuration error, 3 (restore) busy:
+another restore is being delivered, retry.
 `
 
 func main() {
@@ -99,7 +104,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.Command = []string{self, refAgentVerb}
 	}
-	cfg.Logger = newLogger(stderr, logFormat)
+	// issue 12: logging never blocks the supervisor (bounded, drops and counts).
+	logger, logBuf := logging.New(stderr, logging.Options{Format: logFormat, Level: slog.LevelInfo})
+	defer logBuf.Close(2 * time.Second)
+	cfg.Logger, cfg.LogDropped = logger, logBuf.Dropped
+	// end issue 12
 	sup, err := supervisor.New(cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "supervisor run: %v\n", err)
@@ -113,6 +122,21 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	defer signal.Stop(sigs)
 	runDone := make(chan struct{})
 	defer close(runDone)
+	// issue 12: SIGHUP reopens the audit log (logrotate) and never stops us.
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	defer signal.Stop(hups)
+	go func() {
+		for {
+			select {
+			case <-hups:
+				_ = sup.ReopenAudit() // logged by the supervisor
+			case <-runDone:
+				return
+			}
+		}
+	}()
+	// end issue 12
 	go func() {
 		select {
 		case <-sigs:
