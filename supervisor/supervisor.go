@@ -93,8 +93,8 @@ type Supervisor struct {
 	status    Status
 	gaveUp    atomic.Bool
 	auditPtr  atomic.Pointer[auditLog] // for ReopenAudit from a signal handler
-	loopBeat  atomic.Int64 // unix nanos of the owner loop's last turn; 0 before Run
-	newestCkp atomic.Value // string
+	loopBeat  atomic.Int64             // unix nanos of the owner loop's last turn; 0 before Run
+	newestCkp atomic.Value             // string
 
 	// Checkpoint storing runs on its own goroutine, in arrival order.
 	ckptJobs chan ckptJob
