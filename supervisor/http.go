@@ -141,12 +141,22 @@ func (s *Supervisor) acceptRequest(w http.ResponseWriter, r *http.Request) (int,
 	}
 	id := newUUID()
 	msg := &schema.ProcessRequest{RequestID: id, Data: schema.RequestData{Message: *req.Message, Context: ctxRaw, UserID: req.UserID}}
-	if !in.sendMsg(msg) {
-		return http.StatusServiceUnavailable, map[string]any{"error": "the agent is not accepting input"}
+	// Encoded here, so that a request the protocol cannot carry is the
+	// client's error (4xx), not an ERROR line per request and a 503.
+	frame, err := s.codec.Encode(msg)
+	if err != nil {
+		code := http.StatusBadRequest
+		if schema.RuleOf(err) == schema.RuleTooLarge {
+			code = http.StatusRequestEntityTooLarge
+		}
+		return code, map[string]any{"error": "the request cannot be sent to the agent: " + err.Error()}
+	}
+	if !in.sendFrame(schema.TypeProcessRequest, frame) {
+		return http.StatusServiceUnavailable, map[string]any{"error": "the agent is not accepting input (its input queue is full)"}
 	}
 	// During an evolution trial the shadow gets the same traffic.
 	if t := s.trialPtr.Load(); t != nil && t.shadow != nil {
-		t.shadow.sendMsg(msg)
+		t.shadow.sendFrame(schema.TypeProcessRequest, frame)
 	}
 	return http.StatusAccepted, map[string]any{"request_id": id}
 }

@@ -42,9 +42,8 @@ func (p primarySinks) checkpoint(in *instance, cp *schema.Checkpoint, arrived ti
 	// it does not count against the agent's heartbeat.
 	size := int64(len(cp.Data) + len(cp.Zstd))
 	resume := in.pauseLiveness()
-	_, ok := s.ckptGate.acquire(size, in.abandoned)
-	resume()
-	if !ok {
+	defer resume()
+	if _, ok := s.ckptGate.acquire(size, in.abandoned); !ok {
 		return // the instance is being finished; this checkpoint is not acknowledged
 	}
 	s.bmet.ckptQueueBytes.Add(float64(size))

@@ -449,7 +449,8 @@ func (s *Supervisor) loop(ctx context.Context) error {
 				s.streamEnded(ev)
 			case evUnresponsive:
 				if !ev.inst.stopping {
-					s.log.Error("agent stopped reading its input (outbound queue full); restarting it", "queued", outboundQueue)
+					s.log.Error("agent stopped reading its input (outbound queue full); restarting it",
+						"queued_bytes", ev.inst.outQueued.Load(), "max_frames", outboundQueue, "max_bytes", outboundBytes)
 					s.stopInstance(ev.inst, "unresponsive")
 				}
 			case evEvolutionIntent:

@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -513,8 +514,19 @@ func TestHTTPClientsBounded(t *testing.T) {
 			t.Fatalf("nested context: %d, want 400", resp.StatusCode)
 		}
 	}
+	// A message that fits the body limit but not a process_request frame.
+	for i := 0; i < 20; i++ {
+		resp, err := http.Post("http://"+addr+"/v1/requests", "application/json", strings.NewReader(`{"message":"`+strings.Repeat("m", 1<<20-100)+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 413 {
+			t.Fatalf("oversized message: %d, want 413", resp.StatusCode)
+		}
+	}
 	if n := strings.Count(out.String(), "level=ERROR") - errorsBefore; n > 0 {
-		t.Errorf("%d ERROR lines for 20 bad requests", n)
+		t.Errorf("%d ERROR lines for 40 bad requests", n)
 	}
 }
 
@@ -635,4 +647,52 @@ func TestRestartLeaks(t *testing.T) {
 			t.Errorf("grandchild %d outlived the supervisor", p)
 		}
 	}
+}
+
+// Requests for an agent that stopped reading its input are bounded by bytes,
+// not by a count of frames: 100 requests of 900 KiB cost the supervisor less
+// than 64 MiB, and the agent is restarted as unresponsive.
+func TestOutboundQueueBoundedByBytes(t *testing.T) {
+	buildBoundsTools(t)
+	dir := filepath.Join(t.TempDir(), "data")
+	addr := freeAddr(t)
+	out := &syncBuffer{}
+	cmd := exec.Command(plainBin, "run", "--data-dir", dir, "--http-addr", addr, "--heartbeat-timeout", "120s",
+		"--wal-segment-size", "1048576", "--", plainBin, "reference-agent", "--heartbeat-interval", "100ms", "--hang-after", "1s")
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("supervisor output:\n%s", tail(out.String(), 30))
+		}
+	})
+	s := &sup{t: t, addr: addr}
+	waitFor(t, 30*time.Second, "the agent to be up", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 1 })
+	time.Sleep(1500 * time.Millisecond) // past --hang-after: the agent reads nothing more
+	body := `{"message":"` + strings.Repeat("m", 900<<10) + `"}`
+	codes := map[int]int{}
+	for i := 0; i < 100; i++ {
+		resp, err := http.Post("http://"+addr+"/v1/requests", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if codes[resp.StatusCode] == 0 {
+			t.Logf("HTTP %d: %.200s", resp.StatusCode, b)
+		}
+		codes[resp.StatusCode]++
+	}
+	hwm := procStatus(cmd.Process.Pid, "VmHWM")
+	t.Logf("100 requests of 900 KiB to an agent that stopped reading: HTTP codes %v, supervisor VmHWM %.1f MiB", codes, float64(hwm)/1024)
+	if hwm >= 64<<10 {
+		t.Errorf("VmHWM %d kB, want under 64 MiB", hwm)
+	}
+	waitFor(t, 30*time.Second, "the agent restarted as unresponsive", func() bool {
+		return s.metric("supervisor_agent_restarts_total", `reason="unresponsive"`) >= 1
+	})
 }
