@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"bytes"
+	"io"
 	"log/slog"
 	"os"
 	"strconv"
@@ -140,7 +141,10 @@ func (p *process) escapedTargets() []target {
 			continue
 		}
 		mine := p.knows(c, st)
-		if !mine {
+		if !mine && fromAnAgent(c) {
+			// Escaped before the tracker saw it: ours unless another running
+			// agent knows it. (An orphan without an agent's environment —
+			// say from `docker exec` while we are PID 1 — is left alone.)
 			mine = true
 			for _, o := range others {
 				if o != p && o.knows(c, st) {
@@ -216,4 +220,19 @@ func waitGone(fds []int, timeout time.Duration) {
 		}
 		pending = next
 	}
+}
+
+// fromAnAgent reports whether pid's environment carries the variables the
+// supervisor gives its agents (inherited by their descendants unless they
+// cleared it).
+func fromAnAgent(pid int) bool {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/environ")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, 256<<10)
+	n, _ := io.ReadFull(f, b)
+	b = b[:n]
+	return bytes.HasPrefix(b, []byte("SUPERVISOR_ROLE=")) || bytes.Contains(b, []byte("\x00SUPERVISOR_ROLE="))
 }
