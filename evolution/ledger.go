@@ -10,9 +10,9 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"syscall"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
