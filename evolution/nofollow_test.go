@@ -10,7 +10,7 @@ import (
 func TestLedgerSymlinkRefused(t *testing.T) {
 	dir := t.TempDir()
 	target := filepath.Join(t.TempDir(), "elsewhere.json")
-	if err := os.WriteFile(target, []byte(`{}`), 0o600); err != nil {
+	if err := os.WriteFile(target, []byte(`{"version":1,"promotions":[]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join(dir, "evolution.json")
