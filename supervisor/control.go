@@ -114,6 +114,15 @@ func (s *Supervisor) serveControl(ctx context.Context, ln net.Listener) {
 	go func() { <-ctx.Done(); ln.Close() }()
 	for {
 		conn, err := ln.Accept()
+		if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+			// Out of descriptors for a moment: keep serving once some free.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+				continue
+			}
+		}
 		if err != nil {
 			return
 		}
