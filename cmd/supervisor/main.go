@@ -154,6 +154,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		}
 	}()
 	err = sup.Run(ctx)
+	logBuf.Close(2 * time.Second) // issue 12: flush the log before the last line below
 	switch {
 	case err == nil:
 		return exitOK
