@@ -63,3 +63,12 @@ func checkOwnedDir(path string, follow bool) error {
 func openNoFollow(path string, flag int) (*os.File, error) {
 	return os.OpenFile(path, flag|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
 }
+
+// plantedLink makes a refused symlink (ELOOP from O_NOFOLLOW) a configuration
+// error: the data directory needs an operator's attention, exit code 2.
+func plantedLink(err error) error {
+	if errors.Is(err, syscall.ELOOP) {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return err
+}

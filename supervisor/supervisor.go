@@ -235,12 +235,12 @@ func (s *Supervisor) open() error {
 	}
 	lock, err := lockDataDir(dir)
 	if err != nil {
-		return err
+		return plantedLink(err)
 	}
 	s.lock = lock
 	audit, err := openAudit(filepath.Join(dir, "audit.jsonl"))
 	if err != nil {
-		return err
+		return plantedLink(err)
 	}
 	s.audit = audit
 	s.auditPtr.Store(audit)
