@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
@@ -216,6 +217,15 @@ func (s *Store) Save(data []byte, watermark uint64) (Meta, error) {
 // Options.MaxSize bytes (an error wrapping ErrTooLarge), nothing is stored
 // and the error is returned as it is. Otherwise it is Save.
 func (s *Store) SaveStream(watermark uint64, fill func(w io.Writer) error) (Meta, error) {
+	return s.SaveStreamSized(watermark, -1, fill)
+}
+
+// SaveStreamSized is SaveStream for a checkpoint whose size is known in
+// advance (-1: unknown): the stored zstd frame then declares its content
+// size, which one-shot decoders in other languages need, so that
+// [Store.LoadCompressed] can hand it to an agent as it is. fill writing any
+// other number of bytes is an error.
+func (s *Store) SaveStreamSized(watermark uint64, size int64, fill func(w io.Writer) error) (Meta, error) {
 	s.saveMu.Lock()
 	defer s.saveMu.Unlock()
 	u, err := uuid.NewV7()
@@ -230,7 +240,7 @@ func (s *Store) SaveStream(watermark uint64, fill func(w io.Writer) error) (Meta
 			return err
 		}
 		cw := &countingWriter{w: f}
-		enc, err := zstd.NewWriter(cw,
+		enc, err := zstd.NewWriter(nil,
 			zstd.WithEncoderLevel(s.opts.Level),
 			zstd.WithWindowSize(encoderWindow),
 			zstd.WithEncoderConcurrency(1),
@@ -238,6 +248,7 @@ func (s *Store) SaveStream(watermark uint64, fill func(w io.Writer) error) (Meta
 		if err != nil {
 			return fmt.Errorf("compress: %w", err)
 		}
+		enc.ResetContentSize(cw, size)
 		sum := &summingWriter{w: enc, max: s.opts.MaxSize}
 		if fillErr = fill(sum); fillErr != nil {
 			enc.Close()
@@ -543,6 +554,79 @@ func decompress(r io.Reader, size uint64) ([]byte, error) {
 	return data, nil
 }
 
+// LoadCompressed returns checkpoint id's data as stored: one zstd frame that
+// declares its content size, after checking that it decompresses to exactly
+// the header's size and checksum. The check streams (the decoder keeps one
+// window, at most 8 MiB): the decompressed data is never held, so a 100 MiB
+// checkpoint costs its compressed size. A frame that does not declare its
+// content size (written by SaveStream without a size) is returned with
+// ErrNoContentSize; use Load. Other errors are Load's.
+func (s *Store) LoadCompressed(id string) (Meta, []byte, error) {
+	id, err := ParseID(id)
+	if err != nil {
+		return Meta{}, nil, err
+	}
+	e, z, err := s.loadCompressed(id)
+	return e.Meta, z, err
+}
+
+// ErrNoContentSize: the stored frame does not declare its content size.
+var ErrNoContentSize = errors.New("checkpoint: stored frame does not declare its content size")
+
+func (s *Store) loadCompressed(id string) (entry, []byte, error) {
+	f, e, h, err := s.open(id, nil)
+	if err != nil {
+		return e, nil, err
+	}
+	if e.err != nil {
+		return e, nil, e.err
+	}
+	defer f.Close()
+	z := make([]byte, h.bodyLen)
+	if _, err := io.ReadFull(io.NewSectionReader(f, headerLen, int64(h.bodyLen)), z); err != nil {
+		return e, nil, fmt.Errorf("checkpoint %s: %w: read body: %w", id, ErrCorrupt, err)
+	}
+	var zh zstd.Header
+	if err := zh.Decode(z); err != nil {
+		return e, nil, fmt.Errorf("checkpoint %s: %w: %w", id, ErrCorrupt, err)
+	}
+	if !zh.HasFCS || zh.FrameContentSize != h.size {
+		return e, nil, fmt.Errorf("checkpoint %s: %w", id, ErrNoContentSize)
+	}
+	dec, err := zstd.NewReader(bytes.NewReader(z),
+		zstd.WithDecoderConcurrency(1),
+		zstd.WithDecoderLowmem(true),
+		zstd.WithDecoderMaxMemory(decoderWindowFloor),
+		zstd.WithDecoderMaxWindow(decoderWindowFloor))
+	if err != nil {
+		return e, nil, err
+	}
+	defer dec.Close()
+	crc := crc32.New(castagnoli)
+	n, err := io.Copy(crc, io.LimitReader(dec, int64(h.size)+1))
+	if err != nil {
+		return e, nil, fmt.Errorf("checkpoint %s: %w: decompress: %w", id, ErrCorrupt, err)
+	}
+	if uint64(n) != h.size {
+		return e, nil, fmt.Errorf("checkpoint %s: %w: body decompresses to %d bytes, the header claims %d", id, ErrCorrupt, n, h.size)
+	}
+	if got := crc.Sum32(); got != h.crc {
+		return e, nil, fmt.Errorf("checkpoint %s: %w: checksum mismatch: header %08x, data %08x", id, ErrCorrupt, h.crc, got)
+	}
+	return e, z, nil
+}
+
+// LatestCompressed is Latest returning each checkpoint as LoadCompressed
+// does. A newest good checkpoint that does not declare its content size
+// makes it fail with ErrNoContentSize (use Latest then): it is not skipped.
+func (s *Store) LatestCompressed() (Meta, []byte, []Skipped, error) {
+	es, err := s.list()
+	if err != nil {
+		return Meta{}, nil, nil, err
+	}
+	return s.firstLoadableWith(es, s.loadCompressed)
+}
+
 // Latest returns the newest checkpoint that is not marked bad and loads and
 // verifies cleanly, with every newer one it passed over and why (so the
 // caller can log and count each). With no loadable checkpoint it returns an
@@ -576,6 +660,10 @@ func (s *Store) Previous(id string) (Meta, []byte, []Skipped, error) {
 }
 
 func (s *Store) firstLoadable(es []entry) (Meta, []byte, []Skipped, error) {
+	return s.firstLoadableWith(es, s.load)
+}
+
+func (s *Store) firstLoadableWith(es []entry, load func(id string) (entry, []byte, error)) (Meta, []byte, []Skipped, error) {
 	var skipped []Skipped
 	for _, e := range es {
 		switch {
@@ -586,7 +674,10 @@ func (s *Store) firstLoadable(es []entry) (Meta, []byte, []Skipped, error) {
 			skipped = append(skipped, Skipped{ID: e.ID, Err: e.err})
 			continue
 		}
-		le, data, err := s.load(e.ID)
+		le, data, err := load(e.ID)
+		if errors.Is(err, ErrNoContentSize) {
+			return le.Meta, nil, skipped, err
+		}
 		if err != nil {
 			skipped = append(skipped, Skipped{ID: e.ID, Err: err})
 			continue

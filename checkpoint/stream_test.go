@@ -88,3 +88,45 @@ func TestForeignOwnedCheckpointRefused(t *testing.T) {
 		t.Fatalf("Latest = %s, skipped %v, err %v; want %s with the planted one skipped", m.ID, skipped, err, good.ID)
 	}
 }
+
+func TestLoadCompressed(t *testing.T) {
+	s := openStore(t, Options{})
+	data := append([]byte{0x81, 0xa1, 'a', 0xc6, 0, 1, 0, 0}, bytes.Repeat([]byte("state "), 1<<16/6+1)[:1<<16]...)
+	sized, err := s.SaveStreamSized(3, int64(len(data)), func(w io.Writer) error { _, err := w.Write(data); return err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, z, err := s.LoadCompressed(sized.ID)
+	if err != nil || m.ID != sized.ID {
+		t.Fatalf("LoadCompressed: %v", err)
+	}
+	got, err := decompress(bytes.NewReader(z), uint64(len(data)))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the frame holds %x (%v), want %x", got, err, data)
+	}
+	// A wrong size is refused before anything is stored.
+	if _, err := s.SaveStreamSized(3, 99, func(w io.Writer) error { _, err := w.Write(data); return err }); err == nil {
+		t.Fatal("SaveStreamSized stored a checkpoint of the wrong size")
+	}
+	// A frame without its content size cannot be sent as is.
+	unsized, err := s.SaveStream(4, func(w io.Writer) error { _, err := w.Write(data); return err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.LoadCompressed(unsized.ID); !errors.Is(err, ErrNoContentSize) {
+		t.Fatalf("unsized frame: %v", err)
+	}
+	if _, _, _, err := s.LatestCompressed(); !errors.Is(err, ErrNoContentSize) {
+		t.Fatalf("LatestCompressed with an unsized newest: %v", err)
+	}
+	// What Save stores is sent as is too.
+	saved := save(t, s, data, 5)
+	if _, z, err := s.LoadCompressed(saved.ID); err != nil || len(z) == 0 {
+		t.Fatalf("LoadCompressed of a Save: %v", err)
+	}
+	// A damaged body is corrupt, as with Load.
+	editFile(t, ckptPath(s, sized.ID), func(b []byte) []byte { b[len(b)-6] ^= 0xff; return b })
+	if _, _, err := s.LoadCompressed(sized.ID); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("damaged: %v", err)
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"sort"
 	"time"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 // Encode returns the MessagePack payload of m (without the frame header).
@@ -361,31 +363,44 @@ func (e *encoder) checkpointAck(m *CheckpointAck) error {
 }
 
 func (e *encoder) restore(m *Restore) error {
-	snap := []byte(m.Snapshot)
-	if len(snap) == 0 {
-		snap = []byte{0x80}
-	}
-	if err := checkMap(snap); err != "" {
-		return e.fail("snapshot", RuleMalformed, "%s", err)
-	}
-	if limit := e.c.limits.Checkpoint; len(snap) > limit {
-		return e.fail("snapshot", RuleTooLarge, "snapshot of %d bytes is over the %d-byte checkpoint limit", len(snap), limit)
-	}
-	body := snap
-	if m.Compress {
-		var err error
-		if body, err = compress(nil, snap); err != nil {
-			return err
+	var body []byte
+	compressed := m.Compress
+	if m.SnapshotZstd != nil {
+		var h zstd.Header
+		if err := h.Decode(m.SnapshotZstd); err != nil || !h.HasFCS {
+			return e.fail("snapshot", RuleCompression, "a precompressed snapshot must be one zstd frame declaring its content size")
+		}
+		if limit := e.c.limits.Checkpoint; h.FrameContentSize > uint64(limit) {
+			return e.fail("snapshot", RuleTooLarge, "snapshot of %d bytes is over the %d-byte checkpoint limit", h.FrameContentSize, limit)
+		}
+		body, compressed = m.SnapshotZstd, true
+	} else {
+		snap := []byte(m.Snapshot)
+		if len(snap) == 0 {
+			snap = []byte{0x80}
+		}
+		if err := checkMap(snap); err != "" {
+			return e.fail("snapshot", RuleMalformed, "%s", err)
+		}
+		if limit := e.c.limits.Checkpoint; len(snap) > limit {
+			return e.fail("snapshot", RuleTooLarge, "snapshot of %d bytes is over the %d-byte checkpoint limit", len(snap), limit)
+		}
+		body = snap
+		if compressed {
+			var err error
+			if body, err = compress(nil, snap); err != nil {
+				return err
+			}
 		}
 	}
 	size := len(body) + len(m.CheckpointID) + 5
 	for _, w := range m.WALEntries {
 		size += len(w)
 	}
-	e.beginSized(&m.Header, 3, m.Compress, size)
+	e.beginSized(&m.Header, 3, compressed, size)
 	e.str("checkpoint_id", m.CheckpointID)
 	e.key("snapshot")
-	if m.Compress {
+	if compressed {
 		e.b = appendBin(e.b, body)
 	} else {
 		e.b = append(e.b, body...)

@@ -76,6 +76,9 @@ func (c *Codec) CheckpointData(zdata []byte, w io.Writer) (status string, n int6
 	if tee.n > int64(limit) {
 		return "", tee.n, fail(RuleTooLarge, "checkpoint data is over its %d-byte limit", limit)
 	}
+	if werr == nil && h.HasFCS && uint64(tee.n) != h.FrameContentSize {
+		return "", tee.n, fail(RuleCompression, "the zstd frame declares %d bytes but holds %d", h.FrameContentSize, tee.n)
+	}
 	if werr != nil {
 		var ve *ValidationError
 		if errors.As(werr, &ve) {

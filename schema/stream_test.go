@@ -137,3 +137,30 @@ func TestLyingContentSizeAllocatesWhatIsDecoded(t *testing.T) {
 		}
 	}
 }
+
+// A restore can carry a stored zstd frame as it is; the agent decodes the
+// same snapshot.
+func TestRestoreWithPrecompressedSnapshot(t *testing.T) {
+	data := obj(kv{"memory", arr("a", "b")}, kv{"blob", make([]byte, 3<<20)})
+	z := zstdBytes(t, data) // declares its content size
+	b, err := schema.Encode(&schema.Restore{CheckpointID: "c", SnapshotZstd: z, WALEntries: nil})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) > len(z)+200 {
+		t.Fatalf("restore of %d bytes for a %d-byte frame: recompressed?", len(b), len(z))
+	}
+	m, err := schema.Decode(schema.ToAgent, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := m.(*schema.Restore)
+	if !r.Compress || !bytes.Equal(r.Snapshot, data) {
+		t.Fatalf("decoded compress=%v, %d bytes; want the %d-byte snapshot", r.Compress, len(r.Snapshot), len(data))
+	}
+	// A frame that does not declare its size is refused (one-shot decoders
+	// in other languages need it).
+	if _, err := schema.Encode(&schema.Restore{SnapshotZstd: zstdStream(t, data)}); err == nil {
+		t.Fatal("encoded a precompressed snapshot without a content size")
+	}
+}

@@ -212,6 +212,12 @@ type Restore struct {
 	// Compress: on encode, zstd the snapshot (v2); on decode, it arrived
 	// compressed (and Snapshot holds it decompressed).
 	Compress bool
+	// SnapshotZstd, on encode, is the snapshot already compressed: one zstd
+	// frame of a checked data map, declaring its content size (a stored
+	// checkpoint as it is on disk). It is sent as is, compressed, and
+	// Snapshot is ignored: a 100 MiB snapshot is never held decompressed.
+	// Decode never sets it.
+	SnapshotZstd []byte
 }
 
 // HotReload tells the agent to load new code (supervisor → agent).

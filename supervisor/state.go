@@ -168,13 +168,26 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 	if job.zstd != nil {
 		// Validated and stored as one stream: the decompressed body (up to
 		// 100 MiB) is never held; a payload error aborts the save.
-		meta, err = s.store.SaveStream(job.watermark, func(w io.Writer) error {
-			_, _, err := s.codec.CheckpointData(job.zstd, w)
-			if errors.Is(err, schema.ErrInvalidMessage) {
-				invalid = err
-			}
-			return err
-		})
+		// The stored frame declares the data's size, so that a restore can
+		// send it as it is: the agent's frame declares it (CheckpointData
+		// holds it to that), or a first validating pass counts it.
+		size := int64(-1)
+		if zh := (zstd.Header{}); zh.Decode(job.zstd) == nil && zh.HasFCS {
+			size = int64(zh.FrameContentSize)
+		} else if _, n, verr := s.codec.CheckpointData(job.zstd, io.Discard); verr != nil {
+			err, invalid = verr, verr
+		} else {
+			size = n
+		}
+		if invalid == nil {
+			meta, err = s.store.SaveStreamSized(job.watermark, size, func(w io.Writer) error {
+				_, _, err := s.codec.CheckpointData(job.zstd, w)
+				if errors.Is(err, schema.ErrInvalidMessage) {
+					invalid = err
+				}
+				return err
+			})
+		}
 	} else {
 		meta, err = s.store.Save(job.data, job.watermark)
 	}
@@ -238,15 +251,34 @@ func (s *Supervisor) buildRestore(point *restorePoint) (*restorePlan, error) {
 		err  error
 	)
 	noWAL := false
+	// A v2 agent gets the stored zstd frame as it is: the snapshot (up to
+	// 100 MiB) is checked as a stream and never held decompressed. A frame
+	// that does not declare its size (stored by an older supervisor or from
+	// an agent's frame without one) is loaded whole instead.
+	var zdata []byte
+	load, latest := s.store.Load, s.store.Latest
+	if s.agentVersion >= 2 {
+		load, latest = s.store.LoadCompressed, s.store.LatestCompressed
+	}
 	if point != nil {
 		noWAL = point.noWAL
-		meta, data, err = s.store.Load(point.checkpointID)
+		meta, data, err = load(point.checkpointID)
+		if errors.Is(err, checkpoint.ErrNoContentSize) {
+			meta, data, err = s.store.Load(point.checkpointID)
+		} else if err == nil && s.agentVersion >= 2 {
+			zdata, data = data, nil
+		}
 		if err != nil {
 			return nil, fmt.Errorf("load checkpoint %s: %w", point.checkpointID, err)
 		}
 	} else {
 		var skipped []checkpoint.Skipped
-		meta, data, skipped, err = s.store.Latest()
+		meta, data, skipped, err = latest()
+		if errors.Is(err, checkpoint.ErrNoContentSize) {
+			meta, data, skipped, err = s.store.Latest()
+		} else if err == nil && s.agentVersion >= 2 {
+			zdata, data = data, nil
+		}
 		plan.skipped = skipped
 		for _, sk := range skipped {
 			if errors.Is(sk.Err, checkpoint.ErrMarkedBad) {
@@ -264,6 +296,13 @@ func (s *Supervisor) buildRestore(point *restorePoint) (*restorePlan, error) {
 		}
 		if err != nil {
 			return nil, fmt.Errorf("find newest checkpoint: %w", err)
+		}
+	}
+	if zdata != nil && meta.Size <= schema.CompressThreshold {
+		// Small: sent uncompressed, as before (checked again by Load).
+		zdata = nil
+		if meta, data, err = s.store.Load(meta.ID); err != nil {
+			return nil, fmt.Errorf("load checkpoint %s: %w", meta.ID, err)
 		}
 	}
 	plan.checkpointID = meta.ID
@@ -295,14 +334,15 @@ func (s *Supervisor) buildRestore(point *restorePoint) (*restorePlan, error) {
 	plan.msg = &schema.Restore{
 		CheckpointID: meta.ID,
 		Snapshot:     snapshot,
+		SnapshotZstd: zdata,
 		WALEntries:   entries,
-		Compress:     s.agentVersion >= 2 && len(data) > schema.CompressThreshold,
+		Compress:     s.agentVersion >= 2 && (zdata != nil || len(data) > schema.CompressThreshold),
 	}
 	frame, err := s.codec.Encode(plan.msg)
 	if err != nil {
 		return nil, fmt.Errorf("the restore (checkpoint %q, %d bytes, + %d WAL entries) cannot be encoded: %w; "+
 			"the agent is not started without its state. Have the agent checkpoint more often (a shorter WAL tail) "+
-			"or speak protocol version 2 so the restore can be compressed", meta.ID, len(data), len(entries), err)
+			"or speak protocol version 2 so the restore can be compressed", meta.ID, meta.Size, len(entries), err)
 	}
 	plan.frame = frame
 	return plan, nil

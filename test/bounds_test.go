@@ -696,3 +696,29 @@ func TestOutboundQueueBoundedByBytes(t *testing.T) {
 		return s.metric("supervisor_agent_restarts_total", `reason="unresponsive"`) >= 1
 	})
 }
+
+// A restore of a 100 MiB checkpoint to a v2 agent sends the stored zstd
+// frame as it is: the supervisor stays under 64 MiB (it peaked at 184 MiB
+// loading the snapshot whole), and the agent gets exactly what it sent.
+func TestRestoreOfLargeCheckpointBounded(t *testing.T) {
+	buildBoundsTools(t)
+	h := startHostile(t, plainBin, "checkpoints", []string{"--backoff-initial", "10ms"}, nil)
+	waitFor(t, 4*time.Minute, "3 checkpoints acknowledged", func() bool { return len(noted(h.notes, "ack ")) >= 3 })
+	agent, _ := strconv.Atoi(strings.TrimPrefix(noted(h.notes, "pid ")[0], "pid "))
+	if err := syscall.Kill(agent, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var restored []string
+	waitFor(t, time.Minute, "the restore", func() bool {
+		restored = noted(h.notes, "restored ")
+		return len(restored) > 0
+	})
+	hwm := procStatus(h.cmd.Process.Pid, "VmHWM")
+	t.Logf("%s; supervisor VmHWM %.1f MiB", restored[0], float64(hwm)/1024)
+	if !strings.HasSuffix(restored[0], "compressed=true match=true") {
+		t.Fatalf("restore: %s", restored[0])
+	}
+	if hwm >= 64<<10 {
+		t.Errorf("VmHWM %d kB after restoring a 100 MiB checkpoint, want under 64 MiB", hwm)
+	}
+}

@@ -16,6 +16,8 @@ package main
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -33,6 +35,8 @@ import (
 )
 
 var (
+	ready = make(chan struct{}) // closed once want is set
+	want  string                // sha256 of the checkpoint data sent
 	outMu sync.Mutex
 	out   *os.File
 	w     *wire.Writer
@@ -90,6 +94,10 @@ func readReplies() {
 			note("ack %s %d", x.CheckpointID, x.Size)
 		case *schema.Error:
 			note("error %s", x.Error.Code)
+		case *schema.Restore:
+			<-ready // the digest of what we checkpointed
+			sum := sha256.Sum256(x.Snapshot)
+			note("restored %s compressed=%v match=%v", x.CheckpointID, x.Compress, hex.EncodeToString(sum[:]) == want)
 		}
 	}
 }
@@ -98,6 +106,8 @@ func readReplies() {
 // 100 MiB, built as a stream so this agent stays small too.
 func bigCheckpoint() []byte {
 	var buf bytes.Buffer
+	digest := sha256.New()
+	defer func() { want = hex.EncodeToString(digest.Sum(nil)); close(ready) }()
 	enc, err := zstd.NewWriter(&buf, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
 	if err != nil {
 		panic(err)
@@ -108,6 +118,7 @@ func bigCheckpoint() []byte {
 	head[0] = 0x82 // two pairs: agent_state and blob
 	head = append(head, 0xa4, 'b', 'l', 'o', 'b', 0xc6, byte(size>>24), byte(size>>16), byte(size>>8), byte(size))
 	enc.Write(head)
+	digest.Write(head)
 	chunk := make([]byte, 64<<10)
 	for i := range chunk {
 		chunk[i] = byte(i * 7 % 251)
@@ -123,6 +134,7 @@ func bigCheckpoint() []byte {
 			chunk[i] = byte(rng)
 		}
 		enc.Write(chunk[:min(len(chunk), int(size)-n)])
+		digest.Write(chunk[:min(len(chunk), int(size)-n)])
 	}
 	enc.Close()
 	return buf.Bytes()
