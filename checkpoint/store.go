@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
@@ -226,6 +227,84 @@ func (s *Store) Save(data []byte, watermark uint64) (Meta, error) {
 	}, nil
 }
 
+// SaveStream stores a new checkpoint whose uncompressed bytes fill writes,
+// compressing them as they come: the whole checkpoint is never held in
+// memory (the encoder keeps a 1 MiB window). The size and checksum are
+// counted on the way. If fill returns an error, or writes more than
+// Options.MaxSize bytes (an error wrapping ErrTooLarge), nothing is stored
+// and the error is returned as it is. Otherwise it is Save.
+func (s *Store) SaveStream(watermark uint64, fill func(w io.Writer) error) (Meta, error) {
+	return s.SaveStreamSized(watermark, -1, fill)
+}
+
+// SaveStreamSized is SaveStream for a checkpoint whose size is known in
+// advance (-1: unknown): the stored zstd frame then declares its content
+// size, which one-shot decoders in other languages need, so that
+// [Store.LoadCompressed] can hand it to an agent as it is. fill writing any
+// other number of bytes is an error.
+func (s *Store) SaveStreamSized(watermark uint64, size int64, fill func(w io.Writer) error) (Meta, error) {
+	s.saveMu.Lock()
+	defer s.saveMu.Unlock()
+	u, err := uuid.NewV7()
+	if err != nil {
+		return Meta{}, fmt.Errorf("checkpoint: new id: %w", err)
+	}
+	h := header{id: u, created: time.Now().UTC().Round(0), watermark: watermark}
+	id := u.String()
+	var fillErr error
+	stored, err := writeAtomic(s.dir, fileName(id), func(f *os.File) error {
+		if _, err := f.Seek(headerLen, io.SeekStart); err != nil {
+			return err
+		}
+		cw := &countingWriter{w: f}
+		enc, err := zstd.NewWriter(nil,
+			zstd.WithEncoderLevel(s.opts.Level),
+			zstd.WithWindowSize(encoderWindow),
+			zstd.WithEncoderConcurrency(1),
+			zstd.WithEncoderCRC(true))
+		if err != nil {
+			return fmt.Errorf("compress: %w", err)
+		}
+		enc.ResetContentSize(cw, size)
+		sum := &summingWriter{w: enc, max: s.opts.MaxSize}
+		if fillErr = fill(sum); fillErr != nil {
+			enc.Close()
+			return fillErr
+		}
+		if err := enc.Close(); err != nil {
+			return fmt.Errorf("compress: %w", err)
+		}
+		h.size, h.crc, h.bodyLen = uint64(sum.n), sum.crc, uint64(cw.n)
+		_, err = f.WriteAt(h.marshal(), 0)
+		return err
+	})
+	if err != nil {
+		if fillErr != nil && errors.Is(err, fillErr) {
+			return Meta{}, err
+		}
+		return Meta{}, fmt.Errorf("checkpoint: save %s in %s: %w", id, s.dir, err)
+	}
+	return Meta{ID: id, Created: h.created, Watermark: watermark, Size: int64(h.size), StoredSize: stored, Checksum: h.checksum()}, nil
+}
+
+// summingWriter counts and checksums what passes through it, refusing more
+// than max bytes.
+type summingWriter struct {
+	w   io.Writer
+	n   int64
+	max int64
+	crc uint32
+}
+
+func (s *summingWriter) Write(p []byte) (int, error) {
+	if s.n+int64(len(p)) > s.max {
+		return 0, fmt.Errorf("%w: checkpoint over %d bytes", ErrTooLarge, s.max)
+	}
+	s.crc = crc32.Update(s.crc, castagnoli, p)
+	s.n += int64(len(p))
+	return s.w.Write(p)
+}
+
 // compress writes data to w as one zstd frame carrying its content size and
 // checksum. From concurrentThreshold up, parallel jobs compress it on every
 // core; the 1 MiB window keeps each job (4 MiB of input) and so the
@@ -356,13 +435,16 @@ func (s *Store) stat(id string, markers map[string]bool) (entry, error) {
 // the caller must close it; otherwise it is nil and e.err says why.
 func (s *Store) open(id string, markers map[string]bool) (f *os.File, e entry, h header, err error) {
 	e = entry{Meta: Meta{ID: id}}
-	f, err = os.Open(filepath.Join(s.dir, fileName(id)))
+	f, err = openNoFollow(filepath.Join(s.dir, fileName(id)))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, e, h, fmt.Errorf("%w: checkpoint %s (see `supervisor checkpoints list`)", ErrNotFound, id)
 	}
 	var fi os.FileInfo
 	if err == nil {
 		fi, err = f.Stat()
+	}
+	if err == nil {
+		err = checkOwner(fi)
 	}
 	if err == nil {
 		h, err = s.readHeader(f, id, fi.Size())
@@ -486,6 +568,79 @@ func decompress(r io.Reader, size uint64) ([]byte, error) {
 	return data, nil
 }
 
+// LoadCompressed returns checkpoint id's data as stored: one zstd frame that
+// declares its content size, after checking that it decompresses to exactly
+// the header's size and checksum. The check streams (the decoder keeps one
+// window, at most 8 MiB): the decompressed data is never held, so a 100 MiB
+// checkpoint costs its compressed size. A frame that does not declare its
+// content size (written by SaveStream without a size) is returned with
+// ErrNoContentSize; use Load. Other errors are Load's.
+func (s *Store) LoadCompressed(id string) (Meta, []byte, error) {
+	id, err := ParseID(id)
+	if err != nil {
+		return Meta{}, nil, err
+	}
+	e, z, err := s.loadCompressed(id)
+	return e.Meta, z, err
+}
+
+// ErrNoContentSize: the stored frame does not declare its content size.
+var ErrNoContentSize = errors.New("checkpoint: stored frame does not declare its content size")
+
+func (s *Store) loadCompressed(id string) (entry, []byte, error) {
+	f, e, h, err := s.open(id, nil)
+	if err != nil {
+		return e, nil, err
+	}
+	if e.err != nil {
+		return e, nil, e.err
+	}
+	defer f.Close()
+	z := make([]byte, h.bodyLen)
+	if _, err := io.ReadFull(io.NewSectionReader(f, headerLen, int64(h.bodyLen)), z); err != nil {
+		return e, nil, fmt.Errorf("checkpoint %s: %w: read body: %w", id, ErrCorrupt, err)
+	}
+	var zh zstd.Header
+	if err := zh.Decode(z); err != nil {
+		return e, nil, fmt.Errorf("checkpoint %s: %w: %w", id, ErrCorrupt, err)
+	}
+	if !zh.HasFCS || zh.FrameContentSize != h.size {
+		return e, nil, fmt.Errorf("checkpoint %s: %w", id, ErrNoContentSize)
+	}
+	dec, err := zstd.NewReader(bytes.NewReader(z),
+		zstd.WithDecoderConcurrency(1),
+		zstd.WithDecoderLowmem(true),
+		zstd.WithDecoderMaxMemory(decoderWindowFloor),
+		zstd.WithDecoderMaxWindow(decoderWindowFloor))
+	if err != nil {
+		return e, nil, err
+	}
+	defer dec.Close()
+	crc := crc32.New(castagnoli)
+	n, err := io.Copy(crc, io.LimitReader(dec, int64(h.size)+1))
+	if err != nil {
+		return e, nil, fmt.Errorf("checkpoint %s: %w: decompress: %w", id, ErrCorrupt, err)
+	}
+	if uint64(n) != h.size {
+		return e, nil, fmt.Errorf("checkpoint %s: %w: body decompresses to %d bytes, the header claims %d", id, ErrCorrupt, n, h.size)
+	}
+	if got := crc.Sum32(); got != h.crc {
+		return e, nil, fmt.Errorf("checkpoint %s: %w: checksum mismatch: header %08x, data %08x", id, ErrCorrupt, h.crc, got)
+	}
+	return e, z, nil
+}
+
+// LatestCompressed is Latest returning each checkpoint as LoadCompressed
+// does. A newest good checkpoint that does not declare its content size
+// makes it fail with ErrNoContentSize (use Latest then): it is not skipped.
+func (s *Store) LatestCompressed() (Meta, []byte, []Skipped, error) {
+	es, err := s.list()
+	if err != nil {
+		return Meta{}, nil, nil, err
+	}
+	return s.firstLoadableWith(es, s.loadCompressed)
+}
+
 // Latest returns the newest checkpoint that is not marked bad and loads and
 // verifies cleanly, with every newer one it passed over and why (so the
 // caller can log and count each). With no loadable checkpoint it returns an
@@ -518,7 +673,29 @@ func (s *Store) Previous(id string) (Meta, []byte, []Skipped, error) {
 	return s.firstLoadable(es[i+1:])
 }
 
+// PreviousCompressed is Previous returning the stored zstd frame (see
+// LoadCompressed).
+func (s *Store) PreviousCompressed(id string) (Meta, []byte, []Skipped, error) {
+	id, err := ParseID(id)
+	if err != nil {
+		return Meta{}, nil, nil, err
+	}
+	es, err := s.list()
+	if err != nil {
+		return Meta{}, nil, nil, err
+	}
+	i := slices.IndexFunc(es, func(e entry) bool { return e.ID == id })
+	if i < 0 {
+		return Meta{}, nil, nil, fmt.Errorf("%w: checkpoint %s", ErrNotFound, id)
+	}
+	return s.firstLoadableWith(es[i+1:], s.loadCompressed)
+}
+
 func (s *Store) firstLoadable(es []entry) (Meta, []byte, []Skipped, error) {
+	return s.firstLoadableWith(es, s.load)
+}
+
+func (s *Store) firstLoadableWith(es []entry, load func(id string) (entry, []byte, error)) (Meta, []byte, []Skipped, error) {
 	var skipped []Skipped
 	for _, e := range es {
 		switch {
@@ -529,7 +706,10 @@ func (s *Store) firstLoadable(es []entry) (Meta, []byte, []Skipped, error) {
 			skipped = append(skipped, Skipped{ID: e.ID, Err: e.err})
 			continue
 		}
-		le, data, err := s.load(e.ID)
+		le, data, err := load(e.ID)
+		if errors.Is(err, ErrNoContentSize) {
+			return le.Meta, nil, skipped, err
+		}
 		if err != nil {
 			skipped = append(skipped, Skipped{ID: e.ID, Err: err})
 			continue

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -101,7 +102,9 @@ func openLedger(path string, maxHistory, maxSize int) (*Ledger, error) {
 	}
 	removeStaleTemps(dir, base)
 
-	f, err := os.Open(path)
+	// Not through a symlink: a link planted in the data directory must not
+	// decide what code is re-sent to the agent.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return l, nil
 	}

@@ -19,6 +19,7 @@ type Codec struct {
 	maxBody int               // largest decompressed body any type may have
 	maxFrom int               // largest frame from the agent
 	maxTo   int               // largest frame to the agent
+	stream  bool              // Options.StreamCheckpoints
 
 	states sync.Pool // *decodeState
 	zstds  sync.Pool // *zstd.Decoder
@@ -27,7 +28,7 @@ type Codec struct {
 // NewCodec returns a Codec for opts. Zero limits take their defaults; empty
 // and duplicate extra WAL operations are ignored.
 func NewCodec(opts Options) *Codec {
-	c := &Codec{limits: opts.Limits.withDefaults()}
+	c := &Codec{limits: opts.Limits.withDefaults(), stream: opts.StreamCheckpoints}
 	c.ops = map[string]string{OpMemoryAdd: OpMemoryAdd, OpToolRegister: OpToolRegister, OpStateUpdate: OpStateUpdate}
 	names := []string{OpMemoryAdd, OpToolRegister, OpStateUpdate}
 	extras := slices.Clone(opts.ExtraWALOperations)
@@ -128,7 +129,7 @@ func (c *Codec) zstdDecoder() (*zstd.Decoder, error) {
 		zstd.WithDecoderConcurrency(1),
 		zstd.WithDecoderLowmem(true),
 		zstd.WithDecoderMaxMemory(uint64(c.maxBody)),
-		zstd.WithDecoderMaxWindow(uint64(max(c.maxBody, zstd.MinWindowSize))),
+		zstd.WithDecoderMaxWindow(uint64(min(max(c.maxBody, zstd.MinWindowSize), maxInMemoryWindow))),
 	)
 }
 

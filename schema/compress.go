@@ -68,10 +68,17 @@ func (s *decodeState) compressedBytes(v []byte) ([]byte, bool) {
 	return nil, false
 }
 
+// maxInMemoryWindow caps the window of a zstd frame decoded into memory.
+// The decoder reserves the declared window before it has produced a byte,
+// so a frame may not declare more than its body could legitimately need.
+const maxInMemoryWindow = 8 << 20
+
 // decompress inflates the zstd data src, refusing to produce more than limit
-// bytes. Memory is bounded twice: the decoder's own cap (window and memory
-// at the codec's largest body) and a read loop that never grows its buffer
-// past limit+1 bytes. Errors wrapping errOverLimit mean the cap was hit.
+// bytes. Memory follows what is really decoded, never what the frame
+// declares: the frame's window must fit the body's limit (a 30-byte frame
+// cannot reserve 100 MiB), the output starts small and doubles as bytes
+// arrive, never past limit+1. Errors wrapping errOverLimit mean a cap was
+// hit.
 func (c *Codec) decompress(src []byte, limit int) ([]byte, error) {
 	var h zstd.Header
 	if err := h.Decode(src); err != nil {
@@ -80,13 +87,12 @@ func (c *Codec) decompress(src []byte, limit int) ([]byte, error) {
 	if h.HasFCS && h.FrameContentSize > uint64(limit) {
 		return nil, fmt.Errorf("%w: the zstd frame declares %d bytes, limit %d", errOverLimit, h.FrameContentSize, limit)
 	}
-	// Size the output by the declared content size (at most limit, checked
-	// above: a frame that lies costs no more than an honest one of that
-	// size may); without one, guess and let readCapped double up to limit.
-	hint := min(limit, max(64<<10, 32*len(src)))
-	if h.HasFCS {
-		hint = int(h.FrameContentSize)
+	if err := checkWindow(h, limit); err != nil {
+		return nil, err
 	}
+	// The declared content size is a claim, not a fact: never size the
+	// buffer by it. Start from what the input could plausibly hold.
+	hint := min(limit, max(4<<10, 8*len(src)))
 	d, err := c.zstdDecoder()
 	if err != nil {
 		return nil, fmt.Errorf("creating a zstd decoder: %w", err)
@@ -100,6 +106,21 @@ func (c *Codec) decompress(src []byte, limit int) ([]byte, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// checkWindow refuses a frame whose window is larger than a body of limit
+// bytes needs (a single-segment frame's window is its content size, checked
+// by the caller) or than maxInMemoryWindow.
+func checkWindow(h zstd.Header, limit int) error {
+	if h.SingleSegment {
+		return nil
+	}
+	allowed := min(uint64(maxInMemoryWindow), max(uint64(2*limit), 1<<20))
+	if h.WindowSize > allowed {
+		return fmt.Errorf("%w: the zstd frame declares a %d-byte window, at most %d accepted for this body (compress with a smaller window, e.g. zstd level 19 or below without --long)",
+			errOverLimit, h.WindowSize, allowed)
+	}
+	return nil
 }
 
 // readCapped reads r to its end into a buffer that starts at hint bytes and

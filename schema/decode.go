@@ -8,6 +8,7 @@ import (
 	"math"
 	"strconv"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -222,7 +223,27 @@ func (c *Codec) Decode(dir Direction, payload []byte) (Message, error) {
 // ---- errors and paths
 
 func (s *decodeState) fail(field string, rule Rule, format string, args ...any) *ValidationError {
-	return &ValidationError{Type: s.typ, Field: field, Rule: rule, Reason: fmt.Sprintf(format, args...)}
+	return &ValidationError{Type: s.typ, Field: clip(field, maxErrField), Rule: rule, Reason: clip(fmt.Sprintf(format, args...), maxErrReason)}
+}
+
+// Error texts quote what the agent sent (a key, a type name); they are
+// clipped so that an error, and every log line and audit record built from
+// it, stays small whatever the agent sends.
+const (
+	maxErrField  = 128
+	maxErrReason = 512
+)
+
+// clip shortens s to at most n bytes (on a UTF-8 boundary), marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && cut < len(s) && s[cut]&0xc0 == 0x80 {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("...(%d bytes)", len(s))
 }
 
 // path joins a parent path, an optional array index (-1 for none) and a
@@ -591,12 +612,33 @@ func (s *decodeState) header(top *[nTop][]byte, h *Header) error {
 // decompressed when the message says compressed: true. field names it;
 // limit caps the decompressed size.
 func (s *decodeState) body(top *[nTop][]byte, idx int, field string, limit int) (v []byte, compressed bool, err error) {
+	zdata, compressed, err := s.compressedBody(top, idx, field)
+	if err != nil || !compressed {
+		return top[idx], false, err
+	}
+	out, err := s.c.decompress(zdata, limit)
+	if err != nil {
+		if errors.Is(err, errOverLimit) {
+			return nil, false, s.fail(field, RuleCompression, "compressed body is over the %d-byte limit of %s: %v", limit, s.typ, err)
+		}
+		return nil, false, s.fail(field, RuleCompression, "compressed body does not decompress: %v", err)
+	}
+	if werr := checkValue(out, MaxDepth); werr != nil {
+		return nil, false, s.fail(field, RuleMalformed, "decompressed body is not one valid MessagePack value: %v", werr)
+	}
+	return out, true, nil
+}
+
+// compressedBody returns the zstd bytes of body field idx when the message
+// says compressed: true (ok false when it is not compressed), after checking
+// compression and the field's encoding.
+func (s *decodeState) compressedBody(top *[nTop][]byte, idx int, field string) (zdata []byte, ok bool, err error) {
 	comp := top[fCompressed]
 	if !present(comp) {
-		return top[idx], false, nil
+		return nil, false, nil
 	}
-	if compressed, err = s.bool(comp, "compressed"); err != nil || !compressed {
-		return top[idx], false, err
+	if compressed, err := s.bool(comp, "compressed"); err != nil || !compressed {
+		return nil, false, err
 	}
 	algo := top[fCompression]
 	if !present(algo) {
@@ -612,24 +654,14 @@ func (s *decodeState) body(top *[nTop][]byte, idx int, field string, limit int) 
 	if raw == nil {
 		return nil, false, s.missing(field, "compressed bytes")
 	}
-	zdata, ok := s.compressedBytes(raw)
+	zdata, ok = s.compressedBytes(raw)
 	if !ok {
 		if isStrCode(raw[0]) {
 			return nil, false, s.fail(field, RuleCompression, "compressed body is a string but not base64")
 		}
 		return nil, false, s.fail(field, RuleCompression, "compressed body must be binary (or a base64 string), got %s", describe(raw))
 	}
-	out, err := s.c.decompress(zdata, limit)
-	if err != nil {
-		if errors.Is(err, errOverLimit) {
-			return nil, false, s.fail(field, RuleCompression, "compressed body is over the %d-byte limit of %s: %v", limit, s.typ, err)
-		}
-		return nil, false, s.fail(field, RuleCompression, "compressed body does not decompress: %v", err)
-	}
-	if werr := checkValue(out, MaxDepth); werr != nil {
-		return nil, false, s.fail(field, RuleMalformed, "decompressed body is not one valid MessagePack value: %v", werr)
-	}
-	return out, true, nil
+	return zdata, true, nil
 }
 
 // noCompression rejects compressed: true on a type without a body field.
@@ -650,6 +682,24 @@ func (s *decodeState) noCompression(top *[nTop][]byte) error {
 
 func (s *decodeState) checkpoint(top *[nTop][]byte, h Header) (Message, error) {
 	limit := s.c.limits.Checkpoint
+	if s.c.stream {
+		zdata, ok, err := s.compressedBody(top, fData, "data")
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			var hd zstd.Header
+			if err := hd.Decode(zdata); err != nil {
+				return nil, s.fail("data", RuleCompression, "compressed body does not decompress: not a zstd frame: %v", err)
+			}
+			if hd.HasFCS && hd.FrameContentSize > uint64(limit) {
+				return nil, s.fail("data", RuleCompression, "compressed body is over the %d-byte limit of %s: the zstd frame declares %d bytes", limit, s.typ, hd.FrameContentSize)
+			}
+			// The frame aliases the payload, which the wire reader does not
+			// reuse; the caller keeps the compressed bytes only.
+			return &Checkpoint{Header: h, Zstd: zdata, Compress: true}, nil
+		}
+	}
 	data, compressed, err := s.body(top, fData, "data", limit)
 	if err != nil {
 		return nil, err

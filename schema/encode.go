@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"sort"
 	"time"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 // Encode returns the MessagePack payload of m (without the frame header).
@@ -369,11 +371,11 @@ func (e *encoder) checkpointAck(m *CheckpointAck) error {
 }
 
 func (e *encoder) restore(m *Restore) error {
-	size := len(m.Snapshot) + len(m.CheckpointID) + 32
+	size := len(m.Snapshot) + len(m.SnapshotZstd) + len(m.CheckpointID) + 32
 	for _, w := range m.WALEntries {
 		size += len(w)
 	}
-	rb, err := e.c.NewRestore(m.Header, m.CheckpointID, m.Snapshot, m.Compress, m.LastSequence, size)
+	rb, err := e.c.NewRestore(m.Header, m.CheckpointID, m.Snapshot, m.SnapshotZstd, m.Compress, m.LastSequence, size)
 	if err != nil {
 		return err
 	}
@@ -400,28 +402,43 @@ type RestoreBuilder struct {
 }
 
 // NewRestore starts a restore payload. snapshot is the checkpoint's data map
-// (nil: {}); compressed zstd-compresses it (protocol v2). sizeHint is the
-// expected payload size (capacity, capped at the limit). It fails with a
-// *ValidationError when the snapshot is not one well-formed map or is over
-// the checkpoint limit.
-func (c *Codec) NewRestore(h Header, checkpointID string, snapshot []byte, compressed bool, lastSeq uint64, sizeHint int) (*RestoreBuilder, error) {
+// (nil: {}); compressed zstd-compresses it (protocol v2). snapshotZstd, when
+// not nil, is the snapshot already compressed — one zstd frame of a checked
+// data map declaring its content size (a stored checkpoint as it is on
+// disk) — sent as it is, compressed, and snapshot is ignored: a 100 MiB
+// snapshot is never held decompressed. sizeHint is the expected payload size
+// (capacity, capped at the limit). It fails with a *ValidationError when the
+// snapshot is not one well-formed map or is over the checkpoint limit.
+func (c *Codec) NewRestore(h Header, checkpointID string, snapshot, snapshotZstd []byte, compressed bool, lastSeq uint64, sizeHint int) (*RestoreBuilder, error) {
 	rb := &RestoreBuilder{e: encoder{c: c, typ: TypeRestore}, limit: c.limits.frame(TypeRestore)}
 	e := &rb.e
-	snap := snapshot
-	if len(snap) == 0 {
-		snap = []byte{0x80}
-	}
-	if err := checkMap(snap); err != "" {
-		return nil, e.fail("snapshot", RuleMalformed, "%s", err)
-	}
-	if limit := c.limits.Checkpoint; len(snap) > limit {
-		return nil, e.fail("snapshot", RuleTooLarge, "snapshot of %d bytes is over the %d-byte checkpoint limit", len(snap), limit)
-	}
-	body := snap
-	if compressed {
-		var err error
-		if body, err = compress(nil, snap); err != nil {
-			return nil, err
+	var body []byte
+	if snapshotZstd != nil {
+		var zh zstd.Header
+		if err := zh.Decode(snapshotZstd); err != nil || !zh.HasFCS {
+			return nil, e.fail("snapshot", RuleCompression, "a precompressed snapshot must be one zstd frame declaring its content size")
+		}
+		if limit := c.limits.Checkpoint; zh.FrameContentSize > uint64(limit) {
+			return nil, e.fail("snapshot", RuleTooLarge, "snapshot of %d bytes is over the %d-byte checkpoint limit", zh.FrameContentSize, limit)
+		}
+		body, compressed = snapshotZstd, true
+	} else {
+		snap := snapshot
+		if len(snap) == 0 {
+			snap = []byte{0x80}
+		}
+		if err := checkMap(snap); err != "" {
+			return nil, e.fail("snapshot", RuleMalformed, "%s", err)
+		}
+		if limit := c.limits.Checkpoint; len(snap) > limit {
+			return nil, e.fail("snapshot", RuleTooLarge, "snapshot of %d bytes is over the %d-byte checkpoint limit", len(snap), limit)
+		}
+		body = snap
+		if compressed {
+			var err error
+			if body, err = compress(nil, snap); err != nil {
+				return nil, err
+			}
 		}
 	}
 	e.beginSized(&h, 4, compressed, min(max(sizeHint, len(body)+len(checkpointID)+32), rb.limit))

@@ -419,7 +419,7 @@ func TestRestoreBuilder(t *testing.T) {
 		}
 		return b
 	}
-	rb, err := c.NewRestore(schema.Header{}, "", nil, false, 99, 0)
+	rb, err := c.NewRestore(schema.Header{}, "", nil, nil, false, 99, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

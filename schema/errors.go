@@ -74,7 +74,7 @@ func ErrorReply(err error) *Error {
 		if err != nil {
 			msg = err.Error()
 		}
-		ve = &ValidationError{Rule: RuleMalformed, Reason: msg}
+		ve = &ValidationError{Rule: RuleMalformed, Reason: clip(msg, maxErrReason)}
 	}
 	details := map[string]any{"rule": string(ve.Rule)}
 	if ve.Type != "" {

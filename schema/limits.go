@@ -101,4 +101,9 @@ func (l *Limits) batchBody() int { return l.BatchEntries * l.WALEntry }
 type Options struct {
 	Limits             Limits   // zero fields → DefaultLimits()
 	ExtraWALOperations []string // accepted in addition to the three built-in operations
+	// StreamCheckpoints: Decode leaves the body of a compressed checkpoint
+	// compressed (Checkpoint.Zstd) instead of materialising up to 100 MiB;
+	// the caller validates and inflates it with [Codec.CheckpointData],
+	// a stream that never holds the decompressed body.
+	StreamCheckpoints bool
 }

@@ -131,6 +131,12 @@ type Checkpoint struct {
 	// Status is data.agent_state.status when present ("" otherwise); Decode
 	// has checked it is one of the Status constants. Encode ignores it.
 	Status string
+	// Zstd is set instead of Data when the codec streams checkpoints
+	// ([Options].StreamCheckpoints) and the message arrived compressed: the
+	// agent's zstd bytes, not yet decompressed or validated beyond the
+	// envelope. [Codec.CheckpointData] validates and inflates them as a
+	// stream. Encode ignores it.
+	Zstd []byte
 }
 
 // WALRecord is one write-ahead-log entry: {operation, params, sequence}.
@@ -224,6 +230,12 @@ type Restore struct {
 	// (always sent; 0 when absent on decode, from an older supervisor). The
 	// agent numbers its next entries above it.
 	LastSequence uint64
+	// SnapshotZstd, on encode, is the snapshot already compressed: one zstd
+	// frame of a checked data map, declaring its content size (a stored
+	// checkpoint as it is on disk). It is sent as is, compressed, and
+	// Snapshot is ignored: a 100 MiB snapshot is never held decompressed.
+	// Decode never sets it.
+	SnapshotZstd []byte
 }
 
 // HotReload tells the agent to load new code (supervisor → agent).

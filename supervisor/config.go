@@ -82,6 +82,12 @@ type Config struct {
 	EvolutionMinReports int
 
 	Logger *slog.Logger
+	// LogDropped, when set, reports how many log records the logger dropped
+	// (logging.Async.Dropped); exported as supervisor_log_dropped_total.
+	LogDropped func() uint64
+	// LoopStallTimeout: /healthz fails once the owner's event loop has not
+	// made progress for this long. 0 means 60s.
+	LoopStallTimeout time.Duration
 }
 
 // DefaultConfig returns the defaults of SPEC §3–§5 and §10.

@@ -33,6 +33,10 @@ const (
 // ErrNotRunning: no supervisor answers on the data directory's socket.
 var ErrNotRunning = errors.New("no supervisor is running on this data directory")
 
+// ErrBusy: the supervisor is delivering another operator restore (restarting
+// the agent for it); the request was not applied. Retry in a moment.
+var ErrBusy = errors.New("busy: another restore is being delivered to the agent; retry in a moment")
+
 // ControlRequest is a request on the control socket.
 type ControlRequest struct {
 	Op           string `json:"op"`
@@ -43,6 +47,7 @@ type ControlRequest struct {
 // ControlResponse is the answer.
 type ControlResponse struct {
 	OK      bool         `json:"ok"`
+	Busy    bool         `json:"busy,omitempty"` // not applied: retry (ErrBusy)
 	Error   string       `json:"error,omitempty"`
 	Message string       `json:"message,omitempty"`
 	Status  *Status      `json:"status,omitempty"`
@@ -106,6 +111,13 @@ func (s *Supervisor) listenControl() (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on control socket %s: %w", path, err)
 	}
+	// The directory is ours and closed to others (checkDataDir), so the
+	// socket we just bound cannot have been swapped for a symlink; check
+	// anyway before changing its mode.
+	if fi, err := os.Lstat(path); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		ln.Close()
+		return nil, fmt.Errorf("control socket %s was replaced while being created; remove it and start again", path)
+	}
 	if err := os.Chmod(path, 0o600); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("restrict control socket %s to its owner: %w", path, err)
@@ -119,6 +131,15 @@ func (s *Supervisor) serveControl(ctx context.Context, ln net.Listener) {
 	go func() { <-ctx.Done(); ln.Close() }()
 	for {
 		conn, err := ln.Accept()
+		if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+			// Out of descriptors for a moment: keep serving once some free.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+				continue
+			}
+		}
 		if err != nil {
 			return
 		}
@@ -203,6 +224,12 @@ func (s *Supervisor) handleControl(req ControlRequest, reply chan ControlRespons
 		}
 		point := &restorePoint{checkpointID: meta.ID, noWAL: req.NoWAL}
 		in := s.cur
+		if s.pendingReply != nil {
+			// Another restore is being delivered (the agent is being
+			// restarted for it): recording this one now would silently
+			// replace, or be replaced by, the one under way.
+			return ControlResponse{Busy: true, Error: ErrBusy.Error()}
+		}
 		if in == nil || in.stopping || s.shutting {
 			s.pendingPoint = point
 			return ControlResponse{OK: true, Message: "the agent is not running; the restore will be sent when it next starts",
@@ -213,9 +240,6 @@ func (s *Supervisor) handleControl(req ControlRequest, reply chan ControlRespons
 		// history, and nothing in the protocol tells them apart from the new
 		// one. Stopping it, draining its output and starting it with the
 		// restore as its first frame leaves no such window.
-		if s.pendingReply != nil {
-			return ControlResponse{Error: "another operator restore is in progress; try again in a moment"}
-		}
 		s.pendingPoint = point
 		s.pendingReply = reply
 		in.log.Info("operator restore requested: restarting the agent to deliver it", "checkpoint_id", meta.ID, "no_wal", req.NoWAL)
@@ -272,6 +296,9 @@ func Call(dataDir string, req ControlRequest, timeout time.Duration) (ControlRes
 	var resp ControlResponse
 	if err := json.NewDecoder(conn).Decode(&resp); err != nil {
 		return ControlResponse{}, fmt.Errorf("read control response: %w", err)
+	}
+	if resp.Busy {
+		return resp, ErrBusy
 	}
 	if !resp.OK && resp.Error != "" {
 		return resp, errors.New(resp.Error)

@@ -48,7 +48,24 @@ func (k shadowSinks) versionSeen(*instance, int32) {}
 func (k shadowSinks) checkpoint(in *instance, cp *schema.Checkpoint, _ time.Time) {
 	// Stored in the scratch store only, so the shadow behaves as it would for
 	// real; it never reaches the primary's store.
-	meta, err := k.t.store.Save(cp.Data, k.t.wal.LastSequence())
+	var meta checkpoint.Meta
+	var err error
+	if cp.Zstd != nil {
+		var invalid error
+		meta, err = k.t.store.SaveStream(k.t.wal.LastSequence(), func(w io.Writer) error {
+			_, _, err := k.s.codec.CheckpointData(cp.Zstd, w)
+			if errors.Is(err, schema.ErrInvalidMessage) {
+				invalid = err
+			}
+			return err
+		})
+		if invalid != nil {
+			k.s.invalidMessage(in, invalid)
+			return
+		}
+	} else {
+		meta, err = k.t.store.Save(cp.Data, k.t.wal.LastSequence())
+	}
 	if err != nil {
 		in.sendMsg(schema.NewError(schema.CodeCheckpointFailed, "shadow checkpoint not stored: "+err.Error(), nil))
 		return

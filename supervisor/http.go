@@ -47,6 +47,11 @@ func (s *Supervisor) handleHealthz(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "given_up", "state": st.State})
 		return
 	}
+	if stalled, age := s.loopStalled(time.Now()); stalled {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "stalled", "state": st.State,
+			"reason": fmt.Sprintf("the supervisor's event loop has made no progress for %s (limit %s); it may be blocked on its own storage", age.Round(time.Second), s.stallLimit())})
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "state": st.State})
 }
 
@@ -127,6 +132,9 @@ func (s *Supervisor) acceptRequest(w http.ResponseWriter, r *http.Request) (int,
 	if req.Message == nil {
 		return http.StatusBadRequest, map[string]any{"error": "missing required field \"message\" (a string)"}
 	}
+	if d := jsonDepth(req.Context, maxContextDepth+1); d > maxContextDepth {
+		return http.StatusBadRequest, map[string]any{"error": fmt.Sprintf("context is nested more than %d levels deep; the agent protocol does not carry it", maxContextDepth)}
+	}
 	in := s.curPtr.Load()
 	if ready, reason, _ := s.readiness(); !ready || in == nil {
 		return http.StatusServiceUnavailable, map[string]any{"error": "no agent is ready: " + reason}
@@ -141,5 +149,62 @@ func (s *Supervisor) acceptRequest(w http.ResponseWriter, r *http.Request) (int,
 	}
 	id := newUUID()
 	msg := &schema.ProcessRequest{RequestID: id, Data: schema.RequestData{Message: *req.Message, Context: ctxRaw, UserID: req.UserID}}
-	return s.forwardRequest(w, r, in, msg, wait) // requests.go
+	// Encoded here, so that a request the protocol cannot carry is the
+	// client's error (4xx), not an ERROR line per request and a 503.
+	frame, err := s.codec.Encode(msg)
+	if err != nil {
+		code := http.StatusBadRequest
+		if schema.RuleOf(err) == schema.RuleTooLarge {
+			code = http.StatusRequestEntityTooLarge
+		}
+		return code, map[string]any{"error": "the request cannot be sent to the agent: " + err.Error()}
+	}
+	return s.forwardRequest(w, r, in, id, frame, wait) // requests.go
+}
+
+// loopStalled reports whether the owner loop has not turned for longer than
+// the stall limit, and for how long it has not.
+func (s *Supervisor) loopStalled(now time.Time) (bool, time.Duration) {
+	last := s.loopBeat.Load()
+	if last == 0 {
+		return false, 0
+	}
+	age := now.Sub(time.Unix(0, last))
+	return age > s.stallLimit(), age
+}
+
+func (s *Supervisor) stallLimit() time.Duration {
+	if s.cfg.LoopStallTimeout > 0 {
+		return s.cfg.LoopStallTimeout
+	}
+	return 60 * time.Second
+}
+
+// maxContextDepth is the deepest nesting of a request's context that fits a
+// process_request (the message map and its data map hold it).
+const maxContextDepth = schema.MaxDepth - 2
+
+// jsonDepth returns the nesting depth of a decoded JSON value (a scalar is
+// 0, {} is 1), counting no further than limit.
+func jsonDepth(v any, limit int) int {
+	if limit <= 0 {
+		return 0
+	}
+	d := 0
+	switch x := v.(type) {
+	case map[string]any:
+		if x == nil {
+			return 0
+		}
+		for _, e := range x {
+			d = max(d, jsonDepth(e, limit-1))
+		}
+	case []any:
+		for _, e := range x {
+			d = max(d, jsonDepth(e, limit-1))
+		}
+	default:
+		return 0
+	}
+	return d + 1
 }

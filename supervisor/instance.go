@@ -16,9 +16,19 @@ import (
 	"github.com/agent-sidecar/supervisor/wire"
 )
 
-// outboundQueue is how many frames may wait for an agent to read them. An
-// agent that lets it fill has stopped reading its input and is treated as hung.
-const outboundQueue = 4096
+// outboundQueue is how many frames may wait for an agent to read them, and
+// outboundBytes how many bytes. An agent that lets either fill has stopped
+// reading its input and is treated as hung.
+const (
+	outboundQueue = 4096
+	outboundBytes = 8 << 20
+)
+
+// outCharge is what a frame counts against outboundBytes: its size, but at
+// most a quarter of the bound, so that a large restore (which must be sent
+// whole) still leaves room for the acknowledgements behind it. Memory is
+// then bounded by outboundBytes plus the restore.
+func outCharge(frame []byte) int64 { return min(int64(len(frame)), outboundBytes/4) }
 
 // Role of an agent instance.
 const (
@@ -92,6 +102,7 @@ type instance struct {
 
 	outMu     sync.Mutex
 	out       chan []byte
+	outQueued atomic.Int64 // bytes in out, not yet written
 	outClosed bool
 	writerEnd chan struct{}
 	readerEnd chan struct{}
@@ -163,8 +174,17 @@ func (in *instance) send(frame []byte) bool {
 	if in.outClosed {
 		return false
 	}
+	n := outCharge(frame)
+	if q := in.outQueued.Load(); q+n > outboundBytes {
+		in.met.outboundDropped.Inc()
+		if in.unresponsiveEv.CompareAndSwap(false, true) {
+			go in.emit(event{kind: evUnresponsive})
+		}
+		return false
+	}
 	select {
 	case in.out <- frame:
+		in.outQueued.Add(n)
 		return true
 	default:
 		in.met.outboundDropped.Inc()
@@ -182,10 +202,15 @@ func (in *instance) sendMsg(m schema.Message) bool {
 		in.log.Error("cannot encode message for the agent", "type", m.MessageType(), "err", err)
 		return false
 	}
+	return in.sendFrame(m.MessageType(), b)
+}
+
+// sendFrame queues a message of type typ already encoded, and counts it.
+func (in *instance) sendFrame(typ string, b []byte) bool {
 	if !in.send(b) {
 		return false
 	}
-	in.met.frames.WithLabelValues("out", m.MessageType()).Inc()
+	in.met.frames.WithLabelValues("out", typ).Inc()
 	in.met.frameBytes.WithLabelValues("out").Add(float64(len(b)))
 	return true
 }
@@ -205,6 +230,7 @@ func (in *instance) writeLoop(w *wire.Writer) {
 	defer close(in.writerEnd)
 	broken := false
 	for frame := range in.out {
+		in.outQueued.Add(-outCharge(frame))
 		if broken {
 			continue
 		}

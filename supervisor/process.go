@@ -39,6 +39,12 @@ type process struct {
 	exited   chan struct{} // closed when the leader has exited (not yet reaped)
 	exitedAt atomic.Int64  // unix nanos when the exit was seen
 
+	// known are the descendants seen in the agent's process tree (pid →
+	// start time), so that those which escape its group and are re-parented
+	// to us can be told apart from another agent's.
+	knownMu sync.Mutex
+	known   map[int]uint64
+
 	mu     sync.Mutex
 	reaped bool
 	state  *os.ProcessState
@@ -106,11 +112,17 @@ func startProcess(spec procSpec) (*process, error) {
 	started := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		// Registered before the reaper may look at our children again.
+		spawnMu.Lock()
 		if err := cmd.Start(); err != nil {
+			spawnMu.Unlock()
 			started <- err
 			runtime.UnlockOSThread()
 			return
 		}
+		p.pid = cmd.Process.Pid
+		registerManaged(p)
+		spawnMu.Unlock()
 		started <- nil
 		p.waitExit()
 		p.exitedAt.Store(time.Now().UnixNano())
@@ -128,8 +140,6 @@ func startProcess(spec procSpec) (*process, error) {
 		closeAll(p.logs...)
 		return nil, fmt.Errorf("start agent %q: %w", spec.Path, err)
 	}
-	p.pid = cmd.Process.Pid
-	registerManaged(p.pid)
 	return p, nil
 }
 
@@ -177,8 +187,10 @@ func (p *process) reap() *os.ProcessState {
 		return st
 	}
 	// Leftover group members (grandchildren) die with the agent. The leader is
-	// a zombie, so the group id is still ours.
+	// a zombie, so the group id is still ours. So do descendants that left
+	// the group (setsid): no descendant outlives the agent.
 	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+	p.killEscaped()
 	err := p.cmd.Wait()
 	p.reaped = true
 	p.state = p.cmd.ProcessState
@@ -232,6 +244,7 @@ func (p *process) stopGroup(killTimeout time.Duration) (killed bool) {
 		return false
 	default:
 	}
+	p.trackDescendants() // the newest ones too, before they can escape
 	_ = p.signalGroup(syscall.SIGTERM)
 	t := time.NewTimer(killTimeout)
 	defer t.Stop()

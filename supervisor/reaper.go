@@ -23,26 +23,44 @@ import (
 
 var managed = struct {
 	sync.Mutex
-	pids map[int]struct{}
-}{pids: map[int]struct{}{}}
+	procs map[int]*process
+}{procs: map[int]*process{}}
 
-func registerManaged(pid int) {
+// spawnMu is held from just before an agent is forked until its pid is
+// registered as managed, and by the reaper while it looks for orphans: a
+// child the reaper sees unregistered is never one being spawned (it once
+// waited on a fresh /bin/true before its registration and stole its exit
+// status).
+var spawnMu sync.Mutex
+
+func registerManaged(p *process) {
 	managed.Lock()
-	managed.pids[pid] = struct{}{}
+	managed.procs[p.pid] = p
 	managed.Unlock()
 }
 
 func unregisterManaged(pid int) {
 	managed.Lock()
-	delete(managed.pids, pid)
+	delete(managed.procs, pid)
 	managed.Unlock()
 }
 
 func isManaged(pid int) bool {
 	managed.Lock()
 	defer managed.Unlock()
-	_, ok := managed.pids[pid]
+	_, ok := managed.procs[pid]
 	return ok
+}
+
+// managedProcs returns the agents running now.
+func managedProcs() []*process {
+	managed.Lock()
+	defer managed.Unlock()
+	out := make([]*process, 0, len(managed.procs))
+	for _, p := range managed.procs {
+		out = append(out, p)
+	}
+	return out
 }
 
 // becomeSubreaper marks this process as a child subreaper.
@@ -66,11 +84,17 @@ func runReaper(ctx context.Context, log *slog.Logger) {
 		case <-tick.C:
 		}
 		reapOrphans(log)
+		for _, p := range managedProcs() {
+			p.trackDescendants()
+		}
 	}
 }
 
-// reapOrphans waits (without blocking) on every child that is not managed.
+// reapOrphans waits (without blocking) on every child that is not managed,
+// each by its pid — never wait(-1), which could take an agent's status.
 func reapOrphans(log *slog.Logger) {
+	spawnMu.Lock()
+	defer spawnMu.Unlock()
 	for _, pid := range childPids() {
 		if isManaged(pid) {
 			continue
@@ -84,8 +108,11 @@ func reapOrphans(log *slog.Logger) {
 }
 
 // childPids lists this process's children from /proc (every thread's list).
-func childPids() []int {
-	paths, _ := filepath.Glob("/proc/self/task/*/children")
+func childPids() []int { return childrenOf("self") }
+
+// childrenOf lists the children of a process ("self" or a pid) from /proc.
+func childrenOf(pid string) []int {
+	paths, _ := filepath.Glob("/proc/" + pid + "/task/*/children")
 	var pids []int
 	for _, p := range paths {
 		b, err := os.ReadFile(p)

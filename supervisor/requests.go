@@ -454,22 +454,22 @@ func parseWait(r *http.Request) (time.Duration, error) {
 // forwardRequest sends msg to the primary (and its shadow during a trial)
 // and, with wait > 0, waits for the answer: 200 with the result when it
 // comes in time, else 202 {request_id}.
-func (s *Supervisor) forwardRequest(w http.ResponseWriter, r *http.Request, in *instance, msg *schema.ProcessRequest, wait time.Duration) (int, map[string]any) {
+func (s *Supervisor) forwardRequest(w http.ResponseWriter, r *http.Request, in *instance, id string, frame []byte, wait time.Duration) (int, map[string]any) {
 	t := s.trialPtr.Load()
 	trial := ""
 	if t != nil && t.shadow != nil {
 		trial = t.id
 	}
-	req := s.requests.add(msg.RequestID, trial)
+	req := s.requests.add(id, trial)
 	// Registered before it is sent, so an instant answer is never missed.
-	if !in.sendMsg(msg) {
-		s.requests.forget(msg.RequestID)
-		return http.StatusServiceUnavailable, map[string]any{"error": "the agent is not accepting input"}
+	if !in.sendFrame(schema.TypeProcessRequest, frame) {
+		s.requests.forget(id)
+		return http.StatusServiceUnavailable, map[string]any{"error": "the agent is not accepting input (its input queue is full)"}
 	}
 	if trial != "" {
-		t.shadow.sendMsg(msg) // during an evolution trial the shadow gets the same traffic
+		t.shadow.sendFrame(schema.TypeProcessRequest, frame) // during an evolution trial the shadow gets the same traffic
 	}
-	accepted := map[string]any{"request_id": msg.RequestID}
+	accepted := map[string]any{"request_id": id}
 	if wait <= 0 {
 		return http.StatusAccepted, accepted
 	}
@@ -485,7 +485,7 @@ func (s *Supervisor) forwardRequest(w http.ResponseWriter, r *http.Request, in *
 	case <-r.Context().Done():
 		return http.StatusAccepted, accepted
 	}
-	v, ok := s.requests.view(msg.RequestID)
+	v, ok := s.requests.view(id)
 	switch {
 	case ok && v.Status == statusAnswered:
 		return http.StatusOK, map[string]any{"request_id": v.RequestID, "data": v.Data}

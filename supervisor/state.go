@@ -36,8 +36,18 @@ func (p primarySinks) checkpoint(in *instance, cp *schema.Checkpoint, arrived ti
 	// The reader appends WAL entries in frame order, so everything the agent
 	// logged before this checkpoint is appended now: that is the watermark.
 	wm, at := s.st.checkpointArrived()
+	// Bounded by bytes: while the queue is full the reader waits here, and
+	// the agent's pipe fills (back-pressure). A compressed checkpoint is
+	// queued compressed. The wait is our storage's time, not the agent's:
+	// the reader is inside a sink (instance.inSink), so it does not count
+	// against the agent's heartbeat.
+	size := int64(len(cp.Data) + len(cp.Zstd))
+	if _, ok := s.ckptGate.acquire(size, in.abandoned); !ok {
+		return // the instance is being finished; this checkpoint is not acknowledged
+	}
+	s.bmet.ckptQueueBytes.Add(float64(size))
 	s.ckptWG.Add(1)
-	s.ckptJobs <- ckptJob{inst: in, data: cp.Data, watermark: wm, tailAt: at, arrived: arrived}
+	s.ckptJobs <- ckptJob{inst: in, data: cp.Data, zstd: cp.Zstd, size: size, watermark: wm, tailAt: at, arrived: arrived}
 }
 
 func (p primarySinks) agentMetrics(in *instance, m *schema.Metrics) {
@@ -150,6 +160,9 @@ func (s *Supervisor) appendWAL(in *instance, l *wal.Log, appendFn func([]wal.Ent
 func (s *Supervisor) checkpointWorker() {
 	for job := range s.ckptJobs {
 		s.storeCheckpoint(job)
+		job.data, job.zstd = nil, nil
+		s.ckptGate.release(job.size)
+		s.bmet.ckptQueueBytes.Sub(float64(job.size))
 		s.ckptWG.Done()
 	}
 }
@@ -171,7 +184,11 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 		fail("wal_durable", err)
 		return
 	}
-	meta, removed, truncated, err := s.st.saveCheckpoint(job.data, job.watermark, job.tailAt)
+	meta, removed, truncated, invalid, err := s.st.saveCheckpoint(job.data, job.zstd, job.watermark, job.tailAt)
+	if invalid != nil {
+		s.invalidMessage(in, invalid)
+		return
+	}
 	if err != nil {
 		fail("save", err)
 		return

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/klauspost/compress/zstd"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/schema"
@@ -237,13 +240,41 @@ func (st *stores) checkpointArrived() (watermark uint64, at int64) {
 
 // saveCheckpoint stores a checkpoint (its WAL entries are already durable),
 // applies retention to the checkpoints and then the WAL, and moves the
-// restorability accounting to it. at is checkpointArrived's value.
-func (st *stores) saveCheckpoint(data []byte, watermark uint64, at int64) (meta checkpoint.Meta, pruned []string, segs int, err error) {
+// restorability accounting to it. at is checkpointArrived's value. A
+// compressed checkpoint (zdata, the agent's zstd frame) is validated and
+// stored as one stream: its decompressed body (up to 100 MiB) is never held.
+// invalid is the payload error that aborted such a save (reply
+// INVALID_MESSAGE; nothing was stored); err a storage failure.
+func (st *stores) saveCheckpoint(data, zdata []byte, watermark uint64, at int64) (meta checkpoint.Meta, pruned []string, segs int, invalid, err error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	meta, err = st.ckpt.Save(data, watermark)
+	if zdata != nil {
+		// The stored frame declares the data's size, so that a restore can
+		// send it as it is: the agent's frame declares it (CheckpointData
+		// holds it to that), or a first validating pass counts it.
+		size := int64(-1)
+		if zh := (zstd.Header{}); zh.Decode(zdata) == nil && zh.HasFCS {
+			size = int64(zh.FrameContentSize)
+		} else if _, n, verr := st.codec.CheckpointData(zdata, io.Discard); verr != nil {
+			return meta, nil, 0, verr, nil
+		} else {
+			size = n
+		}
+		meta, err = st.ckpt.SaveStreamSized(watermark, size, func(w io.Writer) error {
+			_, _, err := st.codec.CheckpointData(zdata, w)
+			if errors.Is(err, schema.ErrInvalidMessage) {
+				invalid = err
+			}
+			return err
+		})
+		if invalid != nil {
+			return meta, nil, 0, invalid, nil
+		}
+	} else {
+		meta, err = st.ckpt.Save(data, watermark)
+	}
 	if err != nil {
-		return meta, nil, 0, err
+		return meta, nil, 0, nil, err
 	}
 	if pruned, err = st.ckpt.Prune(); err != nil {
 		st.log.Warn("checkpoint retention failed; old checkpoints kept", "err", err)
@@ -263,7 +294,7 @@ func (st *stores) saveCheckpoint(data []byte, watermark uint64, at int64) (meta 
 	m := meta
 	st.newest.Store(&m)
 	st.snapCost.Store(st.snapshotCost(meta))
-	return meta, pruned, segs, nil
+	return meta, pruned, segs, nil, nil
 }
 
 // noteVersion records that the agent spoke protocol version v, persisting a
@@ -326,23 +357,55 @@ func (st *stores) buildRestore(point restorePoint) (*restorePlan, error) {
 		data []byte
 		err  error
 	)
+	// A v2 agent gets the stored zstd frame of a large snapshot as it is:
+	// it is verified as a stream and never held decompressed. A frame that
+	// does not declare its size (stored by an older supervisor) is loaded
+	// whole instead.
+	v2 := st.version.Load() >= 2
+	load, latest, previous := st.ckpt.Load, st.ckpt.Latest, st.ckpt.Previous
+	if v2 {
+		load, latest, previous = st.ckpt.LoadCompressed, st.ckpt.LatestCompressed, st.ckpt.PreviousCompressed
+	}
+	var zdata []byte
 	switch {
 	case point.checkpointID != "":
-		meta, data, err = st.ckpt.Load(point.checkpointID)
+		meta, data, err = load(point.checkpointID)
+		if errors.Is(err, checkpoint.ErrNoContentSize) {
+			v2 = false
+			meta, data, err = st.ckpt.Load(point.checkpointID)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("load checkpoint %s: %w", point.checkpointID, err)
 		}
 	default:
 		if point.olderThan != "" {
-			meta, data, plan.skipped, err = st.ckpt.Previous(point.olderThan)
+			meta, data, plan.skipped, err = previous(point.olderThan)
+			if errors.Is(err, checkpoint.ErrNoContentSize) {
+				v2 = false
+				meta, data, plan.skipped, err = st.ckpt.Previous(point.olderThan)
+			}
 		} else {
-			meta, data, plan.skipped, err = st.ckpt.Latest()
+			meta, data, plan.skipped, err = latest()
+			if errors.Is(err, checkpoint.ErrNoContentSize) {
+				v2 = false
+				meta, data, plan.skipped, err = st.ckpt.Latest()
+			}
 		}
 		if errors.Is(err, checkpoint.ErrNotFound) && point.olderThan == "" {
 			err, meta = nil, checkpoint.Meta{}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("find a checkpoint to restore: %w", err)
+		}
+	}
+	if v2 && meta.ID != "" {
+		zdata, data = data, nil
+		if meta.Size <= schema.CompressThreshold {
+			// Small: sent uncompressed (Load verifies it again).
+			zdata = nil
+			if meta, data, err = st.ckpt.Load(meta.ID); err != nil {
+				return nil, fmt.Errorf("load checkpoint %s: %w", meta.ID, err)
+			}
 		}
 	}
 	plan.checkpointID, plan.created, plan.watermark = meta.ID, meta.Created, meta.Watermark
@@ -357,12 +420,12 @@ func (st *stores) buildRestore(point restorePoint) (*restorePlan, error) {
 		return nil, st.unrestorable("the restore would be %s plus the WAL after it, but the WAL no longer holds the entries up to sequence %d",
 			what, floor)
 	}
-	plan.compressed = st.version.Load() >= 2 && len(data) > schema.CompressThreshold
-	hint := len(data) + restoreOverhead
+	plan.compressed = zdata != nil || (st.version.Load() >= 2 && len(data) > schema.CompressThreshold)
+	hint := len(data) + len(zdata) + restoreOverhead
 	if !point.noWAL {
 		hint += int(min(st.appended.Load()-st.base.Load(), st.restoreLimit))
 	}
-	rb, err := st.codec.NewRestore(schema.Header{}, meta.ID, data, plan.compressed, lastSeq, hint)
+	rb, err := st.codec.NewRestore(schema.Header{}, meta.ID, data, zdata, plan.compressed, lastSeq, hint)
 	if err != nil {
 		return nil, st.unrestorable("checkpoint %s cannot be sent: %v", meta.ID, err)
 	}

@@ -62,6 +62,7 @@ type Supervisor struct {
 	st     *stores // WAL, checkpoints, restore assembly: the restore invariant
 	audit  *auditLog
 	met    *metrics
+	bmet   *boundsMetrics
 	lock   *os.File
 	ledger *evolution.Ledger
 
@@ -92,10 +93,13 @@ type Supervisor struct {
 	statusMu  sync.Mutex
 	status    Status
 	gaveUp    atomic.Bool
-	newestCkp atomic.Value // string
+	auditPtr  atomic.Pointer[auditLog] // for ReopenAudit from a signal handler
+	loopBeat  atomic.Int64             // unix nanos of the owner loop's last turn; 0 before Run
+	newestCkp atomic.Value             // string
 
 	// Checkpoint storing runs on its own goroutine, in arrival order.
 	ckptJobs chan ckptJob
+	ckptGate *byteGate
 	ckptWG   sync.WaitGroup
 	// loopDone is closed when the owner loop has returned: goroutines
 	// reporting to it stop waiting.
@@ -111,11 +115,18 @@ type Supervisor struct {
 
 type ckptJob struct {
 	inst      *instance
-	data      []byte
+	data      []byte // uncompressed data, or nil when zstd is set
+	zstd      []byte // the agent's compressed data, validated while it is stored
+	size      int64  // bytes reserved in ckptGate
 	watermark uint64
 	tailAt    int64 // stores.checkpointArrived's accounting mark
 	arrived   time.Time
 }
+
+// ckptQueueBytes bounds the checkpoints waiting to be stored (compressed ones
+// count their compressed size). An agent that sends faster than they are
+// stored is slowed down through its pipe.
+const ckptQueueBytes = 8 << 20
 
 // New validates the configuration. Nothing is opened until Run.
 func New(cfg Config) (*Supervisor, error) {
@@ -129,7 +140,7 @@ func New(cfg Config) (*Supervisor, error) {
 	s := &Supervisor{
 		cfg:     cfg,
 		log:     log,
-		codec:   schema.NewCodec(schema.Options{ExtraWALOperations: cfg.WALOperations}),
+		codec:   schema.NewCodec(schema.Options{ExtraWALOperations: cfg.WALOperations, StreamCheckpoints: true}),
 		events:  make(chan event, 256),
 		control: make(chan controlCall),
 		force:   make(chan struct{}, 1),
@@ -139,6 +150,7 @@ func New(cfg Config) (*Supervisor, error) {
 		},
 		ckptJobs: make(chan ckptJob, 16),
 		loopDone: make(chan struct{}),
+		ckptGate: newByteGate(ckptQueueBytes),
 		limiter:  newRateLimiter(20, 10*time.Second),
 	}
 	s.newestCkp.Store("")
@@ -150,6 +162,7 @@ func New(cfg Config) (*Supervisor, error) {
 		return nil, err
 	}
 	s.tokenHash = tok
+	s.bmet = newBoundsMetrics(s.met.reg, cfg.LogDropped)
 	return s, nil
 }
 
@@ -191,8 +204,10 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 	defer close(s.ckptJobs) // runs before stopBG/bgWG.Wait above: the worker drains and exits
 
 	if ln := httpLn; ln != nil {
-		srv := &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
-		s.log.Info("HTTP listener up", "addr", ln.Addr().String())
+		srv := s.newHTTPServer()
+		connCap := httpConnCap()
+		ln = newLimitListener(ln, connCap, func(d int) { s.bmet.httpConns.Add(float64(d)) }, s.bmet.httpWaits.Inc)
+		s.log.Info("HTTP listener up", "addr", ln.Addr().String(), "max_connections", connCap)
 		bgWG.Add(1)
 		go func() {
 			defer bgWG.Done()
@@ -232,16 +247,20 @@ func (s *Supervisor) open() error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("%w: create data directory %s: %v", ErrConfig, dir, err)
 	}
+	if err := checkDataDir(dir); err != nil {
+		return err
+	}
 	lock, err := lockDataDir(dir)
 	if err != nil {
-		return err
+		return plantedLink(err)
 	}
 	s.lock = lock
 	audit, err := openAudit(filepath.Join(dir, "audit.jsonl"))
 	if err != nil {
-		return err
+		return plantedLink(err)
 	}
 	s.audit = audit
+	s.auditPtr.Store(audit)
 	st, err := openStores(dir, s.cfg, s.codec, s.log, s.met.walSynced)
 	if err != nil {
 		return err
@@ -305,9 +324,9 @@ func (s *Supervisor) close() error {
 // lockDataDir takes an exclusive flock on DATA_DIR/LOCK and writes our pid.
 func lockDataDir(dir string) (*os.File, error) {
 	path := filepath.Join(dir, "LOCK")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := openNoFollow(path, os.O_RDWR|os.O_CREATE)
 	if err != nil {
-		return nil, fmt.Errorf("open lock file %s: %w", path, err)
+		return nil, fmt.Errorf("open lock file %s: %w (a symlink there is refused; remove it)", path, err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		b, _ := os.ReadFile(path)
@@ -353,11 +372,17 @@ func (s *Supervisor) loop(ctx context.Context) error {
 	done := ctx.Done()
 	trialTick := time.NewTicker(250 * time.Millisecond)
 	defer trialTick.Stop()
+	// The loop's own heartbeat: /healthz fails when it stops beating.
+	beat := time.NewTicker(time.Second)
+	defer beat.Stop()
 	defer s.abortTrial("the supervisor stopped during the trial")
 	defer s.answerPending("the supervisor stopped before the restore was sent")
 
 	for {
+		s.loopBeat.Store(time.Now().UnixNano())
 		select {
+		case <-beat.C:
+
 		case <-done:
 			done = nil
 			s.shutting = true
@@ -437,7 +462,8 @@ func (s *Supervisor) loop(ctx context.Context) error {
 				s.streamEnded(ev)
 			case evUnresponsive:
 				if !ev.inst.stopping {
-					s.log.Error("agent stopped reading its input (outbound queue full); restarting it", "queued", outboundQueue)
+					s.log.Error("agent stopped reading its input (outbound queue full); restarting it",
+						"queued_bytes", ev.inst.outQueued.Load(), "max_frames", outboundQueue, "max_bytes", outboundBytes)
 					s.stopInstance(ev.inst, "unresponsive")
 				}
 			case evEvolutionIntent:

@@ -100,7 +100,7 @@ func (p *preparer) prepare() (f *os.File, path string, err error) {
 	}
 	zeros := p.zeros
 	p.mu.Unlock()
-	f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC|noFollow, 0o600)
 	if err != nil {
 		return nil, "", fmt.Errorf("create %s: %w", path, err)
 	}

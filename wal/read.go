@@ -89,7 +89,7 @@ func (l *Log) openNext(prevIndex uint64, started bool, after uint64) (segment, *
 		if s.last == 0 || s.last <= after {
 			continue
 		}
-		f, err := os.Open(segmentPath(l.dir, s.index))
+		f, err := openRead(segmentPath(l.dir, s.index))
 		if err != nil {
 			return s, nil, false, fmt.Errorf("wal: open segment %s: %w", s.name(), err)
 		}
@@ -241,7 +241,7 @@ func walkDir(dir string, after uint64, fn func(Entry) error, visit func(*segment
 				continue
 			}
 		}
-		f, err := os.Open(segmentPath(dir, index))
+		f, err := openRead(segmentPath(dir, index))
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) && !opened {
 				havePrev = false // deleted by a running supervisor's truncation
@@ -271,7 +271,7 @@ func walkDir(dir string, after uint64, fn func(Entry) error, visit func(*segment
 
 // peekHeader reads and checks the header of segment index.
 func peekHeader(dir string, index uint64) (segmentHeader, bool) {
-	f, err := os.Open(segmentPath(dir, index))
+	f, err := openRead(segmentPath(dir, index))
 	if err != nil {
 		return segmentHeader{}, false
 	}

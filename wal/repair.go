@@ -89,7 +89,7 @@ func (l *Log) recover() error {
 			}
 			break
 		}
-		f, err := os.Open(segmentPath(l.dir, index))
+		f, err := openRead(segmentPath(l.dir, index))
 		if err != nil {
 			return fmt.Errorf("wal: open segment %s: %w (the log will not skip an unreadable segment: fix its permissions or restore it from a backup)", name, err)
 		}
@@ -143,7 +143,7 @@ func (l *Log) recover() error {
 	if err := l.repairTail(last); err != nil {
 		return err
 	}
-	f, err := os.OpenFile(segmentPath(l.dir, last.index), os.O_RDWR, 0)
+	f, err := os.OpenFile(segmentPath(l.dir, last.index), os.O_RDWR|noFollow, 0)
 	if err != nil {
 		return fmt.Errorf("wal: open active segment %s: %w", last.name, err)
 	}
@@ -194,7 +194,7 @@ func (l *Log) repairTail(sc *segmentScan) error {
 	if sc.tornEnd <= sc.end {
 		return nil
 	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	f, err := os.OpenFile(path, os.O_RDWR|noFollow, 0)
 	if err != nil {
 		return fmt.Errorf("wal: open segment %s to truncate its torn tail: %w", sc.name, err)
 	}
@@ -249,13 +249,18 @@ func (l *Log) installSegment(index, prevLast uint64, pf *os.File, ppath string) 
 	if f == nil {
 		tmp = segmentPath(l.dir, index) + tmpSuffix
 		var err error
-		if f, err = os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600); err != nil {
+		if f, err = os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC|noFollow, 0o600); err != nil {
 			return nil, 0, ioFailure("create segment "+name, err)
 		}
 	}
 	fail := func(op string, err error) (*os.File, int64, error) {
 		f.Close()
 		os.Remove(tmp)
+		// The temporary file is gone: report the errno, not its path.
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
 		return nil, 0, ioFailure(op+" "+name, err)
 	}
 	if _, err := l.ops.writeAt(f, segmentHeader{index: index, prevLast: prevLast}.marshal(), 0); err != nil {
@@ -276,7 +281,21 @@ func (l *Log) installSegment(index, prevLast uint64, pf *os.File, ppath string) 
 		f.Close()
 		return nil, 0, ioFailure("stat segment "+name, err)
 	}
-	return f, fi.Size(), nil
+	// The handle was opened under the temporary name, and errors from it
+	// would name a file that no longer exists: hold the segment under its
+	// own name instead.
+	final, err := os.OpenFile(segmentPath(l.dir, index), os.O_RDWR|noFollow, 0)
+	if err != nil {
+		f.Close()
+		return nil, 0, ioFailure("reopen new segment "+name, err)
+	}
+	if ffi, err := final.Stat(); err != nil || !os.SameFile(fi, ffi) {
+		final.Close()
+		f.Close()
+		return nil, 0, ioFailure("reopen new segment "+name, fmt.Errorf("%s was replaced while it was being created", segmentPath(l.dir, index)))
+	}
+	f.Close()
+	return final, fi.Size(), nil
 }
 
 // dropCovered handles damage (ce) in the last segment of prefix when the
@@ -343,7 +362,7 @@ func (l *Log) quarantine(idx []uint64, ce *CorruptionError) error {
 func (l *Log) cutSegment(sc segmentScan, ce *CorruptionError) error {
 	path := segmentPath(l.dir, sc.index)
 	q := l.quarantineName(sc.name)
-	src, err := os.Open(path)
+	src, err := openRead(path)
 	if err != nil {
 		return fmt.Errorf("wal: open corrupt segment %s: %w", sc.name, err)
 	}
@@ -365,7 +384,7 @@ func (l *Log) cutSegment(sc segmentScan, ce *CorruptionError) error {
 // file, fsync, rename, fsync of the directory.
 func writeFileAtomic(dir, path string, parts ...io.Reader) error {
 	tmp := path + tmpSuffix
-	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC|noFollow, 0o600)
 	if err != nil {
 		return err
 	}

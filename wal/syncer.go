@@ -546,7 +546,7 @@ func (l *Log) reopenActive() error {
 	l.segMu.RLock()
 	seg := l.segs[len(l.segs)-1]
 	l.segMu.RUnlock()
-	f, err := os.OpenFile(segmentPath(l.dir, seg.index), os.O_RDWR, 0)
+	f, err := os.OpenFile(segmentPath(l.dir, seg.index), os.O_RDWR|noFollow, 0)
 	if err != nil {
 		return ioFailure("reopen segment "+seg.name(), err)
 	}

@@ -129,7 +129,7 @@ func (l *Log) truncateAfter(seq uint64) (removed int, err error) {
 // is truncated in place.
 func (l *Log) cutAfter(seg segment, seq uint64) (removed int, out segment, err error) {
 	path := segmentPath(l.dir, seg.index)
-	f, err := os.Open(path)
+	f, err := openRead(path)
 	if err != nil {
 		return 0, seg, fmt.Errorf("wal: open segment %s: %w", seg.name(), err)
 	}
@@ -196,7 +196,7 @@ func (l *Log) cutAfter(seg segment, seq uint64) (removed int, out segment, err e
 		out.size = cut + int64(len(rec))
 		return removed, out, nil
 	}
-	wf, err := os.OpenFile(path, os.O_RDWR, 0)
+	wf, err := os.OpenFile(path, os.O_RDWR|noFollow, 0)
 	if err != nil {
 		return removed, seg, fmt.Errorf("wal: open segment %s: %w", seg.name(), err)
 	}

@@ -197,7 +197,7 @@ func Open(opts Options) (*Log, error) {
 	if err := os.MkdirAll(l.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("wal: create directory %s: %w", l.dir, err)
 	}
-	lock, err := os.OpenFile(filepath.Join(l.dir, lockName), os.O_RDWR|os.O_CREATE, 0o600)
+	lock, err := os.OpenFile(filepath.Join(l.dir, lockName), os.O_RDWR|os.O_CREATE|noFollow, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("wal: open lock file in %s: %w", l.dir, err)
 	}

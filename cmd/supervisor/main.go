@@ -22,6 +22,9 @@ const (
 	// WAL lost entries a restore needs); the agent was not started. Not to
 	// be retried: an operator must act (docs/operations.md).
 	exitUnrestorable = 3
+	// exitBusy (EX_TEMPFAIL): `supervisor restore` while another restore is
+	// being delivered; retry in a moment.
+	exitBusy = 75
 )
 
 const usage = `supervisor — a sidecar that keeps an AI agent alive and its state safe.
@@ -43,7 +46,8 @@ set in the environment (--heartbeat-timeout: SUPERVISOR_HEARTBEAT_TIMEOUT),
 and --data-dir by SUPERVISOR_DATA_DIR for every command; a flag wins.
 Every command has --help. Exit codes: 0 clean stop, 1 the agent failed (or a
 command failed), 2 usage or configuration error, 3 the agent's state cannot be
-restored completely (the agent was not started).
+restored completely (the agent was not started), 75 (restore) busy: another
+restore is being delivered, retry.
 `
 
 // env is what a command sees of the world: tests give it buffers and a map.
@@ -70,6 +74,9 @@ func main() {
 		// the embedded agents and the short commands keep the defaults.
 		sigs := make(chan os.Signal, 4)
 		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+		// SIGHUP never stops the supervisor (run.go reopens the audit log
+		// on it once the supervisor exists).
+		signal.Ignore(syscall.SIGHUP)
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		force := make(chan os.Signal, 4)
@@ -174,6 +181,8 @@ func exitCode(err error) int {
 		return exitUsage
 	case errors.Is(err, supervisor.ErrUnrestorable):
 		return exitUnrestorable
+	case errors.Is(err, supervisor.ErrBusy):
+		return exitBusy
 	default:
 		return exitFailure
 	}

@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/agent-sidecar/supervisor/examples/demo"
 	"github.com/agent-sidecar/supervisor/examples/refagent"
+	"github.com/agent-sidecar/supervisor/logging"
 	"github.com/agent-sidecar/supervisor/supervisor"
 )
 
@@ -118,19 +121,28 @@ func (c *runCmd) Run(ctx context.Context, args []string) error {
 		}
 		cfg.Command = []string{self, "demo-agent"}
 	}
-	log := newLogger(c.stderr, logFormat)
-	cfg.Logger = log
+	// Logging never blocks the supervisor: a bounded buffer in front of
+	// stderr drops (and counts) what a stalled reader cannot take.
+	log, logBuf := logging.New(c.stderr, logging.Options{Format: logFormat, Level: slog.LevelInfo})
+	defer logBuf.Close(2 * time.Second)
+	cfg.Logger, cfg.LogDropped = log, logBuf.Dropped
 	sup, err := supervisor.New(cfg)
 	if err != nil {
 		return failed("run", err)
 	}
 	done := make(chan struct{})
 	defer close(done)
+	// SIGHUP reopens the audit log (logrotate) and never stops us.
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	defer signal.Stop(hups)
 	go func() {
 		for {
 			select {
 			case <-c.force:
 				sup.ForceStop()
+			case <-hups:
+				_ = sup.ReopenAudit() // logged by the supervisor
 			case <-done:
 				return
 			}
@@ -144,15 +156,8 @@ func (c *runCmd) Run(ctx context.Context, args []string) error {
 	} else {
 		log.Error("supervisor stopped", "exit_code", code, "err", runErr)
 	}
+	logBuf.Close(2 * time.Second) // the last line is written before we exit
 	return err
-}
-
-func newLogger(w io.Writer, format string) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
-	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 // embeddedAgent is an agent built into this binary: `run` without an agent

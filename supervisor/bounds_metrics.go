@@ -1,0 +1,32 @@
+package supervisor
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// boundsMetrics show the supervisor's own bounds at work: bytes queued,
+// log records dropped, HTTP connections held and refused.
+type boundsMetrics struct {
+	ckptQueueBytes prometheus.Gauge
+	httpConns      prometheus.Gauge
+	httpWaits      prometheus.Counter
+}
+
+func newBoundsMetrics(reg *prometheus.Registry, logDropped func() uint64) *boundsMetrics {
+	b := &boundsMetrics{
+		ckptQueueBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "supervisor_checkpoint_queue_bytes", Help: "Bytes of checkpoints received and waiting to be stored (compressed ones at their compressed size); bounded, the agent is slowed down beyond it.",
+		}),
+		httpConns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "supervisor_http_connections", Help: "HTTP connections open now (capped).",
+		}),
+		httpWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "supervisor_http_connection_cap_waits_total", Help: "Times the HTTP listener reached its connection cap and new clients waited in the backlog.",
+		}),
+	}
+	reg.MustRegister(b.ckptQueueBytes, b.httpConns, b.httpWaits)
+	if logDropped != nil {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "supervisor_log_dropped_total", Help: "Log records dropped because the log output (stderr) did not keep up; logging never blocks the supervisor.",
+		}, func() float64 { return float64(logDropped()) }))
+	}
+	return b
+}

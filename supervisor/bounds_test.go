@@ -1,0 +1,214 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func TestByteGateBoundsBytes(t *testing.T) {
+	g := newByteGate(100)
+	if waited, ok := g.acquire(60, nil); !ok || waited {
+		t.Fatal("first item must enter at once")
+	}
+	if _, ok := g.acquire(40, nil); !ok {
+		t.Fatal("an item that fits must enter")
+	}
+	entered := make(chan struct{})
+	go func() {
+		g.acquire(10, nil)
+		close(entered)
+	}()
+	select {
+	case <-entered:
+		t.Fatal("entered a full gate")
+	case <-time.After(50 * time.Millisecond):
+	}
+	g.release(60)
+	<-entered
+	if g.inUse() != 50 {
+		t.Fatalf("in use %d, want 50", g.inUse())
+	}
+	g.release(40)
+	g.release(10)
+	// One item larger than the bound is admitted alone.
+	if _, ok := g.acquire(1000, nil); !ok {
+		t.Fatal("an oversized item into an empty gate")
+	}
+	cancel := make(chan struct{})
+	close(cancel)
+	if _, ok := g.acquire(1, cancel); ok {
+		t.Fatal("acquired past an oversized item")
+	}
+}
+
+// Time the reader spends inside our sinks (blocked on our storage, or on a
+// full checkpoint queue) does not count against the agent's heartbeat, while
+// it lasts and after. Fake time (synctest): exact, no sleeping.
+func TestTimeInSinksDoesNotAge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		in := &instance{started: time.Now()}
+		if age, seen := in.heartbeatAge(time.Now()); age != 0 || seen {
+			t.Fatalf("at start: %s, %v", age, seen)
+		}
+		time.Sleep(2 * time.Second)
+		in.inSink(func() { time.Sleep(time.Minute) }) // before the first heartbeat: start timeout
+		if age, _ := in.heartbeatAge(time.Now()); age != 2*time.Second {
+			t.Fatalf("age %s after a minute in a sink before the first heartbeat, want 2s", age)
+		}
+		in.lastHeartbeat.Store(time.Now().UnixNano())
+		in.blockedNano.Store(0)
+		time.Sleep(time.Second)
+		in.inSink(func() {
+			time.Sleep(10 * time.Second)
+			if age, _ := in.heartbeatAge(time.Now()); age != time.Second {
+				t.Errorf("age %s while blocked in a sink, want 1s", age)
+			}
+		})
+		if age, _ := in.heartbeatAge(time.Now()); age != time.Second {
+			t.Fatalf("age %s after 10s in a sink, want 1s", age)
+		}
+		time.Sleep(2 * time.Second)
+		if age, _ := in.heartbeatAge(time.Now()); age != 3*time.Second {
+			t.Fatalf("age %s 2s later, want 3s: the agent's own silence counts", age)
+		}
+	})
+}
+
+func TestHealthzFailsWhenTheLoopStalls(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Command = []string{"/bin/true"}
+	cfg.LoopStallTimeout = time.Second
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func() (int, map[string]any) {
+		rec := httptest.NewRecorder()
+		s.handleHealthz(rec, httptest.NewRequest("GET", "/healthz", nil))
+		var body map[string]any
+		json.Unmarshal(rec.Body.Bytes(), &body)
+		return rec.Code, body
+	}
+	s.loopBeat.Store(time.Now().UnixNano())
+	if code, _ := get(); code != 200 {
+		t.Fatalf("fresh loop: %d", code)
+	}
+	s.loopBeat.Store(time.Now().Add(-5 * time.Second).UnixNano())
+	code, body := get()
+	if code != 503 || body["status"] != "stalled" || !strings.Contains(body["reason"].(string), "no progress") {
+		t.Fatalf("stalled loop: %d %v", code, body)
+	}
+}
+
+func TestJSONDepth(t *testing.T) {
+	for _, tc := range []struct {
+		json string
+		want int
+	}{
+		{`{}`, 1}, {`{"a":1}`, 1}, {`{"a":{"b":[1,{"c":2}]}}`, 4}, {`{"a":[]}`, 2},
+	} {
+		var v any
+		json.Unmarshal([]byte(tc.json), &v)
+		if got := jsonDepth(v, 100); got != tc.want {
+			t.Errorf("%s: depth %d, want %d", tc.json, got, tc.want)
+		}
+	}
+	deep := strings.Repeat(`{"a":`, 5000) + "1" + strings.Repeat("}", 5000)
+	var v any
+	json.Unmarshal([]byte(deep), &v)
+	if got := jsonDepth(v, maxContextDepth+1); got != maxContextDepth+1 {
+		t.Fatalf("5000 deep counted as %d", got)
+	}
+}
+
+func TestAuditRecordsBounded(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	a, err := openAudit(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	huge := strings.Repeat("k", 4<<20)
+	a.Record(AuditInvalid, map[string]any{"error": huge, "nested": map[string]any{huge: []any{huge}}})
+	many := map[string]any{}
+	for i := range 200 {
+		many[strings.Repeat("x", 100)+string(rune('a'+i%26))+strings.Repeat("y", i)] = strings.Repeat("v", 1000)
+	}
+	a.Record(AuditInvalid, many)
+	b, _ := os.ReadFile(path)
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if len(line) > maxAuditRecord {
+			t.Fatalf("audit line of %d bytes", len(line))
+		}
+		var rec AuditRecord
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("unparsable line: %v", err)
+		}
+	}
+	// Rotation: move away, reopen, the next record lands in a new file.
+	os.Rename(path, path+".1")
+	if err := a.Reopen(); err != nil {
+		t.Fatal(err)
+	}
+	a.Record(AuditStop, nil)
+	if b, _ := os.ReadFile(path); !strings.Contains(string(b), AuditStop) {
+		t.Fatal("record after Reopen not in the new file")
+	}
+}
+
+func TestLimitListenerCapsConnections(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var open, waits atomic.Int64
+	ll := newLimitListener(ln, 2, func(d int) { open.Add(int64(d)) }, func() { waits.Add(1) })
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), ReadHeaderTimeout: 300 * time.Millisecond}
+	go srv.Serve(ll)
+	defer srv.Close()
+	var conns []net.Conn
+	for range 5 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := open.Load(); n > 2 {
+		t.Fatalf("%d connections accepted, cap 2", n)
+	}
+	// Stalled clients time out and free their slots for the rest.
+	deadline := time.Now().Add(5 * time.Second)
+	for waits.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if waits.Load() == 0 {
+		t.Fatal("the cap was never reached")
+	}
+	// Each stalled client is dropped at the header timeout, so all five get
+	// their turn, two at a time.
+	for _, c := range conns {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(make([]byte, 512)); err == nil {
+			c.Read(make([]byte, 512)) // a 408 first, then the close
+		}
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for open.Load() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := open.Load(); n != 0 {
+		t.Fatalf("%d connections still open after the header timeout", n)
+	}
+}

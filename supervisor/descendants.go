@@ -1,0 +1,238 @@
+package supervisor
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Descendants that leave the agent's process group (setsid(), Python's
+// start_new_session=True) are not reached by a group kill. The supervisor is
+// a child subreaper, so when their parent dies they are re-parented to us;
+// while the agent lives they are in its process tree. Both are found in
+// /proc, and each is signalled through a pidfd opened after its start time
+// was checked, so a recycled pid is never signalled.
+
+var discardLog = slog.New(slog.DiscardHandler)
+
+// procStartTime returns the start time (clock ticks after boot) of pid, the
+// 22nd field of /proc/PID/stat; ok false when it is gone.
+func procStartTime(pid int) (uint64, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := bytes.Fields(b[i+1:])
+	// f[0] is field 3 (state); starttime is field 22.
+	if len(f) < 20 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(f[19]), 10, 64)
+	return v, err == nil
+}
+
+// descendants lists the whole process tree below pid (not pid itself).
+func descendants(pid int) []int {
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 && len(out) < 1<<16 {
+		cur := queue[0]
+		queue = queue[1:]
+		for _, c := range childrenOf(strconv.Itoa(cur)) {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	return out
+}
+
+// trackDescendants records the agent's current descendants (the reaper calls
+// it every second and on SIGCHLD; stop and reap call it too).
+func (p *process) trackDescendants() {
+	select {
+	case <-p.exited:
+		return // a zombie has no children; what it had is re-parented to us
+	default:
+	}
+	ds := descendants(p.pid)
+	p.knownMu.Lock()
+	defer p.knownMu.Unlock()
+	if p.known == nil {
+		p.known = map[int]uint64{}
+	}
+	for _, d := range ds {
+		if st, ok := procStartTime(d); ok {
+			p.known[d] = st
+		}
+	}
+}
+
+func (p *process) knows(pid int, start uint64) bool {
+	p.knownMu.Lock()
+	defer p.knownMu.Unlock()
+	st, ok := p.known[pid]
+	return ok && st == start
+}
+
+// killEscaped SIGKILLs every descendant of the stopped agent that is still
+// alive outside its process group, and waits (bounded) until they are gone.
+// Orphans re-parented to us count as the agent's unless another running
+// agent is known to own them. The leader must have exited.
+func (p *process) killEscaped() {
+	var killed []int // pidfds
+	defer func() {
+		for _, fd := range killed {
+			_ = unix.Close(fd)
+		}
+	}()
+	seen := map[int]bool{}
+	for round := 0; round < 20; round++ {
+		targets := p.escapedTargets()
+		n := 0
+		for _, t := range targets {
+			if seen[t.pid] {
+				continue
+			}
+			if fd, ok := signalExact(t.pid, t.start, unix.SIGKILL); ok {
+				killed = append(killed, fd)
+				seen[t.pid] = true
+				n++
+			}
+		}
+		if n == 0 {
+			break // nothing new: no one forked while we were killing
+		}
+	}
+	waitGone(killed, 2*time.Second)
+	reapOrphans(discardLog)
+}
+
+type target struct {
+	pid   int
+	start uint64
+}
+
+// escapedTargets returns the processes to kill: descendants of our
+// unmanaged children (orphans) that belong to this agent, with their trees,
+// and what is left of the agent's known descendants.
+func (p *process) escapedTargets() []target {
+	others := managedProcs()
+	var out []target
+	add := func(pid int) {
+		if st, ok := procStartTime(pid); ok {
+			out = append(out, target{pid, st})
+		}
+	}
+	for _, c := range childPids() {
+		if isManaged(c) || c == p.pid {
+			continue
+		}
+		st, ok := procStartTime(c)
+		if !ok {
+			continue
+		}
+		mine := p.knows(c, st)
+		if !mine && fromAnAgent(c) {
+			// Escaped before the tracker saw it: ours unless another running
+			// agent knows it. (An orphan without an agent's environment —
+			// say from `docker exec` while we are PID 1 — is left alone.)
+			mine = true
+			for _, o := range others {
+				if o != p && o.knows(c, st) {
+					mine = false
+				}
+			}
+		}
+		if !mine {
+			continue
+		}
+		out = append(out, target{c, st})
+		for _, d := range descendants(c) {
+			add(d)
+		}
+	}
+	// Known descendants not (yet) re-parented: still under an exiting parent.
+	p.knownMu.Lock()
+	known := make([]target, 0, len(p.known))
+	for pid, st := range p.known {
+		known = append(known, target{pid, st})
+	}
+	p.knownMu.Unlock()
+	for _, k := range known {
+		if st, ok := procStartTime(k.pid); ok && st == k.start {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// signalExact sends sig to pid through a pidfd if pid still has start time
+// start (it is the process we mean, not a recycled pid). It returns the
+// pidfd, which the caller closes.
+func signalExact(pid int, start uint64, sig unix.Signal) (int, bool) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, false
+	}
+	// The pidfd pins the process: if the start time matches now, the
+	// signal cannot reach anyone else.
+	if st, ok := procStartTime(pid); !ok || st != start {
+		unix.Close(fd)
+		return -1, false
+	}
+	if err := unix.PidfdSendSignal(fd, sig, nil, 0); err != nil {
+		unix.Close(fd)
+		return -1, false
+	}
+	return fd, true
+}
+
+// waitGone waits until every pidfd reports its process exited, or timeout.
+func waitGone(fds []int, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	pending := fds
+	for len(pending) > 0 {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return
+		}
+		pfds := make([]unix.PollFd, len(pending))
+		for i, fd := range pending {
+			pfds[i] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+		}
+		if _, err := unix.Poll(pfds, int(left.Milliseconds())+1); err != nil && err != unix.EINTR {
+			return
+		}
+		next := pending[:0:0]
+		for i, pf := range pfds {
+			if pf.Revents == 0 {
+				next = append(next, pending[i])
+			}
+		}
+		pending = next
+	}
+}
+
+// fromAnAgent reports whether pid's environment carries the variables the
+// supervisor gives its agents (inherited by their descendants unless they
+// cleared it).
+func fromAnAgent(pid int) bool {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/environ")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, 256<<10)
+	n, _ := io.ReadFull(f, b)
+	b = b[:n]
+	return bytes.HasPrefix(b, []byte("SUPERVISOR_ROLE=")) || bytes.Contains(b, []byte("\x00SUPERVISOR_ROLE="))
+}

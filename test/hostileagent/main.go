@@ -1,0 +1,254 @@
+// Command hostileagent is an agent that attacks the supervisor the ways
+// issue 12 names; the e2e tests in test/bounds_test.go run it. Its mode is
+// the first argument; what it observes goes to the file in $HOSTILE_OUT,
+// one line per fact ("ack <checkpoint_id> <size>", "pid <n>", ...).
+//
+//	checkpoints  20 compressed checkpoints of 100 MiB each uncompressed,
+//	             200 zstd frames lying about their size, 30 evolution_intents
+//	             with a 1 MiB duplicate key, then heartbeats until stopped
+//	chatty       wal entries and a small checkpoint every 100 ms, and a stream
+//	             of stderr lines (the supervisor logs each), until stopped
+//	setsid       starts a grandchild in its own session (as Python's
+//	             start_new_session=True does), then heartbeats until stopped
+//	setsid-exit  the same, then exits 1 after 20 ms (a crash loop that leaks)
+//	exit         exits at once with the code in $HOSTILE_CODE
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/wire"
+)
+
+var (
+	ready = make(chan struct{}) // closed once want is set
+	want  string                // sha256 of the checkpoint data sent
+	outMu sync.Mutex
+	out   *os.File
+	w     *wire.Writer
+	wMu   sync.Mutex
+)
+
+func note(format string, args ...any) {
+	outMu.Lock()
+	defer outMu.Unlock()
+	if out != nil {
+		fmt.Fprintf(out, format+"\n", args...)
+	}
+}
+
+func send(payload []byte) {
+	wMu.Lock()
+	defer wMu.Unlock()
+	if err := w.WriteFrame(payload); err != nil {
+		os.Exit(0) // the supervisor is gone
+	}
+}
+
+func marshal(m map[string]any) []byte {
+	m["timestamp"] = time.Now().Unix()
+	m["version"] = 2
+	b, err := msgpack.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func heartbeats() {
+	for {
+		send(marshal(map[string]any{"type": "heartbeat"}))
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// readReplies notes what the supervisor sends.
+func readReplies() {
+	r := wire.NewReader(os.Stdin, 256<<20)
+	for {
+		p, err := r.ReadFrame()
+		if err != nil {
+			os.Exit(0)
+		}
+		m, err := schema.Decode(schema.ToAgent, p)
+		if err != nil {
+			note("undecodable %v", err)
+			continue
+		}
+		switch x := m.(type) {
+		case *schema.CheckpointAck:
+			note("ack %s %d", x.CheckpointID, x.Size)
+		case *schema.Error:
+			note("error %s", x.Error.Code)
+		case *schema.Restore:
+			<-ready // the digest of what we checkpointed
+			sum := sha256.Sum256(x.Snapshot)
+			note("restored %s compressed=%v match=%v", x.CheckpointID, x.Compress, hex.EncodeToString(sum[:]) == want)
+		}
+	}
+}
+
+// bigCheckpoint returns the zstd frame of a checkpoint data map of about
+// 100 MiB, built as a stream so this agent stays small too.
+func bigCheckpoint() []byte {
+	var buf bytes.Buffer
+	digest := sha256.New()
+	defer func() { want = hex.EncodeToString(digest.Sum(nil)); close(ready) }()
+	enc, err := zstd.NewWriter(&buf, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		panic(err)
+	}
+	var size uint32 = 100<<20 - 64<<10
+	// {"agent_state": {"status": "idle"}, "blob": bin32(size)}
+	head, _ := msgpack.Marshal(map[string]any{"agent_state": map[string]any{"status": "idle"}})
+	head[0] = 0x82 // two pairs: agent_state and blob
+	head = append(head, 0xa4, 'b', 'l', 'o', 'b', 0xc6, byte(size>>24), byte(size>>16), byte(size>>8), byte(size))
+	enc.Write(head)
+	digest.Write(head)
+	chunk := make([]byte, 64<<10)
+	for i := range chunk {
+		chunk[i] = byte(i * 7 % 251)
+	}
+	rng := uint64(12345)
+	for n := 0; n < int(size); n += len(chunk) {
+		// About 1 KiB of fresh bytes per 64 KiB: 1.5 MB compressed in all,
+		// as in the issue.
+		for i := 0; i < 900; i++ {
+			rng ^= rng << 13
+			rng ^= rng >> 7
+			rng ^= rng << 17
+			chunk[i] = byte(rng)
+		}
+		enc.Write(chunk[:min(len(chunk), int(size)-n)])
+		digest.Write(chunk[:min(len(chunk), int(size)-n)])
+	}
+	enc.Close()
+	return buf.Bytes()
+}
+
+// lyingFrame declares 100 MiB - 1 of content and holds a few bytes.
+func lyingFrame(body []byte) []byte {
+	b := []byte{0x28, 0xb5, 0x2f, 0xfd, 0xe0}
+	fcs := uint64(100<<20 - 1)
+	for i := 0; i < 8; i++ {
+		b = append(b, byte(fcs>>(8*i)))
+	}
+	h := uint32(len(body))<<3 | 1
+	b = append(b, byte(h), byte(h>>8), byte(h>>16))
+	return append(b, body...)
+}
+
+func main() {
+	if p := os.Getenv("HOSTILE_OUT"); p != "" {
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err != nil {
+			panic(err)
+		}
+		out = f
+	}
+	w = wire.NewWriter(os.Stdout, 0)
+	mode := ""
+	if len(os.Args) > 1 {
+		mode = os.Args[1]
+	}
+	note("pid %d", os.Getpid())
+	switch mode {
+	case "exit":
+		code, _ := strconv.Atoi(os.Getenv("HOSTILE_CODE"))
+		os.Exit(code)
+	case "checkpoints":
+		go readReplies()
+		go heartbeats()
+		z := bigCheckpoint()
+		note("compressed %d", len(z))
+		lie := lyingFrame([]byte{0x80})
+		for i := 0; i < 20; i++ {
+			send(marshal(map[string]any{"type": "checkpoint", "compressed": true, "compression": "zstd", "data": z}))
+			for j := 0; j < 10; j++ {
+				send(marshal(map[string]any{"type": "checkpoint", "compressed": true, "compression": "zstd", "data": lie}))
+			}
+		}
+		// evolution_intent with a 1 MiB key that occurs twice in
+		// expected_improvement.
+		key := strings.Repeat("k", 1<<20-300)
+		var ei bytes.Buffer
+		e := msgpack.NewEncoder(&ei)
+		e.EncodeMapLen(4)
+		e.EncodeString("type")
+		e.EncodeString("evolution_intent")
+		e.EncodeString("timestamp")
+		e.EncodeInt(time.Now().Unix())
+		e.EncodeString("version")
+		e.EncodeInt(2)
+		e.EncodeString("hypothesis")
+		e.EncodeMapLen(4)
+		e.EncodeString("reason")
+		e.EncodeString("r")
+		e.EncodeString("target")
+		e.EncodeString("t")
+		e.EncodeString("new_code")
+		e.EncodeString("c")
+		e.EncodeString("expected_improvement")
+		e.EncodeMapLen(2)
+		for range 2 {
+			e.EncodeString(key)
+			e.EncodeFloat64(0.1)
+		}
+		for i := 0; i < 30; i++ {
+			send(ei.Bytes())
+		}
+		note("sent all")
+		select {}
+	case "chatty":
+		go readReplies()
+		go heartbeats()
+		go func() {
+			line := strings.Repeat("agent chatter ", 20)
+			for i := 0; ; i++ {
+				fmt.Fprintf(os.Stderr, "%d %s\n", i, line)
+				if i%100 == 0 {
+					time.Sleep(time.Millisecond)
+				}
+			}
+		}()
+		for seq := 1; ; seq++ {
+			send(marshal(map[string]any{"type": "wal_entry",
+				"data": map[string]any{"operation": "memory_add", "params": map[string]any{"n": seq}, "sequence": seq}}))
+			if seq%5 == 0 { // acknowledged: the supervisor is still working for us
+				send(marshal(map[string]any{"type": "checkpoint", "data": map[string]any{"n": seq}}))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	case "setsid", "setsid-exit":
+		go readReplies()
+		cmd := exec.Command("sleep", "1000")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			panic(err)
+		}
+		note("grandchild %d", cmd.Process.Pid)
+		if mode == "setsid-exit" {
+			send(marshal(map[string]any{"type": "heartbeat"}))
+			time.Sleep(20 * time.Millisecond)
+			os.Exit(1)
+		}
+		heartbeats()
+	default:
+		fmt.Fprintln(os.Stderr, "hostileagent: unknown mode", mode)
+		os.Exit(2)
+	}
+}
