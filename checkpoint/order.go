@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"time"
@@ -111,4 +112,23 @@ func newestID(dir string) (uuid.UUID, bool, error) {
 		}
 	}
 	return best, found, nil
+}
+
+// newID returns the id for the next checkpoint (greater than every id in the
+// store) and the clock reading it was made from. s.saveMu must be held; the
+// caller records the id in s.lastID once the checkpoint is stored.
+func (s *Store) newID() (uuid.UUID, time.Time, error) {
+	if !s.haveLast {
+		last, ok, err := newestID(s.dir)
+		if err != nil {
+			return uuid.UUID{}, time.Time{}, fmt.Errorf("checkpoint: find the newest id in %s: %w", s.dir, err)
+		}
+		s.lastID, s.haveLast = last, ok
+	}
+	now := s.opts.Now()
+	u, err := nextID(s.lastID, s.haveLast, now)
+	if err != nil {
+		return uuid.UUID{}, time.Time{}, fmt.Errorf("checkpoint: new id: %w", err)
+	}
+	return u, now, nil
 }

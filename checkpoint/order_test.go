@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"io"
 	"testing"
 	"time"
 
@@ -77,5 +78,31 @@ func TestNextIDMonotonic(t *testing.T) {
 	u, err := nextID(full, true, now.Add(-time.Hour))
 	if err != nil || compareID(u, full) <= 0 || timestamp(u) != timestamp(full)+1 {
 		t.Fatalf("after a full counter: %s (%v), want above %s with the next millisecond", u, err, full)
+	}
+}
+
+// TestStreamSaveIdsGrowToo: the streaming save (compressed checkpoints) takes
+// its id from the same monotonic source as Save.
+func TestStreamSaveIdsGrowToo(t *testing.T) {
+	dir := t.TempDir()
+	future := time.Now().Add(365 * 24 * time.Hour)
+	ahead, err := Open(dir, Options{Now: func() time.Time { return future }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ahead.Save([]byte{0x80}, 1); err != nil {
+		t.Fatal(err)
+	}
+	st, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := st.SaveStreamSized(2, 1, func(w io.Writer) error { _, err := w.Write([]byte{0x80}); return err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	metas, err := st.List()
+	if err != nil || metas[0].ID != m.ID {
+		t.Fatalf("List()[0] = %v (%v), want the stream-saved %s", metas[0].ID, err, m.ID)
 	}
 }

@@ -181,17 +181,9 @@ func (s *Store) Save(data []byte, watermark uint64) (Meta, error) {
 	defer s.saveMu.Unlock()
 	// The id and time are taken under the lock, so that creation order is
 	// the order in which checkpoints become visible.
-	if !s.haveLast {
-		last, ok, err := newestID(s.dir)
-		if err != nil {
-			return Meta{}, fmt.Errorf("checkpoint: find the newest id in %s: %w", s.dir, err)
-		}
-		s.lastID, s.haveLast = last, ok
-	}
-	now := s.opts.Now()
-	u, err := nextID(s.lastID, s.haveLast, now)
+	u, now, err := s.newID()
 	if err != nil {
-		return Meta{}, fmt.Errorf("checkpoint: new id: %w", err)
+		return Meta{}, err
 	}
 	h := header{
 		id:        u,
@@ -245,11 +237,11 @@ func (s *Store) SaveStream(watermark uint64, fill func(w io.Writer) error) (Meta
 func (s *Store) SaveStreamSized(watermark uint64, size int64, fill func(w io.Writer) error) (Meta, error) {
 	s.saveMu.Lock()
 	defer s.saveMu.Unlock()
-	u, err := uuid.NewV7()
+	u, now, err := s.newID()
 	if err != nil {
-		return Meta{}, fmt.Errorf("checkpoint: new id: %w", err)
+		return Meta{}, err
 	}
-	h := header{id: u, created: time.Now().UTC().Round(0), watermark: watermark}
+	h := header{id: u, created: now.UTC().Round(0), watermark: watermark}
 	id := u.String()
 	var fillErr error
 	stored, err := writeAtomic(s.dir, fileName(id), func(f *os.File) error {
@@ -284,6 +276,7 @@ func (s *Store) SaveStreamSized(watermark uint64, size int64, fill func(w io.Wri
 		}
 		return Meta{}, fmt.Errorf("checkpoint: save %s in %s: %w", id, s.dir, err)
 	}
+	s.lastID, s.haveLast = u, true
 	return Meta{ID: id, Created: h.created, Watermark: watermark, Size: int64(h.size), StoredSize: stored, Checksum: h.checksum()}, nil
 }
 
