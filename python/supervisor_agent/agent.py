@@ -65,11 +65,12 @@ class _Waiter:
 class Pending:
     """A WAL entry (or batch) sent with ack: true; wait() returns once it is durable."""
 
-    def __init__(self, agent: "Agent", first: int, last: int) -> None:
-        self._agent, self.first_sequence, self.sequence = agent, first, last
+    def __init__(self, agent: "Agent", first: int, last: int, gen: Optional[int] = None) -> None:
+        self._agent, self.first_sequence, self.sequence, self._gen = agent, first, last, gen
 
     def wait(self, timeout: Optional[float] = 30.0) -> int:
-        return self._agent._wait_durable(self.first_sequence, self.sequence, timeout)
+        """Block until durable; raise WalFull, SequenceConflict, ... or NotDurable on timeout."""
+        return self._agent._wait_durable(self.first_sequence, self.sequence, timeout, self._gen)
 
 
 def _decompress(body: bytes) -> Any:
@@ -104,9 +105,11 @@ class Agent:
         self._lock = threading.Lock()  # guards sequence numbering and waiters
         self._cond = threading.Condition(self._lock)
         self._durable = 0  # highest acked sequence
+        self._wal_gen = 0  # wal_acks and WAL errors received so far
         self._wal_errors: List[tuple] = []  # (first, last, exc)
         self._cp_waiters: List[_Waiter] = []
         self._seq = 0
+        self._seq_lock = threading.Lock()  # numbering + sending, so sequences reach the wire in order
         self._closed = threading.Event()
         self._close_reason: Optional[BaseException] = None
         self.requests_q: "queue.Queue[Optional[Request]]" = queue.Queue()
@@ -219,12 +222,16 @@ class Agent:
 
     def log_nowait(self, operation: str, params: Dict[Any, Any], *, sequence: Optional[int] = None) -> Pending:
         """Send one entry with ack: true; return at once. Pending.wait() blocks until durable."""
-        with self._lock:
+        gen = None
+        with self._seq_lock:
             seq = self._seq + 1 if sequence is None else sequence
+            if seq <= self._seq:  # an explicit old sequence: only an answer after this send counts
+                with self._cond:
+                    gen = self._wal_gen
             self._seq = max(self._seq, seq)
             self._send({"type": "wal_entry", "ack": True,
                         "data": {"operation": operation, "params": params, "sequence": seq}})
-        return Pending(self, seq, seq)
+        return Pending(self, seq, seq, gen)
 
     def log(self, operation: str, params: Dict[Any, Any], *, timeout: Optional[float] = 30.0) -> int:
         """Log one entry and return its sequence once it is durable (raises WalFull, ...)."""
@@ -234,24 +241,25 @@ class Agent:
         """entries: [(operation, params), ...] (1 to 100), logged as one unit."""
         if not 1 <= len(entries) <= 100:
             raise ValueError("a batch holds 1 to 100 entries")
-        with self._lock:
+        with self._seq_lock:
             first = self._seq + 1
             data = [{"operation": op, "params": p, "sequence": first + i} for i, (op, p) in enumerate(entries)]
             self._seq = first + len(entries) - 1
             self._send({"type": "wal_batch", "ack": True, "data": data})
-        return Pending(self, first, self._seq)
+            last = self._seq
+        return Pending(self, first, last)
 
     def log_batch(self, entries: List[tuple], *, timeout: Optional[float] = 30.0) -> int:
         return self.log_batch_nowait(entries).wait(timeout)
 
-    def _wait_durable(self, first: int, last: int, timeout: Optional[float]) -> int:
+    def _wait_durable(self, first: int, last: int, timeout: Optional[float], gen: Optional[int] = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
                 for (f, l, exc) in self._wal_errors:
                     if f <= last and first <= l:
                         raise exc
-                if self._durable >= last:
+                if self._durable >= last and (gen is None or self._wal_gen > gen):
                     return last
                 if self._close_reason is not None:
                     raise NotDurable(f"connection ended before entry {last} was durable: {self._close_reason}")
@@ -295,8 +303,9 @@ class Agent:
         if last is None:
             last = max([e.get("sequence", 0) for e in entries] + [0])
         self.restore = Restore(str(m.get("checkpoint_id", "")), snap, entries, int(last))
-        with self._lock:
+        with self._seq_lock:
             self._seq = max(self._seq, int(last))
+        with self._cond:
             self._durable = max(self._durable, int(last))
         self._restore_event.set()
 
@@ -328,6 +337,7 @@ class Agent:
         if t == "wal_ack":
             with self._cond:
                 self._durable = max(self._durable, int(m.get("sequence", 0)))
+                self._wal_gen += 1
                 self._cond.notify_all()
         elif t == "checkpoint_ack":
             self._finish_checkpoint(m.get("checkpoint_id", ""), None)
@@ -340,14 +350,16 @@ class Agent:
             elif exc.code in ("WAL_FULL", "WAL_FAILED", "SEQUENCE_CONFLICT") or (
                 exc.code == "INVALID_MESSAGE" and d.get("type") in ("wal_entry", "wal_batch")
             ):
-                first = d.get("first_sequence", d.get("sequence"))
+                first = d.get("first_sequence")
                 last = d.get("last_sequence", first)
-                if exc.code == "SEQUENCE_CONFLICT" and d.get("sequence") is not None:
-                    first = last = d["sequence"]
-                if first is None:  # unknown range: fail everything in flight
-                    first, last = 1, 1 << 62
+                if exc.code == "SEQUENCE_CONFLICT" and first is not None:
+                    # last_sequence is the log's; the whole frame was refused
+                    last = int(first) + int(d.get("entries", 1)) - 1
                 with self._cond:
+                    if first is None:  # unknown range: fail every entry still in flight
+                        first, last = self._durable + 1, max(self._seq, self._durable + 1)
                     self._wal_errors.append((int(first), int(last), exc))
+                    self._wal_gen += 1
                     del self._wal_errors[:-256]
                     self._cond.notify_all()
             else:

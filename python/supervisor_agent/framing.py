@@ -42,7 +42,7 @@ def read_frame(f: BinaryIO, max_frame: int = DEFAULT_MAX_FRAME) -> Optional[Dict
         raise ProtocolError(f"invalid frame: length {n} exceeds the maximum of {max_frame} bytes")
     body = read_exact(f, n)
     try:
-        m = msgpack.unpackb(body, raw=False, strict_map_key=False, max_buffer_size=n)
+        m = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception as e:  # ExtraData, FormatError, StackError, ValueError...
         raise ProtocolError(f"invalid frame payload: {e.__class__.__name__}: {e}") from None
     if not isinstance(m, dict):
