@@ -33,6 +33,7 @@ class Restore:
     snapshot: Dict[Any, Any]
     wal_entries: List[Dict[str, Any]]
     last_sequence: int
+    compressed: bool = False  # the snapshot arrived zstd-compressed (v2)
 
 
 @dataclass
@@ -302,7 +303,7 @@ class Agent:
         last = m.get("last_sequence")
         if last is None:
             last = max([e.get("sequence", 0) for e in entries] + [0])
-        self.restore = Restore(str(m.get("checkpoint_id", "")), snap, entries, int(last))
+        self.restore = Restore(str(m.get("checkpoint_id", "")), snap, entries, int(last), bool(m.get("compressed")))
         with self._seq_lock:
             self._seq = max(self._seq, int(last))
         with self._cond:
@@ -416,6 +417,10 @@ class Agent:
             yield r
 
     def _heartbeat_loop(self) -> None:
+        try:
+            self.heartbeat()  # at once: the supervisor counts the agent up from its first heartbeat
+        except SupervisorError:
+            return
         while not self._closed.wait(self._hb_interval):
             try:
                 self.heartbeat()
