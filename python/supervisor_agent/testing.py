@@ -38,6 +38,7 @@ class FakeSupervisor:
         self.checkpoint_seq = 0
         self.results: Dict[str, Dict[str, Any]] = {}
         self.fail_next_wal: Optional[str] = None
+        self.hold_acks = False  # True: log entries but answer no wal_ack until release_acks()
         self._agent: Optional[Agent] = None
         if restore is not None:
             m = {"type": "restore", "checkpoint_id": restore.get("checkpoint_id", ""),
@@ -77,6 +78,14 @@ class FakeSupervisor:
         with self._cv:
             if not self._cv.wait_for(lambda: pred(self), timeout):
                 raise TimeoutError("condition not met")
+
+    def release_acks(self) -> None:
+        """Stop holding acks and acknowledge everything logged so far."""
+        with self._cv:
+            self.hold_acks = False
+            top = max(self.wal, default=0)
+        if top:
+            self.send({"type": "wal_ack", "sequence": top})
 
     def restore_message(self) -> Dict[str, Any]:
         entries = [self.wal[s] for s in sorted(self.wal) if s > self.checkpoint_seq]
@@ -120,7 +129,7 @@ class FakeSupervisor:
                     else:
                         for e in entries:
                             self.wal[e["sequence"]] = e
-                        if m.get("ack"):
+                        if m.get("ack") and not self.hold_acks:
                             reply = {"type": "wal_ack", "sequence": max(self.wal)}
                 elif t == "checkpoint":
                     data = m["data"]

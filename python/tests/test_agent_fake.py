@@ -65,3 +65,65 @@ def test_refuses_without_supervisor(monkeypatch):
     monkeypatch.delenv("SUPERVISOR_PROTOCOL_VERSION", raising=False)
     with pytest.raises(NotUnderSupervisor, match="started by the supervisor"):
         Agent.connect()
+
+
+def test_log_blocks_until_wal_ack():
+    from supervisor_agent import NotDurable
+    with FakeSupervisor() as sup:
+        agent = sup.agent()
+        sup.hold_acks = True
+        with pytest.raises(NotDurable):
+            agent.log("memory_add", {"n": 1}, timeout=0.3)
+        p = agent.log_nowait("memory_add", {"n": 2})
+        done = threading.Event()
+        threading.Thread(target=lambda: (p.wait(), done.set()), daemon=True).start()
+        sup.wait_for(lambda s: 2 in s.wal)
+        assert not done.is_set()  # logged but not acknowledged: still waiting
+        sup.release_acks()
+        assert done.wait(5)
+
+
+def test_batch_and_cumulative_ack():
+    with FakeSupervisor() as sup:
+        agent = sup.agent()
+        pend = [agent.log_nowait("memory_add", {"i": i}) for i in range(20)]
+        assert agent.log_batch([("memory_add", {"b": i}) for i in range(5)]) == 25
+        assert [p.wait() for p in pend] == list(range(1, 21))
+
+
+def test_checkpoint_compressed_over_1mib():
+    from supervisor_agent.agent import _zstd
+    if _zstd is None:
+        pytest.skip("zstandard not installed")
+    with FakeSupervisor() as sup:
+        agent = sup.agent()
+        state = {"blob": b"ab" * (1 << 20)}
+        assert agent.checkpoint(state)
+        cp = [m for m in sup.received if m["type"] == "checkpoint"][-1]
+        assert cp["compressed"] is True and cp["compression"] == "zstd" and cp["version"] == 2
+        assert isinstance(cp["data"], bytes) and len(cp["data"]) < 100000
+        assert sup.checkpoint == state
+        agent.checkpoint({"small": 1})
+        cp = [m for m in sup.received if m["type"] == "checkpoint"][-1]
+        assert "compressed" not in cp and cp["data"] == {"small": 1}
+
+
+def test_restore_compressed_snapshot_decoded():
+    import msgpack
+    from supervisor_agent.agent import _zstd
+    if _zstd is None:
+        pytest.skip("zstandard not installed")
+    snap = {"x": 1.25, "b": b"\x00"}
+    body = _zstd.ZstdCompressor().compress(msgpack.packb(snap, use_bin_type=True))
+    # a compressed restore frame, as a v2 supervisor sends it
+    import os
+    from supervisor_agent import Agent, encode_frame
+    r, w = os.pipe()
+    os.write(w, encode_frame({"type": "restore", "timestamp": 0, "version": 2, "compressed": True,
+                              "compression": "zstd", "checkpoint_id": "c", "snapshot": body,
+                              "wal_entries": [], "last_sequence": 9}))
+    os.close(w)
+    sink = open(os.devnull, "wb")
+    agent = Agent(os.fdopen(r, "rb"), sink, restore_pending=True, heartbeat_interval=0)
+    assert agent.restore.snapshot == snap and agent.restore.compressed
+    assert agent.restore.last_sequence == 9 and agent.last_sequence == 9
