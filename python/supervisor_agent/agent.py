@@ -152,7 +152,11 @@ class Agent:
         elif transport == "stdio":
             if sys.stdin.isatty():
                 raise NotUnderSupervisor("stdin is a terminal: this agent must be started by the supervisor")
-            r, w = sys.stdin.buffer, sys.stdout.buffer
+            # unbuffered: a daemon reader blocked in a BufferedReader makes the
+            # interpreter abort at exit ("could not acquire lock for <stdin>")
+            r = open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
+            w = open(sys.stdout.fileno(), "wb", buffering=0, closefd=False)
+            sys.stdout = sys.stderr  # a stray print() must not corrupt the frame stream
         else:
             raise NotUnderSupervisor(f"unknown SUPERVISOR_TRANSPORT {transport!r}")
         try:
@@ -188,7 +192,10 @@ class Agent:
             if self._close_reason is not None and isinstance(self._close_reason, Disconnected):
                 raise Disconnected("the supervisor is gone")
             try:
-                self._w.write(frame)
+                view = memoryview(frame)
+                while view:  # a raw file may write less than asked
+                    n = self._w.write(view)
+                    view = view[n if n is not None else len(view):]
                 self._w.flush()
             except (BrokenPipeError, ValueError, OSError) as e:
                 raise Disconnected(f"cannot write to the supervisor: {e}") from None

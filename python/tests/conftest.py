@@ -35,19 +35,21 @@ def wait_until(pred, timeout=20.0, what="condition"):
 
 
 class Supervisor:
-    def __init__(self, binary, tmp, mode, flags=(), env=None):
+    def __init__(self, binary, tmp, mode, flags=(), env=None, agent=AGENT):
         self.bin, self.dir = binary, str(tmp / "data")
         self.report = str(tmp / "report.txt")
         self.log = str(tmp / "supervisor.log")
         self.mode, self.flags, self.extra_env = mode, list(flags), env or {}
         self.proc = None
+        self.agent = agent
 
     def start(self):
         env = dict(os.environ, AGENT_REPORT=self.report, AGENT_MODE=self.mode, **self.extra_env)
+        env["PYTHONPATH"] = os.path.abspath(os.path.join(HERE, ".."))
         self._logf = open(self.log, "ab")
         self.proc = subprocess.Popen(
             [self.bin, "run", "--data-dir", self.dir, "--http-addr", "127.0.0.1:0", *self.flags,
-             "--", sys.executable, AGENT], env=env, stdout=self._logf, stderr=self._logf)
+             "--", sys.executable, self.agent], env=env, stdout=self._logf, stderr=self._logf)
         return self
 
     def events(self):
@@ -86,6 +88,14 @@ class Supervisor:
                 return False
         wait_until(ready, timeout, "/readyz 200")
 
+    def agent_pid(self):
+        out = subprocess.run([self.bin, "status", "--data-dir", self.dir, "--json"],
+                             capture_output=True, text=True).stdout
+        try:
+            return json.loads(out).get("agent", {}).get("pid")
+        except (ValueError, AttributeError):
+            return None
+
     def post_request(self, message, wait="5s", **extra):
         body = json.dumps(dict(message=message, **extra)).encode()
         req = urllib.request.Request(f"http://{self.http_addr()}/v1/requests?wait={wait}", data=body,
@@ -114,8 +124,8 @@ class Supervisor:
 def run_supervisor(supervisor_bin, tmp_path):
     started = []
 
-    def start(mode, flags=(), env=None):
-        s = Supervisor(supervisor_bin, tmp_path, mode, flags, env).start()
+    def start(mode, flags=(), env=None, agent=AGENT):
+        s = Supervisor(supervisor_bin, tmp_path, mode, flags, env, agent).start()
         started.append(s)
         return s
 

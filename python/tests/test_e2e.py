@@ -70,6 +70,10 @@ def test_shutdown_stores_final_checkpoint(run_supervisor):
     sup.wait_event("ready")
     assert sup.stop() == 0
     assert any(e["event"] == "exit" for e in sup.events())
+    # the agent exited by itself, cleanly (no interpreter abort from the reader thread)
+    assert "Fatal Python error" not in sup.log_text()
+    stopped = [l for l in sup.log_text().splitlines() if 'msg="agent stopped"' in l]
+    assert stopped and "killed by signal" not in stopped[-1], stopped
     assert len(sup.checkpoints()) >= 1
     sup2 = run_supervisor("serve")
     r = sup2.wait_event("start", count=2)["restore"]
