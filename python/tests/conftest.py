@@ -92,7 +92,7 @@ class Supervisor:
         out = subprocess.run([self.bin, "status", "--data-dir", self.dir, "--json"],
                              capture_output=True, text=True).stdout
         try:
-            return json.loads(out).get("agent", {}).get("pid")
+            return json.loads(out).get("agent_pid")
         except (ValueError, AttributeError):
             return None
 

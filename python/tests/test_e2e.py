@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from conftest import AGENT
+from conftest import AGENT, wait_until
 from supervisor_agent.agent import _zstd
 
 _spec = importlib.util.spec_from_file_location("e2e_agent", AGENT)
@@ -105,3 +105,26 @@ def test_heartbeats_keep_busy_agent_alive(run_supervisor):
     sup.wait_event("survived", timeout=30)
     assert sum(1 for e in sup.events() if e["event"] == "start") == 1
     assert "hung" not in sup.log_text().lower()
+
+
+NOTES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                     "examples", "python", "notes_agent.py")
+
+
+def test_notes_agent_survives_kill9(run_supervisor):
+    sup = run_supervisor("notes", agent=NOTES, env={"NOTES_CHECKPOINT_EVERY": "3"})
+    sup.wait_ready()
+    ids = [sup.post_request("remember", context={"text": f"note {i} ✓", "tags": ["t"]})[1]["data"]["id"]
+           for i in range(5)]
+    assert ids == ["n1", "n2", "n3", "n4", "n5"]
+    assert sup.post_request("forget", context={"id": "n2"})[1]["data"] == {"forgotten": "n2"}
+    pid = sup.agent_pid()
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: sup.agent_pid() not in (None, pid), 20, "a new agent")
+    sup.wait_ready()
+    notes = sup.post_request("search", context={"query": "✓"})[1]["data"]["notes"]
+    assert [n["id"] for n in notes] == ["n1", "n3", "n4", "n5"]
+    # numbering continued above the restore: no SEQUENCE_CONFLICT, next id follows
+    assert sup.post_request("remember", context={"text": "after"})[1]["data"] == {"id": "n6"}
+    assert sup.post_request("nope")[1]["error"]["code"] == "UNKNOWN_TOOL"
+    assert "SEQUENCE_CONFLICT" not in sup.log_text()
