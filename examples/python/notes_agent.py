@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any, Callable, Dict
 
-from supervisor_agent import Agent, SupervisorError, WalFull
+from supervisor_agent import Agent, NotUnderSupervisor, SupervisorError, WalFull
 
 CHECKPOINT_EVERY = int(os.environ.get("NOTES_CHECKPOINT_EVERY", "20"))
 
@@ -132,4 +132,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except NotUnderSupervisor as e:  # run by hand: say how to run it, no traceback
+        sys.exit(f"notes_agent: {e}")
