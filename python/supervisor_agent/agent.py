@@ -140,18 +140,18 @@ class Agent:
     def connect(cls, **kw: Any) -> "Agent":
         """Connect using the supervisor's environment contract; refuse without one."""
         env = os.environ
+        hint = "Run it as: supervisor run -- python3 " + (sys.argv[0] if sys.argv and sys.argv[0] else "agent.py")
         if "SUPERVISOR_PROTOCOL_VERSION" not in env:
             raise NotUnderSupervisor(
                 "This program is an agent meant to be started by the supervisor "
-                "(SUPERVISOR_PROTOCOL_VERSION is not set). Run it as: "
-                "supervisor run -- python3 " + (sys.argv[0] if sys.argv else "agent.py")
+                "(SUPERVISOR_PROTOCOL_VERSION is not set). " + hint
             )
         transport = env.get("SUPERVISOR_TRANSPORT", "stdio")
         if transport == "fd":
             r, w = os.fdopen(3, "rb", buffering=0), os.fdopen(4, "wb", buffering=0)
         elif transport == "stdio":
             if sys.stdin.isatty():
-                raise NotUnderSupervisor("stdin is a terminal: this agent must be started by the supervisor")
+                raise NotUnderSupervisor("stdin is a terminal: this agent must be started by the supervisor. " + hint)
             # unbuffered: a daemon reader blocked in a BufferedReader makes the
             # interpreter abort at exit ("could not acquire lock for <stdin>")
             r = open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
