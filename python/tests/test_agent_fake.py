@@ -127,3 +127,27 @@ def test_restore_compressed_snapshot_decoded():
     agent = Agent(os.fdopen(r, "rb"), sink, restore_pending=True, heartbeat_interval=0)
     assert agent.restore.snapshot == snap and agent.restore.compressed
     assert agent.restore.last_sequence == 9 and agent.last_sequence == 9
+
+
+def test_hostile_frame_ends_connection_with_clear_error():
+    import os
+    import struct
+    from supervisor_agent import NotDurable
+    r, w = os.pipe()
+    sink = open(os.devnull, "wb")
+    agent = Agent(os.fdopen(r, "rb"), sink, heartbeat_interval=0)
+    p = agent.log_nowait("memory_add", {"n": 1})
+    os.write(w, struct.pack(">I", 0xFFFFFFF0))  # 4 GiB declared: refused before allocating
+    with pytest.raises(NotDurable, match="exceeds the maximum"):
+        p.wait(5)
+    assert list(agent.requests()) == []
+    os.close(w)
+
+
+def test_heartbeat_thread_stops_with_agent():
+    with FakeSupervisor() as sup:
+        agent = sup.agent(heartbeat_interval=0.01)
+        sup.wait_for(lambda s: any(m["type"] == "heartbeat" for m in s.received))
+        agent.close()
+        agent._hb.join(5)
+        assert not agent._hb.is_alive()

@@ -80,8 +80,10 @@ def test_shutdown_stores_final_checkpoint(run_supervisor):
     assert r["snapshot"] == {"final": True, "n": 42, "reason": "supervisor is stopping"}
 
 
-def test_requests_answered_over_http(run_supervisor):
-    sup = run_supervisor("serve")
+@pytest.mark.parametrize("transport", [[], ["--stdio=false"]], ids=["stdio", "fd"])
+def test_requests_answered_over_http(run_supervisor, transport):
+    sup = run_supervisor("serve", flags=transport)
+    assert sup.wait_event("start")["transport"] == ("fd" if transport else "stdio")
     sup.wait_event("ready")
     sup.wait_ready()
     status, body = sup.post_request("hello", user_id="u1", context={"k": 1})

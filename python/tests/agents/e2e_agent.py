@@ -50,7 +50,7 @@ def main():
     snap = None if r is None else r.snapshot
     if MODE == "checkpoint" and snap and "blob" in snap:  # too big to report: a digest
         snap = dict(snap, blob=hashlib.sha256(snap["blob"]).hexdigest())
-    report(event="start", inc=inc, restore=None if r is None else {
+    report(event="start", inc=inc, transport=os.environ.get("SUPERVISOR_TRANSPORT"), restore=None if r is None else {
         "checkpoint_id": r.checkpoint_id, "snapshot": snap, "wal_entries": r.wal_entries,
         "last_sequence": r.last_sequence, "compressed": r.compressed})
     if MODE == "exact" and inc == 0:
