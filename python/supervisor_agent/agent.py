@@ -109,6 +109,7 @@ class Agent:
         self._wal_gen = 0  # wal_acks and WAL errors received so far
         self._wal_errors: List[tuple] = []  # (first, last, exc)
         self._cp_waiters: List[_Waiter] = []
+        self._cp_lock = threading.Lock()
         self._seq = 0
         self._seq_lock = threading.Lock()  # numbering + sending, so sequences reach the wire in order
         self._closed = threading.Event()
@@ -287,14 +288,15 @@ class Agent:
         else:
             msg["data"] = state
         w = _Waiter()
-        with self._cond:
-            self._cp_waiters.append(w)
-        try:
-            self._send(msg)
-        except BaseException:
+        with self._cp_lock:  # waiters queue in the order their checkpoints reach the wire
             with self._cond:
-                self._cp_waiters.remove(w)
-            raise
+                self._cp_waiters.append(w)
+            try:
+                self._send(msg)
+            except BaseException:
+                with self._cond:
+                    self._cp_waiters.remove(w)
+                raise
         if not w.event.wait(timeout):
             raise NotDurable(f"no checkpoint_ack within {timeout}s")
         if w.error is not None:

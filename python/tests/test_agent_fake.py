@@ -151,3 +151,18 @@ def test_heartbeat_thread_stops_with_agent():
         agent.close()
         agent._hb.join(5)
         assert not agent._hb.is_alive()
+
+
+def test_concurrent_checkpoints_each_get_their_ack():
+    with FakeSupervisor() as sup:
+        agent = sup.agent()
+        ids = []
+        lock = threading.Lock()
+        def work(k):
+            cid = agent.checkpoint({"k": k, "pad": "y" * 5000})
+            with lock:
+                ids.append(cid)
+        ts = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        assert len(set(ids)) == 8
