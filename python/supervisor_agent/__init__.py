@@ -1,0 +1,21 @@
+"""Python client for agents run under the supervisor sidecar."""
+from .agent import Agent, Pending, Request, Restore
+from .errors import (
+    CheckpointFailed,
+    Disconnected,
+    InvalidMessage,
+    NotDurable,
+    NotUnderSupervisor,
+    ProtocolError,
+    SequenceConflict,
+    SupervisorError,
+    WalFailed,
+    WalFull,
+)
+from .framing import encode_frame, read_frame
+
+__all__ = [
+    "Agent", "Pending", "Request", "Restore", "SupervisorError", "NotUnderSupervisor", "ProtocolError",
+    "Disconnected", "WalFull", "WalFailed", "SequenceConflict", "InvalidMessage", "CheckpointFailed",
+    "NotDurable", "encode_frame", "read_frame",
+]

@@ -1,0 +1,437 @@
+"""The Agent: one connection to the supervisor over two pipes."""
+import os
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional
+
+import msgpack
+
+from .errors import (
+    Disconnected,
+    NotDurable,
+    NotUnderSupervisor,
+    SupervisorError,
+    from_error_message,
+)
+from .framing import DEFAULT_MAX_FRAME, encode_frame, read_frame
+
+COMPRESS_OVER = 1 << 20
+MAX_DECOMPRESSED = 100 << 20
+
+try:  # optional: v2 compression
+    import zstandard as _zstd
+except ImportError:  # pragma: no cover
+    _zstd = None
+
+
+@dataclass
+class Restore:
+    checkpoint_id: str
+    snapshot: Dict[Any, Any]
+    wal_entries: List[Dict[str, Any]]
+    last_sequence: int
+    compressed: bool = False  # the snapshot arrived zstd-compressed (v2)
+
+
+@dataclass
+class Request:
+    request_id: str
+    message: str
+    context: Dict[Any, Any]
+    user_id: str
+    raw: Dict[str, Any]
+    _agent: "Agent" = field(repr=False)
+
+    def reply(self, data: Dict[Any, Any]) -> None:
+        self._agent._send({"type": "request_result", "request_id": self.request_id, "data": data})
+
+    def fail(self, code: str, message: str) -> None:
+        self._agent._send(
+            {"type": "request_result", "request_id": self.request_id, "error": {"code": code, "message": message}}
+        )
+
+
+class _Waiter:
+    __slots__ = ("event", "result", "error")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.result: Any = None
+        self.error: Optional[BaseException] = None
+
+
+class Pending:
+    """A WAL entry (or batch) sent with ack: true; wait() returns once it is durable."""
+
+    def __init__(self, agent: "Agent", first: int, last: int, gen: Optional[int] = None) -> None:
+        self._agent, self.first_sequence, self.sequence, self._gen = agent, first, last, gen
+
+    def wait(self, timeout: Optional[float] = 30.0) -> int:
+        """Block until durable; raise WalFull, SequenceConflict, ... or NotDurable on timeout."""
+        return self._agent._wait_durable(self.first_sequence, self.sequence, timeout, self._gen)
+
+
+def _decompress(body: bytes) -> Any:
+    if _zstd is None:
+        raise SupervisorError("a compressed message arrived but zstandard is not installed")
+    raw = _zstd.ZstdDecompressor().decompress(body, max_output_size=MAX_DECOMPRESSED)
+    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+
+
+class Agent:
+    """A connection to the supervisor. Use Agent.connect() in a real agent."""
+
+    def __init__(
+        self,
+        rfile: BinaryIO,
+        wfile: BinaryIO,
+        *,
+        restore_pending: bool = False,
+        role: str = "primary",
+        version: int = 2,
+        heartbeat_interval: float = 1.0,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        on_hot_reload: Optional[Callable[[Dict[str, Any]], None]] = None,
+        on_evolution_result: Optional[Callable[[Dict[str, Any]], None]] = None,
+        on_shutdown: Optional[Callable[[Dict[str, Any]], Optional[Dict[Any, Any]]]] = None,
+    ) -> None:
+        self._r, self._w = rfile, wfile
+        self.role = role
+        self.version = 2 if (version >= 2 and _zstd is not None) else 1
+        self._max_frame = max_frame
+        self._wlock = threading.Lock()
+        self._lock = threading.Lock()  # guards sequence numbering and waiters
+        self._cond = threading.Condition(self._lock)
+        self._durable = 0  # highest acked sequence
+        self._wal_gen = 0  # wal_acks and WAL errors received so far
+        self._wal_errors: List[tuple] = []  # (first, last, exc)
+        self._cp_waiters: List[_Waiter] = []
+        self._cp_lock = threading.Lock()
+        self._seq = 0
+        self._seq_lock = threading.Lock()  # numbering + sending, so sequences reach the wire in order
+        self._closed = threading.Event()
+        self._close_reason: Optional[BaseException] = None
+        self.requests_q: "queue.Queue[Optional[Request]]" = queue.Queue()
+        self.events: "queue.Queue[Dict[str, Any]]" = queue.Queue()
+        self.on_hot_reload = on_hot_reload
+        self.on_evolution_result = on_evolution_result
+        self.on_shutdown = on_shutdown
+        self.shutdown_requested = threading.Event()
+        self.restore: Optional[Restore] = None
+        self._restore_event = threading.Event()
+        if restore_pending:
+            m = read_frame(self._r, max_frame)
+            if m is None:
+                raise Disconnected("the supervisor closed the pipe before the restore")
+            if m.get("type") != "restore":
+                raise SupervisorError(f"expected a restore first, got {m.get('type')!r}")
+            self._apply_restore(m)
+        self._reader = threading.Thread(target=self._read_loop, name="supervisor-reader", daemon=True)
+        self._reader.start()
+        self._hb_interval = heartbeat_interval
+        self._hb = threading.Thread(target=self._heartbeat_loop, name="supervisor-heartbeat", daemon=True)
+        if heartbeat_interval > 0:
+            self._hb.start()
+
+    # ---------- construction ----------
+    @classmethod
+    def connect(cls, **kw: Any) -> "Agent":
+        """Connect using the supervisor's environment contract; refuse without one."""
+        env = os.environ
+        hint = "Run it as: supervisor run -- python3 " + (sys.argv[0] if sys.argv and sys.argv[0] else "agent.py")
+        if "SUPERVISOR_PROTOCOL_VERSION" not in env:
+            raise NotUnderSupervisor(
+                "This program is an agent meant to be started by the supervisor "
+                "(SUPERVISOR_PROTOCOL_VERSION is not set). " + hint
+            )
+        transport = env.get("SUPERVISOR_TRANSPORT", "stdio")
+        if transport == "fd":
+            r, w = os.fdopen(3, "rb", buffering=0), os.fdopen(4, "wb", buffering=0)
+        elif transport == "stdio":
+            if sys.stdin.isatty():
+                raise NotUnderSupervisor("stdin is a terminal: this agent must be started by the supervisor. " + hint)
+            # unbuffered: a daemon reader blocked in a BufferedReader makes the
+            # interpreter abort at exit ("could not acquire lock for <stdin>")
+            r = open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
+            w = open(sys.stdout.fileno(), "wb", buffering=0, closefd=False)
+            sys.stdout = sys.stderr  # a stray print() must not corrupt the frame stream
+        else:
+            raise NotUnderSupervisor(f"unknown SUPERVISOR_TRANSPORT {transport!r}")
+        try:
+            peer_version = int(env["SUPERVISOR_PROTOCOL_VERSION"])
+        except ValueError:
+            peer_version = 1
+        kw.setdefault("version", peer_version)
+        return cls(
+            r, w, restore_pending=env.get("SUPERVISOR_RESTORE_PENDING") == "1",
+            role=env.get("SUPERVISOR_ROLE", "primary"), **kw,
+        )
+
+    def __enter__(self) -> "Agent":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        try:
+            self._w.close()
+        except Exception:
+            pass
+
+    # ---------- sending ----------
+    def _send(self, msg: Dict[str, Any]) -> None:
+        msg.setdefault("timestamp", int(time.time()))
+        if self.version >= 2:
+            msg.setdefault("version", self.version)
+        frame = encode_frame(msg)
+        with self._wlock:
+            if self._close_reason is not None and isinstance(self._close_reason, Disconnected):
+                raise Disconnected("the supervisor is gone")
+            try:
+                view = memoryview(frame)
+                while view:  # a raw file may write less than asked
+                    n = self._w.write(view)
+                    view = view[n if n is not None else len(view):]
+                self._w.flush()
+            except (BrokenPipeError, ValueError, OSError) as e:
+                raise Disconnected(f"cannot write to the supervisor: {e}") from None
+
+    def send_raw(self, msg: Dict[str, Any]) -> None:
+        """Send any message as is (timestamp added). For tests and extensions."""
+        self._send(msg)
+
+    def heartbeat(self) -> None:
+        self._send({"type": "heartbeat"})
+
+    def metrics(self, **values: float) -> None:
+        self._send({"type": "metrics", "data": values})
+
+    def report_error(self, code: str, message: str, context: Optional[Dict[Any, Any]] = None) -> None:
+        err: Dict[str, Any] = {"code": code, "message": message}
+        if context:
+            err["context"] = context
+        self._send({"type": "error", "error": err})
+
+    def evolution_intent(self, target: str, new_code: str, reason: str = "",
+                         expected_improvement: Optional[Dict[str, float]] = None) -> None:
+        h: Dict[str, Any] = {"reason": reason, "target": target, "new_code": new_code}
+        if expected_improvement:
+            h["expected_improvement"] = expected_improvement
+        self._send({"type": "evolution_intent", "hypothesis": h})
+
+    # ---------- WAL ----------
+    @property
+    def last_sequence(self) -> int:
+        return self._seq
+
+    def log_nowait(self, operation: str, params: Dict[Any, Any], *, sequence: Optional[int] = None) -> Pending:
+        """Send one entry with ack: true; return at once. Pending.wait() blocks until durable."""
+        gen = None
+        with self._seq_lock:
+            seq = self._seq + 1 if sequence is None else sequence
+            if seq <= self._seq:  # an explicit old sequence: only an answer after this send counts
+                with self._cond:
+                    gen = self._wal_gen
+            self._seq = max(self._seq, seq)
+            self._send({"type": "wal_entry", "ack": True,
+                        "data": {"operation": operation, "params": params, "sequence": seq}})
+        return Pending(self, seq, seq, gen)
+
+    def log(self, operation: str, params: Dict[Any, Any], *, timeout: Optional[float] = 30.0) -> int:
+        """Log one entry and return its sequence once it is durable (raises WalFull, ...)."""
+        return self.log_nowait(operation, params).wait(timeout)
+
+    def log_batch_nowait(self, entries: List[tuple]) -> Pending:
+        """entries: [(operation, params), ...] (1 to 100), logged as one unit."""
+        if not 1 <= len(entries) <= 100:
+            raise ValueError("a batch holds 1 to 100 entries")
+        with self._seq_lock:
+            first = self._seq + 1
+            data = [{"operation": op, "params": p, "sequence": first + i} for i, (op, p) in enumerate(entries)]
+            self._seq = first + len(entries) - 1
+            self._send({"type": "wal_batch", "ack": True, "data": data})
+            last = self._seq
+        return Pending(self, first, last)
+
+    def log_batch(self, entries: List[tuple], *, timeout: Optional[float] = 30.0) -> int:
+        return self.log_batch_nowait(entries).wait(timeout)
+
+    def _wait_durable(self, first: int, last: int, timeout: Optional[float], gen: Optional[int] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for (f, l, exc) in self._wal_errors:
+                    if f <= last and first <= l:
+                        raise exc
+                if self._durable >= last and (gen is None or self._wal_gen > gen):
+                    return last
+                if self._close_reason is not None:
+                    raise NotDurable(f"connection ended before entry {last} was durable: {self._close_reason}")
+                rem = None if deadline is None else deadline - time.monotonic()
+                if rem is not None and rem <= 0:
+                    raise NotDurable(f"no wal_ack for entry {last} within {timeout}s")
+                self._cond.wait(rem)
+
+    # ---------- checkpoints ----------
+    def checkpoint(self, state: Dict[Any, Any], *, timeout: Optional[float] = 120.0) -> str:
+        """Store the whole state; return the checkpoint id once acknowledged."""
+        body = msgpack.packb(state, use_bin_type=True)
+        msg: Dict[str, Any] = {"type": "checkpoint"}
+        if self.version >= 2 and _zstd is not None and len(body) > COMPRESS_OVER:
+            msg.update(compressed=True, compression="zstd",
+                       data=_zstd.ZstdCompressor(level=3, write_content_size=True).compress(body))
+        else:
+            msg["data"] = state
+        w = _Waiter()
+        with self._cp_lock:  # waiters queue in the order their checkpoints reach the wire
+            with self._cond:
+                self._cp_waiters.append(w)
+            try:
+                self._send(msg)
+            except BaseException:
+                with self._cond:
+                    self._cp_waiters.remove(w)
+                raise
+        if not w.event.wait(timeout):
+            raise NotDurable(f"no checkpoint_ack within {timeout}s")
+        if w.error is not None:
+            raise w.error
+        return str(w.result)
+
+    # ---------- receiving ----------
+    def _apply_restore(self, m: Dict[str, Any]) -> None:
+        snap = m.get("snapshot") or {}
+        if m.get("compressed"):
+            snap = _decompress(snap)
+        entries = list(m.get("wal_entries") or [])
+        last = m.get("last_sequence")
+        if last is None:
+            last = max([e.get("sequence", 0) for e in entries] + [0])
+        self.restore = Restore(str(m.get("checkpoint_id", "")), snap, entries, int(last), bool(m.get("compressed")))
+        with self._seq_lock:
+            self._seq = max(self._seq, int(last))
+        with self._cond:
+            self._durable = max(self._durable, int(last))
+        self._restore_event.set()
+
+    def _read_loop(self) -> None:
+        reason: BaseException = Disconnected("the supervisor closed the pipe")
+        try:
+            while True:
+                m = read_frame(self._r, self._max_frame)
+                if m is None:
+                    break
+                self._dispatch(m)
+        except SupervisorError as e:
+            reason = e
+        except Exception as e:  # pragma: no cover
+            reason = SupervisorError(f"reader failed: {e!r}")
+        with self._cond:
+            self._close_reason = reason
+            cps, self._cp_waiters = self._cp_waiters, []
+            self._cond.notify_all()
+        for w in cps:
+            w.error = NotDurable(f"connection ended before the checkpoint was acknowledged: {reason}")
+            w.event.set()
+        self.shutdown_requested.set()
+        self.requests_q.put(None)
+        self._closed.set()
+
+    def _dispatch(self, m: Dict[str, Any]) -> None:
+        t = m.get("type")
+        if t == "wal_ack":
+            with self._cond:
+                self._durable = max(self._durable, int(m.get("sequence", 0)))
+                self._wal_gen += 1
+                self._cond.notify_all()
+        elif t == "checkpoint_ack":
+            self._finish_checkpoint(m.get("checkpoint_id", ""), None)
+        elif t == "error":
+            err = m.get("error") or {}
+            exc = from_error_message(err)
+            d = exc.details
+            if exc.code == "CHECKPOINT_FAILED" or (exc.code == "INVALID_MESSAGE" and d.get("type") == "checkpoint"):
+                self._finish_checkpoint(None, exc)
+            elif exc.code in ("WAL_FULL", "WAL_FAILED", "SEQUENCE_CONFLICT") or (
+                exc.code == "INVALID_MESSAGE" and d.get("type") in ("wal_entry", "wal_batch")
+            ):
+                first = d.get("first_sequence")
+                last = d.get("last_sequence", first)
+                if exc.code == "SEQUENCE_CONFLICT" and first is not None:
+                    # last_sequence is the log's; the whole frame was refused
+                    last = int(first) + int(d.get("entries", 1)) - 1
+                with self._cond:
+                    if first is None:  # unknown range: fail every entry still in flight
+                        first, last = self._durable + 1, max(self._seq, self._durable + 1)
+                    self._wal_errors.append((int(first), int(last), exc))
+                    self._wal_gen += 1
+                    del self._wal_errors[:-256]
+                    self._cond.notify_all()
+            else:
+                self.events.put(m)
+        elif t == "process_request":
+            d = m.get("data") or {}
+            self.requests_q.put(Request(str(m.get("request_id", "")), str(d.get("message", "")),
+                                        d.get("context") or {}, str(d.get("user_id", "")), m, self))
+        elif t == "restore":
+            self._apply_restore(m)
+            self.events.put(m)
+        elif t == "hot_reload":
+            if self.on_hot_reload:
+                self.on_hot_reload(m)
+            self.events.put(m)
+        elif t == "evolution_result":
+            if self.on_evolution_result:
+                self.on_evolution_result(m)
+            self.events.put(m)
+        elif t == "shutdown":
+            self.events.put(m)
+            if m.get("create_checkpoint") and self.on_shutdown is not None:
+                state = self.on_shutdown(m)
+                if state is not None:
+                    threading.Thread(target=self._final_checkpoint, args=(state,), daemon=True).start()
+                    return
+            self.shutdown_requested.set()
+            self.requests_q.put(None)
+        else:
+            self.events.put(m)
+
+    def _final_checkpoint(self, state: Dict[Any, Any]) -> None:
+        try:
+            self.checkpoint(state)
+        except SupervisorError as e:
+            print(f"supervisor_agent: final checkpoint failed: {e}", file=sys.stderr)
+        self.shutdown_requested.set()
+        self.requests_q.put(None)
+
+    def _finish_checkpoint(self, cid: Any, exc: Optional[BaseException]) -> None:
+        with self._cond:
+            w = self._cp_waiters.pop(0) if self._cp_waiters else None
+        if w is not None:
+            w.result, w.error = cid, exc
+            w.event.set()
+
+    def requests(self) -> Iterator[Request]:
+        """Yield process_request messages until shutdown or disconnect."""
+        while True:
+            r = self.requests_q.get()
+            if r is None:
+                self.requests_q.put(None)
+                return
+            yield r
+
+    def _heartbeat_loop(self) -> None:
+        try:
+            self.heartbeat()  # at once: the supervisor counts the agent up from its first heartbeat
+        except SupervisorError:
+            return
+        while not self._closed.wait(self._hb_interval):
+            try:
+                self.heartbeat()
+            except SupervisorError:
+                return

@@ -1,0 +1,168 @@
+import threading
+
+import pytest
+
+from supervisor_agent import NotUnderSupervisor, WalFull, Agent
+from supervisor_agent.testing import FakeSupervisor
+
+
+def test_log_numbering_continues_above_restore():
+    with FakeSupervisor(restore={"snapshot": {"a": 1}, "wal_entries": [
+            {"operation": "memory_add", "params": {"x": 1}, "sequence": 41}], "last_sequence": 41}) as sup:
+        agent = sup.agent()
+        assert agent.restore.snapshot == {"a": 1}
+        assert [e["sequence"] for e in agent.restore.wal_entries] == [41]
+        assert agent.log("memory_add", {"content": "hi"}) == 42
+        assert sup.wal[42]["params"] == {"content": "hi"}
+
+
+def test_wal_full_raised_and_next_log_works():
+    with FakeSupervisor() as sup:
+        agent = sup.agent()
+        sup.fail_next_wal = "WAL_FULL"
+        with pytest.raises(WalFull):
+            agent.log("memory_add", {"n": 1})
+        assert agent.log("memory_add", {"n": 2}) == 2
+
+
+def test_requests_and_shutdown_checkpoint():
+    with FakeSupervisor() as sup:
+        state = {"n": 0}
+        agent = sup.agent(on_shutdown=lambda m: dict(state))
+        rid = sup.request("ping")
+        rid2 = sup.request("boom")
+        it = agent.requests()
+        r = next(it)
+        state["n"] += 1
+        r.reply({"answer": "pong"})
+        next(it).fail("TOOL_FAILED", "no")
+        assert sup.result(rid)["data"] == {"answer": "pong"}
+        assert sup.result(rid2)["error"] == {"code": "TOOL_FAILED", "message": "no"}
+        sup.shutdown()
+        assert list(it) == []  # the iterator ends after the final checkpoint
+        assert sup.checkpoint == {"n": 1}
+
+
+def test_concurrent_logs_are_whole_frames():
+    with FakeSupervisor() as sup:
+        agent = sup.agent()
+        def work(k):
+            for i in range(50):
+                agent.log("memory_add", {"k": k, "i": i, "pad": "x" * 3000})
+        ts = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        assert sorted(sup.wal) == list(range(1, 401))
+
+
+def test_heartbeats_sent_in_background():
+    with FakeSupervisor() as sup:
+        sup.agent(heartbeat_interval=0.01)
+        sup.wait_for(lambda s: sum(1 for m in s.received if m["type"] == "heartbeat") >= 3)
+
+
+def test_refuses_without_supervisor(monkeypatch):
+    monkeypatch.delenv("SUPERVISOR_PROTOCOL_VERSION", raising=False)
+    with pytest.raises(NotUnderSupervisor, match="started by the supervisor"):
+        Agent.connect()
+
+
+def test_log_blocks_until_wal_ack():
+    from supervisor_agent import NotDurable
+    with FakeSupervisor() as sup:
+        agent = sup.agent()
+        sup.hold_acks = True
+        with pytest.raises(NotDurable):
+            agent.log("memory_add", {"n": 1}, timeout=0.3)
+        p = agent.log_nowait("memory_add", {"n": 2})
+        done = threading.Event()
+        threading.Thread(target=lambda: (p.wait(), done.set()), daemon=True).start()
+        sup.wait_for(lambda s: 2 in s.wal)
+        assert not done.is_set()  # logged but not acknowledged: still waiting
+        sup.release_acks()
+        assert done.wait(5)
+
+
+def test_batch_and_cumulative_ack():
+    with FakeSupervisor() as sup:
+        agent = sup.agent()
+        pend = [agent.log_nowait("memory_add", {"i": i}) for i in range(20)]
+        assert agent.log_batch([("memory_add", {"b": i}) for i in range(5)]) == 25
+        assert [p.wait() for p in pend] == list(range(1, 21))
+
+
+def test_checkpoint_compressed_over_1mib():
+    from supervisor_agent.agent import _zstd
+    if _zstd is None:
+        pytest.skip("zstandard not installed")
+    with FakeSupervisor() as sup:
+        agent = sup.agent()
+        state = {"blob": b"ab" * (1 << 20)}
+        assert agent.checkpoint(state)
+        cp = [m for m in sup.received if m["type"] == "checkpoint"][-1]
+        assert cp["compressed"] is True and cp["compression"] == "zstd" and cp["version"] == 2
+        assert isinstance(cp["data"], bytes) and len(cp["data"]) < 100000
+        assert sup.checkpoint == state
+        agent.checkpoint({"small": 1})
+        cp = [m for m in sup.received if m["type"] == "checkpoint"][-1]
+        assert "compressed" not in cp and cp["data"] == {"small": 1}
+
+
+def test_restore_compressed_snapshot_decoded():
+    import msgpack
+    from supervisor_agent.agent import _zstd
+    if _zstd is None:
+        pytest.skip("zstandard not installed")
+    snap = {"x": 1.25, "b": b"\x00"}
+    body = _zstd.ZstdCompressor().compress(msgpack.packb(snap, use_bin_type=True))
+    # a compressed restore frame, as a v2 supervisor sends it
+    import os
+    from supervisor_agent import Agent, encode_frame
+    r, w = os.pipe()
+    os.write(w, encode_frame({"type": "restore", "timestamp": 0, "version": 2, "compressed": True,
+                              "compression": "zstd", "checkpoint_id": "c", "snapshot": body,
+                              "wal_entries": [], "last_sequence": 9}))
+    os.close(w)
+    sink = open(os.devnull, "wb")
+    agent = Agent(os.fdopen(r, "rb"), sink, restore_pending=True, heartbeat_interval=0)
+    assert agent.restore.snapshot == snap and agent.restore.compressed
+    assert agent.restore.last_sequence == 9 and agent.last_sequence == 9
+
+
+def test_hostile_frame_ends_connection_with_clear_error():
+    import os
+    import struct
+    from supervisor_agent import NotDurable
+    r, w = os.pipe()
+    sink = open(os.devnull, "wb")
+    agent = Agent(os.fdopen(r, "rb"), sink, heartbeat_interval=0)
+    p = agent.log_nowait("memory_add", {"n": 1})
+    os.write(w, struct.pack(">I", 0xFFFFFFF0))  # 4 GiB declared: refused before allocating
+    with pytest.raises(NotDurable, match="exceeds the maximum"):
+        p.wait(5)
+    assert list(agent.requests()) == []
+    os.close(w)
+
+
+def test_heartbeat_thread_stops_with_agent():
+    with FakeSupervisor() as sup:
+        agent = sup.agent(heartbeat_interval=0.01)
+        sup.wait_for(lambda s: any(m["type"] == "heartbeat" for m in s.received))
+        agent.close()
+        agent._hb.join(5)
+        assert not agent._hb.is_alive()
+
+
+def test_concurrent_checkpoints_each_get_their_ack():
+    with FakeSupervisor() as sup:
+        agent = sup.agent()
+        ids = []
+        lock = threading.Lock()
+        def work(k):
+            cid = agent.checkpoint({"k": k, "pad": "y" * 5000})
+            with lock:
+                ids.append(cid)
+        ts = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        assert len(set(ids)) == 8
