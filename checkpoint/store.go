@@ -651,24 +651,16 @@ func (s *Store) Latest() (Meta, []byte, []Skipped, error) {
 // Errors wrap ErrInvalidID, or ErrNotFound when id is not in the store or no
 // older checkpoint loads.
 func (s *Store) Previous(id string) (Meta, []byte, []Skipped, error) {
-	id, err := ParseID(id)
-	if err != nil {
-		return Meta{}, nil, nil, err
-	}
-	es, err := s.list()
-	if err != nil {
-		return Meta{}, nil, nil, err
-	}
-	i := slices.IndexFunc(es, func(e entry) bool { return e.ID == id })
-	if i < 0 {
-		return Meta{}, nil, nil, fmt.Errorf("%w: checkpoint %s", ErrNotFound, id)
-	}
-	return s.firstLoadable(es[i+1:])
+	return s.previousWith(id, s.load)
 }
 
 // PreviousCompressed is Previous returning the stored zstd frame (see
 // LoadCompressed).
 func (s *Store) PreviousCompressed(id string) (Meta, []byte, []Skipped, error) {
+	return s.previousWith(id, s.loadCompressed)
+}
+
+func (s *Store) previousWith(id string, load func(id string) (entry, []byte, error)) (Meta, []byte, []Skipped, error) {
 	id, err := ParseID(id)
 	if err != nil {
 		return Meta{}, nil, nil, err
@@ -681,7 +673,7 @@ func (s *Store) PreviousCompressed(id string) (Meta, []byte, []Skipped, error) {
 	if i < 0 {
 		return Meta{}, nil, nil, fmt.Errorf("%w: checkpoint %s", ErrNotFound, id)
 	}
-	return s.firstLoadableWith(es[i+1:], s.loadCompressed)
+	return s.firstLoadableWith(es[i+1:], load)
 }
 
 func (s *Store) firstLoadable(es []entry) (Meta, []byte, []Skipped, error) {
