@@ -647,7 +647,7 @@ func (s *Store) Latest() (Meta, []byte, []Skipped, error) {
 }
 
 // Previous is Latest restricted to checkpoints strictly older than id (in
-// List order): the fallback when checkpoint id turned out to be poison.
+// List order): the crash-loop fallback (--fallback-on-crash-loop).
 // Errors wrap ErrInvalidID, or ErrNotFound when id is not in the store or no
 // older checkpoint loads.
 func (s *Store) Previous(id string) (Meta, []byte, []Skipped, error) {
