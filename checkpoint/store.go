@@ -508,13 +508,20 @@ func (s *Store) Load(id string) (Meta, []byte, error) {
 	return e.Meta, data, err
 }
 
-func (s *Store) load(id string) (entry, []byte, error) {
+// openReadable opens checkpoint id for reading its body: errors for a
+// missing file and for a header that does not check out (e.err).
+func (s *Store) openReadable(id string) (*os.File, entry, header, error) {
 	f, e, h, err := s.open(id, nil)
+	if err == nil && e.err != nil {
+		err = e.err
+	}
+	return f, e, h, err
+}
+
+func (s *Store) load(id string) (entry, []byte, error) {
+	f, e, h, err := s.openReadable(id)
 	if err != nil {
 		return e, nil, err
-	}
-	if e.err != nil {
-		return e, nil, e.err
 	}
 	defer f.Close()
 	data, err := decompress(io.NewSectionReader(f, headerLen, int64(h.bodyLen)), h.size)
@@ -581,12 +588,9 @@ func (s *Store) LoadCompressed(id string) (Meta, []byte, error) {
 var ErrNoContentSize = errors.New("checkpoint: stored frame does not declare its content size")
 
 func (s *Store) loadCompressed(id string) (entry, []byte, error) {
-	f, e, h, err := s.open(id, nil)
+	f, e, h, err := s.openReadable(id)
 	if err != nil {
 		return e, nil, err
-	}
-	if e.err != nil {
-		return e, nil, e.err
 	}
 	defer f.Close()
 	z := make([]byte, h.bodyLen)

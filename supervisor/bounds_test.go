@@ -60,19 +60,21 @@ func TestTimeInSinksDoesNotAge(t *testing.T) {
 			t.Fatalf("at start: %s, %v", age, seen)
 		}
 		time.Sleep(2 * time.Second)
-		in.inSink(func() { time.Sleep(time.Minute) }) // before the first heartbeat: start timeout
+		start := in.sinkBegin() // before the first heartbeat: start timeout
+		time.Sleep(time.Minute)
+		in.sinkEnd(start)
 		if age, _ := in.heartbeatAge(time.Now()); age != 2*time.Second {
 			t.Fatalf("age %s after a minute in a sink before the first heartbeat, want 2s", age)
 		}
 		in.lastHeartbeat.Store(time.Now().UnixNano())
 		in.blockedNano.Store(0)
 		time.Sleep(time.Second)
-		in.inSink(func() {
-			time.Sleep(10 * time.Second)
-			if age, _ := in.heartbeatAge(time.Now()); age != time.Second {
-				t.Errorf("age %s while blocked in a sink, want 1s", age)
-			}
-		})
+		start = in.sinkBegin()
+		time.Sleep(10 * time.Second)
+		if age, _ := in.heartbeatAge(time.Now()); age != time.Second {
+			t.Errorf("age %s while blocked in a sink, want 1s", age)
+		}
+		in.sinkEnd(start)
 		if age, _ := in.heartbeatAge(time.Now()); age != time.Second {
 			t.Fatalf("age %s after 10s in a sink, want 1s", age)
 		}

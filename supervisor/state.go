@@ -39,7 +39,7 @@ func (p primarySinks) checkpoint(in *instance, cp *schema.Checkpoint, arrived ti
 	// Bounded by bytes: while the queue is full the reader waits here, and
 	// the agent's pipe fills (back-pressure). A compressed checkpoint is
 	// queued compressed. The wait is our storage's time, not the agent's:
-	// the reader is inside a sink (instance.inSink), so it does not count
+	// the reader is inside a sink (instance.sinkBegin/sinkEnd), so it does not count
 	// against the agent's heartbeat.
 	size := int64(len(cp.Data) + len(cp.Zstd))
 	if _, ok := s.ckptGate.acquire(size, in.abandoned); !ok {
