@@ -93,11 +93,7 @@ func (c *checkpointsCmd) list(args []string) error {
 		"Lists stored checkpoints, newest first: id, creation time, WAL watermark, sizes, flags.")
 	dataDir := f.dataDir()
 	asJSON := f.Bool("json", false, "print JSON")
-	pos, _, _, err := f.parse(args)
-	if err != nil {
-		return err
-	}
-	if err := f.noArgs(pos); err != nil {
+	if err := f.parseFlagsOnly(args); err != nil {
 		return err
 	}
 	st, err := openStore(*dataDir)
@@ -248,11 +244,7 @@ func (c *statusCmd) Run(_ context.Context, args []string) error {
 the stores and says "not running".`)
 	dataDir := f.dataDir()
 	asJSON := f.Bool("json", false, "print JSON")
-	pos, _, _, err := f.parse(args)
-	if err != nil {
-		return err
-	}
-	if err := f.noArgs(pos); err != nil {
+	if err := f.parseFlagsOnly(args); err != nil {
 		return err
 	}
 	if err := statDataDir(*dataDir); err != nil {
@@ -367,11 +359,7 @@ func (c *walCmd) Run(_ context.Context, args []string) error {
 	from := f.Uint64("from", 0, "print entries with sequence >= SEQ")
 	f.meta["from"] = "SEQ"
 	asJSON := f.Bool("json", false, "print one JSON object per line")
-	pos, _, _, err := f.parse(args[1:])
-	if err != nil {
-		return err
-	}
-	if err := f.noArgs(pos); err != nil {
+	if err := f.parseFlagsOnly(args[1:]); err != nil {
 		return err
 	}
 	if err := statDataDir(*dataDir); err != nil {
@@ -387,7 +375,7 @@ func (c *walCmd) Run(_ context.Context, args []string) error {
 	}
 	enc := json.NewEncoder(c.stdout)
 	n := 0
-	err = wal.ReadDir(walDir, after, func(e wal.Entry) error {
+	err := wal.ReadDir(walDir, after, func(e wal.Entry) error {
 		n++
 		var v map[string]any
 		decErr := msgpack.Unmarshal(e.Data, &v)
@@ -425,11 +413,7 @@ func (c *auditCmd) Run(_ context.Context, args []string) error {
 	var since time.Duration
 	f.duration(&since, "since", 0, "only records from the last D (e.g. 1h)")
 	asJSON := f.Bool("json", false, "print one JSON object per line")
-	pos, _, _, err := f.parse(args)
-	if err != nil {
-		return err
-	}
-	if err := f.noArgs(pos); err != nil {
+	if err := f.parseFlagsOnly(args); err != nil {
 		return err
 	}
 	if err := statDataDir(*dataDir); err != nil {
@@ -469,11 +453,7 @@ func (c *versionCmd) Run(_ context.Context, args []string) error {
 	f := newFlagSet(c.env, "version", "supervisor version [--json]",
 		"Prints the version and VCS revision this binary was built from.")
 	asJSON := f.Bool("json", false, "print JSON")
-	pos, _, _, err := f.parse(args)
-	if err != nil {
-		return err
-	}
-	if err := f.noArgs(pos); err != nil {
+	if err := f.parseFlagsOnly(args); err != nil {
 		return err
 	}
 	b := supervisor.Build()

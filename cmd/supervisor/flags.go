@@ -121,6 +121,15 @@ func (f *flagSet) split(args []string) (flagArgs, pos, afterDashDash []string, d
 	return flagArgs, pos, afterDashDash, dashdash
 }
 
+// parseFlagsOnly parses args for a command that takes flags and nothing else.
+func (f *flagSet) parseFlagsOnly(args []string) error {
+	pos, _, _, err := f.parse(args)
+	if err != nil {
+		return err
+	}
+	return f.noArgs(pos)
+}
+
 // noArgs is a usage error for positional arguments a command does not take.
 func (f *flagSet) noArgs(pos []string) error {
 	if len(pos) > 0 {
