@@ -17,7 +17,7 @@ func ackTestInstance(t *testing.T) *instance {
 	t.Helper()
 	in := &instance{
 		role: RolePrimary, codec: schema.NewCodec(schema.Options{}), out: make(chan []byte, 64),
-		met: newMetrics(func() float64 { return 0 }), log: slog.New(slog.NewTextHandler(t.Output(), nil)),
+		met: newMetrics(func() float64 { return 0 }, func() float64 { return 0 }), log: slog.New(slog.NewTextHandler(t.Output(), nil)),
 	}
 	t.Cleanup(in.stopAcks)
 	return in

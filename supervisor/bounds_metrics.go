@@ -1,6 +1,9 @@
 package supervisor
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
 
 // boundsMetrics show the supervisor's own bounds at work: bytes queued,
 // log records dropped, HTTP connections held and refused.
@@ -11,22 +14,22 @@ type boundsMetrics struct {
 }
 
 func newBoundsMetrics(reg *prometheus.Registry, logDropped func() uint64) *boundsMetrics {
+	a := promauto.With(reg) // built is registered
 	b := &boundsMetrics{
-		ckptQueueBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+		ckptQueueBytes: a.NewGauge(prometheus.GaugeOpts{
 			Name: "supervisor_checkpoint_queue_bytes", Help: "Bytes of checkpoints received and waiting to be stored (compressed ones at their compressed size); bounded, the agent is slowed down beyond it.",
 		}),
-		httpConns: prometheus.NewGauge(prometheus.GaugeOpts{
+		httpConns: a.NewGauge(prometheus.GaugeOpts{
 			Name: "supervisor_http_connections", Help: "HTTP connections open now (capped).",
 		}),
-		httpWaits: prometheus.NewCounter(prometheus.CounterOpts{
+		httpWaits: a.NewCounter(prometheus.CounterOpts{
 			Name: "supervisor_http_connection_cap_waits_total", Help: "Times the HTTP listener reached its connection cap and new clients waited in the backlog.",
 		}),
 	}
-	reg.MustRegister(b.ckptQueueBytes, b.httpConns, b.httpWaits)
 	if logDropped != nil {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		a.NewCounterFunc(prometheus.CounterOpts{
 			Name: "supervisor_log_dropped_total", Help: "Log records dropped because the log output (stderr) did not keep up; logging never blocks the supervisor.",
-		}, func() float64 { return float64(logDropped()) }))
+		}, func() float64 { return float64(logDropped()) })
 	}
 	return b
 }

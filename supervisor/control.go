@@ -101,6 +101,9 @@ type PendingRestore struct {
 type controlCall struct {
 	req   ControlRequest
 	reply chan ControlResponse
+	// meta: for OpRestore, the checkpoint's header, read on the connection's
+	// goroutine (the owner does not wait on the store).
+	meta checkpoint.Meta
 }
 
 func (s *Supervisor) listenControl() (net.Listener, error) {
@@ -167,6 +170,17 @@ func (s *Supervisor) serveControlConn(ctx context.Context, conn *net.UnixConn) {
 		return
 	}
 	call := controlCall{req: req, reply: make(chan ControlResponse, 1)}
+	if req.Op == OpRestore {
+		id, err := checkpoint.ParseID(req.CheckpointID)
+		if err != nil {
+			respond(ControlResponse{Error: fmt.Sprintf("checkpoint id %q: %v", clip(req.CheckpointID, 64), err)})
+			return
+		}
+		if call.meta, err = s.st.ckpt.Stat(id); err != nil {
+			respond(ControlResponse{Error: fmt.Sprintf("cannot restore: %v", err)})
+			return
+		}
+	}
 	select {
 	case s.control <- call:
 	case <-ctx.Done():
@@ -205,23 +219,14 @@ func checkPeer(conn *net.UnixConn) error {
 
 // handleControl runs on the owner goroutine. A zero response means the
 // answer is sent on reply later.
-func (s *Supervisor) handleControl(req ControlRequest, reply chan ControlResponse) ControlResponse {
+func (s *Supervisor) handleControl(call controlCall) ControlResponse {
+	req, reply := call.req, call.reply
 	switch req.Op {
 	case OpStatus:
 		st := s.Status()
-		if p := s.pendingPoint; p != nil { // owner-only state: read here, not in Status
-			st.PendingRestore = &PendingRestore{CheckpointID: p.checkpointID, NoWAL: p.noWAL}
-		}
 		return ControlResponse{OK: true, Status: &st}
 	case OpRestore:
-		id, err := checkpoint.ParseID(req.CheckpointID)
-		if err != nil {
-			return ControlResponse{Error: fmt.Sprintf("checkpoint id %q: %v", req.CheckpointID, err)}
-		}
-		meta, err := s.st.ckpt.Stat(id)
-		if err != nil {
-			return ControlResponse{Error: fmt.Sprintf("cannot restore: %v", err)}
-		}
+		meta := call.meta
 		point := &restorePoint{checkpointID: meta.ID, noWAL: req.NoWAL}
 		in := s.cur
 		if s.pendingReply != nil {
@@ -232,6 +237,7 @@ func (s *Supervisor) handleControl(req ControlRequest, reply chan ControlRespons
 		}
 		if in == nil || in.stopping || s.shutting {
 			s.pendingPoint = point
+			s.publish()
 			return ControlResponse{OK: true, Message: "the agent is not running; the restore will be sent when it next starts",
 				Restore: &RestoreInfo{CheckpointID: meta.ID, Watermark: meta.Watermark, NoWAL: req.NoWAL}}
 		}
@@ -242,38 +248,13 @@ func (s *Supervisor) handleControl(req ControlRequest, reply chan ControlRespons
 		// restore as its first frame leaves no such window.
 		s.pendingPoint = point
 		s.pendingReply = reply
+		s.publish()
 		in.log.Info("operator restore requested: restarting the agent to deliver it", "checkpoint_id", meta.ID, "no_wal", req.NoWAL)
 		s.stopInstance(in, reasonOperatorRestore)
 		return ControlResponse{} // answered when the restore has been sent
 	default:
 		return ControlResponse{Error: fmt.Sprintf("unknown operation %q (want %s or %s)", req.Op, OpStatus, OpRestore)}
 	}
-}
-
-// Status returns the supervisor's current status. Safe from any goroutine.
-func (s *Supervisor) Status() Status {
-	s.statusMu.Lock()
-	st := s.status
-	s.statusMu.Unlock()
-	st.Running = true
-	st.SupervisorPID = os.Getpid()
-	b := Build()
-	st.Version, st.Revision = b.Version, b.Revision
-	if in := s.curPtr.Load(); in != nil {
-		st.UptimeSeconds = time.Since(in.started).Seconds()
-		if last := in.lastHeartbeat.Load(); last != 0 {
-			st.LastHeartbeat = time.Unix(0, last).UTC()
-		}
-	} else {
-		st.PID = 0
-		st.AgentStartedAt = time.Time{}
-	}
-	st.NewestCheckpoint, _ = s.newestCkp.Load().(string)
-	if s.st != nil {
-		st.LastWALSequence = s.st.wal.LastSequence()
-		st.DurableWALSequence = s.st.wal.DurableSequence()
-	}
-	return st
 }
 
 // Call sends one request to the supervisor running on dataDir. It returns an

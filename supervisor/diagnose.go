@@ -22,9 +22,8 @@ func (s *Supervisor) diagnoseFraming(err error) string {
 	if !s.cfg.Stdio {
 		d = fmt.Sprintf("the agent wrote text to its protocol stream (fd 4); write only frames there and log to stdout or stderr (it wrote %q)", te.Text)
 	}
-	s.statusMu.Lock()
-	s.status.Diagnosis = d
-	s.statusMu.Unlock()
+	s.stat.Diagnosis = d
+	s.publish()
 	return d
 }
 
@@ -35,9 +34,7 @@ func (s *Supervisor) failureHint(reason string) string {
 	if reason != "framing_error" {
 		return ""
 	}
-	s.statusMu.Lock()
-	d := s.status.Diagnosis
-	s.statusMu.Unlock()
+	d := s.stat.Diagnosis
 	if d == "" {
 		return ""
 	}

@@ -99,40 +99,106 @@ func (s *Supervisor) evolutionIntent(in *instance, m *schema.EvolutionIntent) {
 		reject("the supervisor is stopping the agent")
 		return
 	}
+	if s.trialPrep {
+		reject("another evolution is being prepared; propose again after its evolution_result")
+		return
+	}
+	// The backup is pinned and the shadow's restore assembled on the store
+	// worker (a 100 MiB checkpoint takes a while); trialPrepared spawns it.
+	p := &trialPrep{intent: h, primary: in}
+	s.trialPrep = true
+	s.work.post(func() {
+		s.prepareTrial(p)
+		s.report(storeResult{trial: p})
+	})
+}
+
+// trialPrep is an evolution's backup and its shadow's scratch stores and
+// restore, prepared on the store worker (prepareTrial) and answered to the
+// owner (trialPrepared).
+type trialPrep struct {
+	intent  schema.Hypothesis
+	primary *instance // the primary that proposed it
+	t       *trial    // scratch stores open, backup pinned; nil on failure
+	plan    *restorePlan
+	reject  string // why the evolution cannot be tried ("" = ready)
+}
+
+// prepareTrial pins the newest checkpoint as the backup, opens the trial's
+// scratch stores and assembles the shadow's restore. Store worker only.
+func (s *Supervisor) prepareTrial(p *trialPrep) {
 	// The newest checkpoint by its header: the shadow's restore loads (and
-	// verifies) it once, off nothing else.
+	// verifies) it once.
 	backup, ok := s.st.newestGood()
 	if !ok {
-		reject("no checkpoint to back up: send a checkpoint first, then propose the evolution again")
+		p.reject = "no checkpoint to back up: send a checkpoint first, then propose the evolution again"
 		return
 	}
 	s.st.mu.Lock()
 	err := s.st.ckpt.Pin(backup.ID)
 	s.st.mu.Unlock()
 	if err != nil {
-		reject("cannot pin a backup checkpoint: " + err.Error())
+		p.reject = "cannot pin a backup checkpoint: " + err.Error()
 		return
 	}
-	t, err := s.startTrial(h, backup)
+	t, plan, err := s.openTrial(p.intent, backup)
 	if err != nil {
-		s.unpin(backup.ID)
-		in.log.Error("cannot start the shadow agent", "err", err)
+		s.unpinNow(backup.ID)
+		p.primary.log.Error("cannot prepare the shadow agent", "err", err)
+		p.reject = "the shadow agent could not be started: " + err.Error()
+		return
+	}
+	p.t, p.plan = t, plan
+}
+
+// trialPrepared starts the shadow of a prepared trial (owner only).
+func (s *Supervisor) trialPrepared(p *trialPrep) {
+	s.trialPrep = false
+	reject := func(reason string) {
+		if p.t != nil {
+			s.dropTrial(p.t)
+		}
+		in := p.primary
+		if in != s.cur {
+			in = nil // that primary is gone; nobody to tell
+		}
+		s.decided(in, nil, p.intent, "", evolution.Decision{Decision: evolution.DecisionRejected, Metrics: map[string]float64{}, Reason: reason})
+	}
+	switch {
+	case p.reject != "":
+		reject(p.reject)
+		return
+	case s.shutting || p.primary != s.cur || p.primary.stopping:
+		reject("the primary agent restarted or is stopping; propose the evolution again")
+		return
+	}
+	t := p.t
+	proc, err := startProcess(procSpec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RoleShadow, p.plan != nil), Stdio: s.cfg.Stdio})
+	if err != nil {
+		p.primary.log.Error("cannot start the shadow agent", "err", err)
 		reject("the shadow agent could not be started: " + err.Error())
 		return
 	}
+	t.shadow = newInstance(s.incarnation, RoleShadow, proc, s.codec, s.cfg.MaxFrameSize, shadowSinks{s: s, t: t}, s.events, s.met, s.log.With("trial", t.id))
+	if p.plan != nil {
+		s.sendRestore(t.shadow, p.plan, "shadow")
+	}
+	t.shadow.sendMsg(&schema.HotReload{Code: t.intent.NewCode, Module: t.intent.Target, BackupCheckpointID: t.backup.ID})
+	t.started = time.Now()
+	t.timer = time.NewTimer(s.cfg.ShadowDuration)
 	s.trial = t
-	s.trialPtr.Store(t)
-	in.log.Info("evolution trial started", "trial", t.id, "target", h.Target, "backup_checkpoint_id", backup.ID,
-		"shadow_pid", t.shadow.proc.pid, "duration", s.cfg.ShadowDuration)
+	s.publish()
+	p.primary.log.Info("evolution trial started", "trial", t.id, "target", t.intent.Target, "backup_checkpoint_id", t.backup.ID,
+		"shadow_pid", proc.pid, "duration", s.cfg.ShadowDuration)
 }
 
-// startTrial creates the scratch stores, spawns the shadow, restores it from
-// the backup and hot-reloads it with the new code.
-func (s *Supervisor) startTrial(h schema.Hypothesis, backup checkpoint.Meta) (t *trial, err error) {
+// openTrial creates the scratch stores of a trial and assembles the
+// shadow's restore from the backup. Store worker only.
+func (s *Supervisor) openTrial(h schema.Hypothesis, backup checkpoint.Meta) (t *trial, plan *restorePlan, err error) {
 	id := newUUID()
 	dir := filepath.Join(s.cfg.DataDir, "shadow", id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("create shadow scratch directory: %w", err)
+		return nil, nil, fmt.Errorf("create shadow scratch directory: %w", err)
 	}
 	t = &trial{id: id, intent: h, backup: backup, dir: dir, collector: evolution.NewCollector(), started: time.Now()}
 	defer func() {
@@ -143,26 +209,24 @@ func (s *Supervisor) startTrial(h schema.Hypothesis, backup checkpoint.Meta) (t 
 	// Scratch: never fsynced, small unpreallocated segments (a trial is short).
 	if t.wal, err = wal.Open(wal.Options{Dir: filepath.Join(dir, "wal"), Sync: wal.SyncNone, SegmentSize: 4 << 20,
 		NoPreallocate: true, Logger: s.log.With("component", "shadow-wal")}); err != nil {
-		return nil, fmt.Errorf("open shadow WAL: %w", err)
+		return nil, nil, fmt.Errorf("open shadow WAL: %w", err)
 	}
 	if t.store, err = checkpoint.Open(filepath.Join(dir, "checkpoints"), checkpoint.Options{Retain: 2}); err != nil {
-		return nil, fmt.Errorf("open shadow checkpoint store: %w", err)
+		return nil, nil, fmt.Errorf("open shadow checkpoint store: %w", err)
 	}
-	plan, err := s.st.buildRestore(restorePoint{checkpointID: backup.ID})
-	if err != nil {
-		return nil, fmt.Errorf("assemble the shadow's restore: %w", err)
+	if plan, err = s.st.buildRestore(restorePoint{checkpointID: backup.ID}); err != nil {
+		return nil, nil, fmt.Errorf("assemble the shadow's restore: %w", err)
 	}
-	proc, err := startProcess(procSpec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RoleShadow, plan != nil), Stdio: s.cfg.Stdio})
-	if err != nil {
-		return nil, err
-	}
-	t.shadow = newInstance(s.incarnation, RoleShadow, proc, s.codec, s.cfg.MaxFrameSize, shadowSinks{s: s, t: t}, s.events, s.met, s.log.With("trial", id))
-	if plan != nil {
-		s.sendRestore(t.shadow, plan, "shadow")
-	}
-	t.shadow.sendMsg(&schema.HotReload{Code: h.NewCode, Module: h.Target, BackupCheckpointID: backup.ID})
-	t.timer = time.NewTimer(s.cfg.ShadowDuration)
-	return t, nil
+	return t, plan, nil
+}
+
+// dropTrial unpins a trial's backup and removes its scratch stores, on the
+// store worker (owner only; it does not wait).
+func (s *Supervisor) dropTrial(t *trial) {
+	s.work.post(func() {
+		s.unpinNow(t.backup.ID)
+		t.close()
+	})
 }
 
 // close releases the scratch stores and removes the scratch directory.
@@ -173,7 +237,13 @@ func (t *trial) close() {
 	_ = os.RemoveAll(t.dir)
 }
 
+// unpin releases an evolution backup, on the store worker (owner only).
 func (s *Supervisor) unpin(id string) {
+	s.work.post(func() { s.unpinNow(id) })
+}
+
+// unpinNow releases an evolution backup. Store worker only.
+func (s *Supervisor) unpinNow(id string) {
 	s.st.mu.Lock()
 	defer s.st.mu.Unlock()
 	if err := s.st.ckpt.Unpin(id); err != nil {
@@ -197,7 +267,9 @@ func (s *Supervisor) shadowEvent(ev event) {
 	}
 	switch ev.kind {
 	case evExited:
-		st := ev.inst.finish(drainTimeout)
+		s.drain(ev.inst)
+	case evFinished:
+		st := ev.status
 		if !t.decided {
 			desc, _ := exitDescription(st)
 			t.failure = "shadow " + desc
@@ -316,8 +388,8 @@ func (s *Supervisor) endTrial() {
 		return
 	}
 	s.trial = nil
-	s.trialPtr.Store(nil)
-	t.close()
+	s.publish()
+	s.work.post(t.close)
 }
 
 // abortTrial ends a trial at once (supervisor stopping).
@@ -331,7 +403,9 @@ func (s *Supervisor) abortTrial(reason string) {
 		s.concludeTrial()
 	}
 	_ = t.shadow.proc.signalGroup(syscall.SIGKILL)
-	t.shadow.finish(drainTimeout)
+	if !t.shadow.draining { // else its drain goroutine finishes it
+		t.shadow.finish(drainTimeout)
+	}
 	s.endTrial()
 }
 

@@ -43,7 +43,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // the agent restarts), 503 once it has given up on a crash loop.
 func (s *Supervisor) handleHealthz(w http.ResponseWriter, _ *http.Request) {
 	st := s.Status()
-	if s.gaveUp.Load() {
+	if s.current().failed {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "given_up", "state": st.State})
 		return
 	}
@@ -72,7 +72,7 @@ func (s *Supervisor) handleReadyz(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Supervisor) readiness() (bool, string, Status) {
 	st := s.Status()
-	in := s.curPtr.Load()
+	in := s.current().cur
 	if in == nil {
 		switch State(st.State) {
 		case StateStarting: // before the first spawn: the listener is bound first (preflight.go)
@@ -135,7 +135,7 @@ func (s *Supervisor) acceptRequest(w http.ResponseWriter, r *http.Request) (int,
 	if d := jsonDepth(req.Context, maxContextDepth+1); d > maxContextDepth {
 		return http.StatusBadRequest, map[string]any{"error": fmt.Sprintf("context is nested more than %d levels deep; the agent protocol does not carry it", maxContextDepth)}
 	}
-	in := s.curPtr.Load()
+	in := s.current().cur
 	if ready, reason, _ := s.readiness(); !ready || in == nil {
 		return http.StatusServiceUnavailable, map[string]any{"error": "no agent is ready: " + reason}
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // maxGenericAgentGauges caps the distinct unknown metric keys an agent may
@@ -32,7 +33,7 @@ type metrics struct {
 	walGaps          prometheus.Counter
 	walErrors        *prometheus.CounterVec
 	walFsync         prometheus.Histogram
-	walLastSeq       prometheus.Gauge
+	walLastSeq       prometheus.GaugeFunc
 	checkpoints      prometheus.Counter
 	checkpointFailed prometheus.Counter
 	checkpointSize   prometheus.Gauge
@@ -60,132 +61,124 @@ type metrics struct {
 	extensionMetrics // wal_ack and request results (extension_metrics.go)
 }
 
-func newMetrics(heartbeatAge func() float64) *metrics {
+// newMetrics builds every collector on a new registry (promauto.With:
+// built is registered). heartbeatAge and walLastSeq are read at scrape time
+// from their owners.
+func newMetrics(heartbeatAge, walLastSeq func() float64) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry(), genericKeys: map[string]struct{}{}}
-	f := func(c prometheus.Collector) { m.reg.MustRegister(c) }
-	f(collectors.NewGoCollector())
-	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a := promauto.With(m.reg)
 
-	m.agentUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	m.agentUp = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_agent_up", Help: "1 while the agent process is running and has sent its first heartbeat, else 0.",
 	}, []string{"role"})
-	m.restarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.restarts = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_agent_restarts_total", Help: "Agent restarts, by the reason the previous run ended.",
 	}, []string{"reason"})
-	m.heartbeatAge = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	m.heartbeatAge = a.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "supervisor_agent_heartbeat_age_seconds", Help: "Seconds since the primary agent's last heartbeat (0 before the first).",
 	}, heartbeatAge)
-	m.frames = prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.frames = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_frames_total", Help: "Valid frames exchanged with agents, by direction (in: from the agent) and message type.",
 	}, []string{"direction", "type"})
-	m.frameBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.frameBytes = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_frame_bytes_total", Help: "Payload bytes of frames exchanged with agents, by direction.",
 	}, []string{"direction"})
-	m.invalid = prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.invalid = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_invalid_frames_total", Help: "Frames rejected, by error code (INVALID_MESSAGE for payload errors, FRAMING_ERROR for a broken stream) and rule.",
 	}, []string{"code", "rule"})
-	m.agentErrors = prometheus.NewCounter(prometheus.CounterOpts{
+	m.agentErrors = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_agent_reported_errors_total", Help: "error messages sent by the agent.",
 	})
-	m.outboundDropped = prometheus.NewCounter(prometheus.CounterOpts{
+	m.outboundDropped = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_outbound_queue_full_total", Help: "Times a message to the agent found its queue full (the agent stopped reading its input).",
 	})
-	m.walAppends = prometheus.NewCounter(prometheus.CounterOpts{
+	m.walAppends = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_wal_appends_total", Help: "WAL entries appended.",
 	})
-	m.walBytes = prometheus.NewCounter(prometheus.CounterOpts{
+	m.walBytes = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_wal_append_bytes_total", Help: "Bytes of WAL entries appended (entry payloads).",
 	})
-	m.walDuplicates = prometheus.NewCounter(prometheus.CounterOpts{
+	m.walDuplicates = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_wal_duplicates_total", Help: "WAL entries skipped because their sequence was at or below the last appended.",
 	})
-	m.walGaps = prometheus.NewCounter(prometheus.CounterOpts{
+	m.walGaps = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_wal_gaps_total", Help: "Gaps in WAL sequence numbers (allowed, logged).",
 	})
-	m.walErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.walErrors = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_wal_errors_total", Help: "WAL appends that failed, by the error code reported to the agent.",
 	}, []string{"code"})
-	m.walFsync = prometheus.NewHistogram(prometheus.HistogramOpts{
+	m.walFsync = a.NewHistogram(prometheus.HistogramOpts{
 		Name: "supervisor_wal_fsync_duration_seconds", Help: "Duration of WAL group-commit fsyncs.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 15), // 100µs .. ~1.6s
 	})
-	m.walLastSeq = prometheus.NewGauge(prometheus.GaugeOpts{
+	m.walLastSeq = a.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "supervisor_wal_last_sequence", Help: "Highest sequence appended to the WAL.",
-	})
-	m.checkpoints = prometheus.NewCounter(prometheus.CounterOpts{
+	}, walLastSeq)
+	m.checkpoints = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_checkpoints_total", Help: "Checkpoints stored and acknowledged.",
 	})
-	m.checkpointFailed = prometheus.NewCounter(prometheus.CounterOpts{
+	m.checkpointFailed = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_checkpoint_failures_total", Help: "Checkpoints that could not be stored (CHECKPOINT_FAILED sent).",
 	})
-	m.checkpointSize = prometheus.NewGauge(prometheus.GaugeOpts{
+	m.checkpointSize = a.NewGauge(prometheus.GaugeOpts{
 		Name: "supervisor_checkpoint_stored_bytes", Help: "Size on disk of the newest stored checkpoint (compressed).",
 	})
-	m.checkpointRaw = prometheus.NewGauge(prometheus.GaugeOpts{
+	m.checkpointRaw = a.NewGauge(prometheus.GaugeOpts{
 		Name: "supervisor_checkpoint_uncompressed_bytes", Help: "Uncompressed size of the newest stored checkpoint.",
 	})
-	m.checkpointDur = prometheus.NewHistogram(prometheus.HistogramOpts{
+	m.checkpointDur = a.NewHistogram(prometheus.HistogramOpts{
 		Name: "supervisor_checkpoint_duration_seconds", Help: "Time from a checkpoint frame's arrival to its acknowledgement (WAL wait, compress, fsync).",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14), // 1ms .. ~8s
 	})
-	m.checkpointSkip = prometheus.NewCounter(prometheus.CounterOpts{
+	m.checkpointSkip = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_checkpoint_corrupt_total", Help: "Checkpoints skipped at restore because they failed their checksum or could not be read.",
 	})
-	m.fallbacks = prometheus.NewCounter(prometheus.CounterOpts{
+	m.fallbacks = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_crash_loop_fallbacks_total", Help: "Crash loops answered by restoring from an older checkpoint with its whole WAL tail (--fallback-on-crash-loop).",
 	})
-	m.restoreRefused = prometheus.NewCounter(prometheus.CounterOpts{
+	m.restoreRefused = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_restore_refused_total", Help: "Agent starts refused because no complete restore (a checkpoint plus every WAL entry after it) could be built.",
 	})
-	m.restores = prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.restores = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_restores_total", Help: "restore messages sent, by trigger (start, operator).",
 	}, []string{"trigger"})
-	m.restoreEntries = prometheus.NewCounter(prometheus.CounterOpts{
+	m.restoreEntries = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_restore_wal_entries_total", Help: "WAL entries replayed in restore messages.",
 	})
-	m.evolutions = prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.evolutions = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_evolutions_total", Help: "Evolution decisions, by decision.",
 	}, []string{"decision"})
-	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.requests = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_http_requests_total", Help: "POST /v1/requests calls, by HTTP status code.",
 	}, []string{"code"})
 
 	role := []string{"role"}
-	m.agentLatency = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	m.agentLatency = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_agent_reported_latency_seconds", Help: "Latency the agent reported (avg, p50, p95, p99), converted from milliseconds.",
 	}, []string{"role", "stat"})
-	m.agentErrRate = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	m.agentErrRate = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_agent_reported_error_ratio", Help: "Error rate the agent reported (0..1).",
 	}, role)
-	m.agentMemory = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	m.agentMemory = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_agent_reported_memory_bytes", Help: "Memory usage the agent reported.",
 	}, role)
-	m.agentThruput = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	m.agentThruput = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_agent_reported_throughput_per_second", Help: "Throughput the agent reported.",
 	}, role)
-	m.agentTools = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	m.agentTools = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_agent_reported_active_tools", Help: "Active tools the agent reported.",
 	}, role)
-	m.agentBlocks = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	m.agentBlocks = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_agent_reported_memory_blocks", Help: "Memory blocks the agent reported.",
 	}, role)
-	m.agentGeneric = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	m.agentGeneric = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_agent_reported_value", Help: "Other numeric values the agent reported in metrics, by key (at most 64 distinct keys).",
 	}, []string{"role", "key"})
-	m.genericDenied = prometheus.NewCounter(prometheus.CounterOpts{
+	m.genericDenied = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_agent_reported_keys_dropped_total", Help: "Agent metric values dropped because the distinct-key cap was reached.",
 	})
 
-	for _, c := range []prometheus.Collector{
-		m.agentUp, m.restarts, m.heartbeatAge, m.frames, m.frameBytes, m.invalid, m.agentErrors,
-		m.outboundDropped, m.walAppends, m.walBytes, m.walDuplicates, m.walGaps, m.walErrors,
-		m.walFsync, m.walLastSeq, m.checkpoints, m.checkpointFailed, m.checkpointSize,
-		m.checkpointRaw, m.checkpointDur, m.checkpointSkip, m.fallbacks, m.restoreRefused, m.restores,
-		m.restoreEntries, m.evolutions, m.requests, m.agentLatency, m.agentErrRate, m.agentMemory,
-		m.agentThruput, m.agentTools, m.agentBlocks, m.agentGeneric, m.genericDenied,
-	} {
-		f(c)
-	}
 	for _, r := range []string{"primary", "shadow"} {
 		m.agentUp.WithLabelValues(r).Set(0)
 	}
@@ -197,7 +190,7 @@ func newMetrics(heartbeatAge func() float64) *metrics {
 	for _, code := range []string{"WAL_FULL", "WAL_FAILED", "SEQUENCE_CONFLICT"} {
 		m.walErrors.WithLabelValues(code)
 	}
-	f(newBuildInfoGauge(Build()))
+	m.reg.MustRegister(newBuildInfoGauge(Build()))
 	m.extensionMetrics = newExtensionMetrics(m.reg)
 	return m
 }

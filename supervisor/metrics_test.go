@@ -11,7 +11,7 @@ import (
 // (names, units, _total counters, help texts) with client_golang's linter,
 // the same rules promtool applies.
 func TestMetricsFollowConventions(t *testing.T) {
-	m := newMetrics(func() float64 { return 0 })
+	m := newMetrics(func() float64 { return 0 }, func() float64 { return 0 })
 	m.agentReport("primary", map[string]float64{"avg_latency": 12, "p99_latency": 50, "error_rate": 0.01, "memory_usage": 8e7, "custom": 3})
 	m.restarts.WithLabelValues("crashed").Inc()
 	m.invalid.WithLabelValues("INVALID_MESSAGE", "field_type").Inc()
@@ -28,7 +28,7 @@ func TestMetricsFollowConventions(t *testing.T) {
 }
 
 func TestAgentReportConvertsToBaseUnitsAndCapsKeys(t *testing.T) {
-	m := newMetrics(func() float64 { return 0 })
+	m := newMetrics(func() float64 { return 0 }, func() float64 { return 0 })
 	m.agentReport("primary", map[string]float64{"avg_latency": 250, "memory_usage": 1024})
 	if v := testutil.ToFloat64(m.agentLatency.WithLabelValues("primary", "avg")); v != 0.25 {
 		t.Fatalf("avg latency %v s, want 0.25 (250 ms)", v)

@@ -299,7 +299,7 @@ func (p primarySinks) requestResult(in *instance, m *schema.RequestResult) {
 		return
 	}
 	s.met.requestLatency.WithLabelValues(outcome).Observe(took.Seconds())
-	if t := s.trialPtr.Load(); t != nil && trial != "" && trial == t.id {
+	if t := s.current().trial; t != nil && trial != "" && trial == t.id {
 		t.collector.AddResult(evolution.Primary, outcome == outcomeFailed, took)
 	}
 }
@@ -455,7 +455,7 @@ func parseWait(r *http.Request) (time.Duration, error) {
 // and, with wait > 0, waits for the answer: 200 with the result when it
 // comes in time, else 202 {request_id}.
 func (s *Supervisor) forwardRequest(w http.ResponseWriter, r *http.Request, in *instance, id string, frame []byte, wait time.Duration) (int, map[string]any) {
-	t := s.trialPtr.Load()
+	t := s.current().trial
 	trial := ""
 	if t != nil && t.shadow != nil {
 		trial = t.id

@@ -24,7 +24,7 @@ func (c *fakeClock) now() time.Time          { return c.t }
 func (c *fakeClock) advance(d time.Duration) { c.t = c.t.Add(d) }
 func newTestTable(retention time.Duration) (*requestTable, *fakeClock) {
 	clk := &fakeClock{t: time.Unix(1705392000, 0)}
-	tb := newRequestTable(retention, newMetrics(func() float64 { return 0 }))
+	tb := newRequestTable(retention, newMetrics(func() float64 { return 0 }, func() float64 { return 0 }))
 	tb.now = clk.now
 	return tb, clk
 }

@@ -58,7 +58,7 @@ func waitUp(tb testing.TB, s *Supervisor, prev *instance) *instance {
 	tb.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		if in := s.curPtr.Load(); in != nil && in != prev && in.firstHBAt.Load() != 0 {
+		if in := s.current().cur; in != nil && in != prev && in.firstHBAt.Load() != 0 {
 			return in
 		}
 		time.Sleep(200 * time.Microsecond)
@@ -76,7 +76,7 @@ func BenchmarkRestartLatency(b *testing.B) {
 	s := runRefAgentSupervisor(b, "--heartbeat-interval", "20ms", "--wal-rate", "2000", "--wal-max", "500", "--checkpoint-every", "200")
 	time.Sleep(500 * time.Millisecond) // state to restore: 2 checkpoints + WAL tail
 	var detect, restore, heartbeat time.Duration
-	in := s.curPtr.Load()
+	in := s.current().cur
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		t0 := time.Now()

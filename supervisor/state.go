@@ -42,17 +42,16 @@ func (p primarySinks) checkpoint(in *instance, cp *schema.Checkpoint, arrived ti
 	// the reader is inside a sink (instance.sinkBegin/sinkEnd), so it does not count
 	// against the agent's heartbeat.
 	size := int64(len(cp.Data) + len(cp.Zstd))
-	if _, ok := s.ckptGate.acquire(size, in.abandoned); !ok {
+	if _, ok := s.work.gate.acquire(size, in.abandoned); !ok {
 		return // the instance is being finished; this checkpoint is not acknowledged
 	}
 	s.bmet.ckptQueueBytes.Add(float64(size))
-	s.ckptWG.Add(1)
-	s.ckptJobs <- ckptJob{inst: in, data: cp.Data, zstd: cp.Zstd, size: size, watermark: wm, tailAt: at, arrived: arrived}
+	s.work.ckpts <- ckptJob{inst: in, data: cp.Data, zstd: cp.Zstd, size: size, watermark: wm, tailAt: at, arrived: arrived}
 }
 
 func (p primarySinks) agentMetrics(in *instance, m *schema.Metrics) {
 	p.s.met.agentReport(in.role, m.Data)
-	if t := p.s.trialPtr.Load(); t != nil {
+	if t := p.s.current().trial; t != nil {
 		t.collector.Add(evolution.Primary, m.Data, time.Now())
 	}
 }
@@ -143,7 +142,6 @@ func (s *Supervisor) appendWAL(in *instance, l *wal.Log, appendFn func([]wal.Ent
 		s.met.walBytes.Add(float64(size))
 		s.met.walDuplicates.Add(float64(res.Duplicates))
 		s.met.walGaps.Add(float64(len(res.Gaps)))
-		s.met.walLastSeq.Set(float64(res.Last))
 	}
 	for _, g := range res.Gaps {
 		if ok, _ := s.limiter.allow(time.Now()); ok {
@@ -155,19 +153,13 @@ func (s *Supervisor) appendWAL(in *instance, l *wal.Log, appendFn func([]wal.Ent
 	}
 }
 
-// checkpointWorker stores checkpoints one at a time, in arrival order, until
-// ckptJobs is closed.
-func (s *Supervisor) checkpointWorker() {
-	for job := range s.ckptJobs {
-		s.storeCheckpoint(job)
-		job.data, job.zstd = nil, nil
-		s.ckptGate.release(job.size)
-		s.bmet.ckptQueueBytes.Sub(float64(job.size))
-		s.ckptWG.Done()
-	}
-}
-
+// storeCheckpoint stores one queued checkpoint and acknowledges it. Store
+// worker only (storework.go), in arrival order.
 func (s *Supervisor) storeCheckpoint(job ckptJob) {
+	defer func() {
+		s.work.gate.release(job.size)
+		s.bmet.ckptQueueBytes.Sub(float64(job.size))
+	}()
 	in := job.inst
 	fail := func(stage string, err error) {
 		s.met.checkpointFailed.Inc()
@@ -193,7 +185,6 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 		fail("save", err)
 		return
 	}
-	s.newestCkp.Store(meta.ID)
 	in.sendMsg(&schema.CheckpointAck{CheckpointID: meta.ID, Size: meta.StoredSize})
 	took := time.Since(job.arrived)
 	s.met.checkpoints.Inc()
@@ -232,10 +223,6 @@ func (s *Supervisor) rewindWAL(cp checkpoint.Meta) error {
 	if err != nil {
 		return err
 	}
-	if len(abandoned) > 0 {
-		s.newestCkp.Store(cp.ID)
-	}
-	s.met.walLastSeq.Set(float64(s.st.wal.LastSequence()))
 	s.log.Warn("history after the checkpoint set aside for a --no-wal restore", "checkpoint_id", cp.ID,
 		"wal_entries_removed", removed, "removed_sequences", fmt.Sprintf("%d..%d", cp.Watermark+1, last), "checkpoints_marked_bad", abandoned)
 	_ = s.audit.Record(AuditRollback, map[string]any{"checkpoint_id": cp.ID, "watermark": cp.Watermark, "wal_entries_removed": removed,

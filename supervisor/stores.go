@@ -170,6 +170,14 @@ func openStores(dir string, cfg Config, codec *schema.Codec, log *slog.Logger, o
 
 func (st *stores) close() error { return st.wal.Close() }
 
+// newestID is the id of the newest good checkpoint ("" = none).
+func (st *stores) newestID() string {
+	if m := st.newest.Load(); m != nil {
+		return m.ID
+	}
+	return ""
+}
+
 // newestGood is the newest checkpoint not marked bad whose header reads,
 // by the store's order (its body is verified when a restore loads it).
 func (st *stores) newestGood() (checkpoint.Meta, bool) {

@@ -72,6 +72,8 @@ type Supervisor struct {
 
 	// Owner-only state (the Run goroutine).
 	state        State
+	stat         Status // the owner's fields of the status, published by publish
+	failed       bool   // gave up: /healthz fails
 	cur          *instance
 	incarnation  int
 	bo           backoff
@@ -81,26 +83,26 @@ type Supervisor struct {
 	pendingReply chan ControlResponse // operator restore waiting for the agent's restart
 	shutting     bool
 	startedOnce  bool
+	// preparing: a start whose restore the store worker is assembling
+	// (storeResult.start answers it); nil: none.
+	preparing *startPrep
 	// fallbackFrom: with --fallback-on-crash-loop, restores come from the
 	// newest checkpoint older than this one ("" = the newest).
 	fallbackFrom string
 	lastRestored string // checkpoint id of the newest restore sent to a primary
 	trial        *trial
+	trialPrep    bool // an evolution's backup is being prepared (storeResult.trial)
 
-	// Published for other goroutines (HTTP, control socket).
-	curPtr    atomic.Pointer[instance]
-	trialPtr  atomic.Pointer[trial]
-	statusMu  sync.Mutex
-	status    Status
-	gaveUp    atomic.Bool
-	auditPtr  atomic.Pointer[auditLog] // for ReopenAudit from a signal handler
-	loopBeat  atomic.Int64             // unix nanos of the owner loop's last turn; 0 before Run
-	newestCkp atomic.Value             // string
+	// pub is the owner's last published view (view.go): the only way other
+	// goroutines see owner state.
+	pub      atomic.Pointer[view]
+	auditPtr atomic.Pointer[auditLog] // for ReopenAudit from a signal handler
+	loopBeat atomic.Int64             // unix nanos of the owner loop's last turn; 0 before Run
 
-	// Checkpoint storing runs on its own goroutine, in arrival order.
-	ckptJobs chan ckptJob
-	ckptGate *byteGate
-	ckptWG   sync.WaitGroup
+	// work runs checkpoint saves and the owner's slow storage jobs on one
+	// goroutine (storework.go); they report back on stored.
+	work   *storeWorker
+	stored chan storeResult
 	// loopDone is closed when the owner loop has returned: goroutines
 	// reporting to it stop waiting.
 	loopDone chan struct{}
@@ -148,14 +150,13 @@ func New(cfg Config) (*Supervisor, error) {
 			initial: cfg.BackoffInitial, max: cfg.BackoffMax,
 			maxRestarts: cfg.MaxRestarts, window: cfg.RestartWindow,
 		},
-		ckptJobs: make(chan ckptJob, 16),
+		work:     newStoreWorker(ckptQueueBytes),
+		stored:   make(chan storeResult, 4),
 		loopDone: make(chan struct{}),
-		ckptGate: newByteGate(ckptQueueBytes),
 		limiter:  newRateLimiter(20, 10*time.Second),
 	}
-	s.newestCkp.Store("")
 	s.setState(StateStarting) // the first start is scheduled at once
-	s.met = newMetrics(s.heartbeatAgeSeconds)
+	s.met = newMetrics(s.heartbeatAgeSeconds, s.walLastSequence)
 	s.requests = newRequestTable(cfg.RequestRetention, s.met)
 	tok, err := loadToken(cfg.HTTPTokenFile)
 	if err != nil {
@@ -200,8 +201,8 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 	go func() { defer bgWG.Done(); runReaper(bg, s.log) }()
 
 	bgWG.Add(1)
-	go func() { defer bgWG.Done(); s.checkpointWorker() }()
-	defer close(s.ckptJobs) // runs before stopBG/bgWG.Wait above: the worker drains and exits
+	go func() { defer bgWG.Done(); s.work.run(s.storeCheckpoint) }()
+	defer s.work.stop() // runs before stopBG/bgWG.Wait above: the worker finishes its queue and exits
 
 	if ln := httpLn; ln != nil {
 		srv := s.newHTTPServer()
@@ -278,7 +279,6 @@ func (s *Supervisor) open() error {
 			"err", rec.Corruption, "last_good_sequence", w.LastSequence())
 		_ = s.audit.Record(AuditWALError, map[string]any{"error": rec.Corruption.Error(), "last_good_sequence": w.LastSequence()})
 	}
-	s.met.walLastSeq.Set(float64(w.LastSequence()))
 	if s.cfg.MaxFrameSize < s.codec.Limits().Restore {
 		s.codec = schema.NewCodec(schema.Options{ExtraWALOperations: s.cfg.WALOperations,
 			Limits: schema.Limits{Restore: s.cfg.MaxFrameSize}})
@@ -294,14 +294,6 @@ func (s *Supervisor) open() error {
 	} else if ok {
 		s.pendingPoint = &restorePoint{checkpointID: id, noWAL: noWAL}
 		s.log.Info("restore point recorded by an operator will be used", "checkpoint_id", id, "no_wal", noWAL)
-	}
-	if metas, err := st.ckpt.List(); err == nil {
-		for _, m := range metas {
-			if !m.Bad {
-				s.newestCkp.Store(m.ID)
-				break
-			}
-		}
 	}
 	return nil
 }
@@ -413,25 +405,14 @@ func (s *Supervisor) loop(ctx context.Context) error {
 			}
 
 		case <-startTimer.C:
-			if s.shutting {
-				continue
+			if !s.shutting {
+				s.prepareStart()
 			}
-			if err := s.startPrimary(); err != nil {
-				s.answerPending("the agent could not be restarted to deliver the restore: " + err.Error())
-				if errors.Is(err, ErrConfig) {
-					return err
-				}
-				if errors.Is(err, ErrUnrestorable) {
-					s.refuseStart(err)
-					return err
-				}
-				s.log.Error("cannot start the agent", "err", err)
-				if stop, rerr := s.scheduleRestart("spawn_failed", true, startTimer); stop {
-					return rerr
-				}
-				continue
+
+		case r := <-s.stored:
+			if stop, err := s.storeDone(r, startTimer, hbTimer); stop {
+				return err
 			}
-			s.armHeartbeat(hbTimer)
 
 		case <-hbTimer.C:
 			s.checkHeartbeat(hbTimer)
@@ -479,7 +460,7 @@ func (s *Supervisor) loop(ctx context.Context) error {
 			}
 
 		case call := <-s.control:
-			if resp := s.handleControl(call.req, call.reply); resp.OK || resp.Error != "" {
+			if resp := s.handleControl(call); resp.OK || resp.Error != "" {
 				call.reply <- resp
 			}
 		}
@@ -488,53 +469,144 @@ func (s *Supervisor) loop(ctx context.Context) error {
 
 func (s *Supervisor) setState(st State) {
 	s.state = st
-	s.statusMu.Lock()
-	s.status.State = string(st)
-	s.statusMu.Unlock()
+	s.stat.State = string(st)
+	s.publish()
 }
 
-// startPrimary assembles the restore (if there is state), spawns the agent and
-// queues the restore as its first frame.
-func (s *Supervisor) startPrimary() error {
-	// Checkpoints the previous incarnation sent are stored first (its reader
-	// is drained, so no more can come): the restore must see them, and a
-	// rollback must not be overtaken by one of them landing afterwards.
-	s.waitCheckpoints(walDurableTimeout + 5*time.Second)
-	if s.fallbackFrom != "" {
-		if m, ok := s.st.newestGood(); !ok || m.ID != s.fallbackFrom {
-			s.fallbackFrom = "" // a newer checkpoint was stored since the fallback
+// storeDone takes a store worker's answer to an owner job. stop=true ends
+// Run with err.
+func (s *Supervisor) storeDone(r storeResult, startTimer, hbTimer *time.Timer) (stop bool, err error) {
+	switch {
+	case r.trial != nil:
+		s.trialPrepared(r.trial)
+	case r.start != nil:
+		err := s.startPrepared(r.start)
+		if err == nil {
+			s.armHeartbeat(hbTimer)
+			return false, nil
+		}
+		s.answerPending("the agent could not be restarted to deliver the restore: " + err.Error())
+		if errors.Is(err, ErrConfig) {
+			return true, err
+		}
+		if errors.Is(err, ErrUnrestorable) {
+			s.refuseStart(err)
+			return true, err
+		}
+		s.log.Error("cannot start the agent", "err", err)
+		return s.scheduleRestart("spawn_failed", true, startTimer)
+	}
+	return false, nil
+}
+
+// storeResult is a store worker's answer to an owner job (one field set).
+type storeResult struct {
+	start *startPrep // prepareStart
+	trial *trialPrep // evolutionIntent
+}
+
+// startPrep is one start's restore, assembled on the store worker
+// (assembleStart) and answered to the owner (startPrepared).
+type startPrep struct {
+	point        *restorePoint // the operator's restore point; nil: the newest checkpoint
+	fallbackFrom string        // the owner's fallbackFrom; cleared when a newer checkpoint was stored
+
+	plan      *restorePlan // nil: no state yet (a fresh start)
+	usedPoint bool         // point was used (false: it could not be, the newest was)
+	err       error        // no restore can be built: the agent is not started
+}
+
+// prepareStart asks the store worker to assemble the next start's restore.
+// It runs after every checkpoint queued before it, so it sees all that the
+// previous incarnation sent; the owner goes on meanwhile, and spawns the
+// agent when the answer comes (startPrepared).
+func (s *Supervisor) prepareStart() {
+	if s.preparing != nil {
+		return
+	}
+	p := &startPrep{point: s.pendingPoint, fallbackFrom: s.fallbackFrom}
+	s.preparing = p
+	s.work.post(func() {
+		s.assembleStart(p)
+		s.report(storeResult{start: p})
+	})
+}
+
+// report hands a store worker's result to the owner, unless the owner has
+// returned.
+func (s *Supervisor) report(r storeResult) {
+	select {
+	case s.stored <- r:
+	case <-s.loopDone:
+		if t := r.trial; t != nil && t.t != nil { // nobody will start it: release what it holds
+			s.unpinNow(t.t.backup.ID)
+			t.t.close()
 		}
 	}
-	point := s.pendingPoint
-	var (
-		plan *restorePlan
-		err  error
-	)
-	if point != nil {
-		if plan, err = s.st.buildRestore(*point); err != nil {
+}
+
+// assembleStart builds a start's restore. Store worker only.
+func (s *Supervisor) assembleStart(p *startPrep) {
+	if p.fallbackFrom != "" {
+		if m, ok := s.st.newestGood(); !ok || m.ID != p.fallbackFrom {
+			p.fallbackFrom = "" // a newer checkpoint was stored since the fallback
+		}
+	}
+	if pt := p.point; pt != nil {
+		plan, err := s.st.buildRestore(*pt)
+		if err != nil {
 			s.log.Error("the recorded restore point cannot be used; restoring from the newest checkpoint instead",
-				"checkpoint_id", point.checkpointID, "err", err)
-			point = nil
+				"checkpoint_id", pt.checkpointID, "err", err)
+		} else {
+			p.plan, p.usedPoint = plan, true
 		}
 	}
-	if point == nil {
-		if plan, err = s.st.buildRestore(restorePoint{olderThan: s.fallbackFrom}); err != nil {
-			return fmt.Errorf("assemble restore: %w", err)
+	if !p.usedPoint {
+		plan, err := s.st.buildRestore(restorePoint{olderThan: p.fallbackFrom})
+		if err != nil {
+			p.err = fmt.Errorf("assemble restore: %w", err)
+			return
 		}
+		p.plan = plan
 	}
-	if plan != nil {
-		s.reportSkipped(plan.skipped)
+	if p.plan != nil {
+		s.reportSkipped(p.plan.skipped)
 	}
-	if point != nil && point.noWAL && plan != nil {
-		meta, err := s.st.ckpt.Stat(point.checkpointID)
+	if p.usedPoint && p.point.noWAL && p.plan != nil {
+		meta, err := s.st.ckpt.Stat(p.point.checkpointID)
 		if err == nil {
 			err = s.rewindWAL(meta)
 		}
 		if err != nil {
-			return fmt.Errorf("roll back to checkpoint %s for a --no-wal restore: %w", point.checkpointID, err)
+			p.err = fmt.Errorf("roll back to checkpoint %s for a --no-wal restore: %w", p.point.checkpointID, err)
 		}
 	}
+}
+
+// startPrepared spawns the agent with the restore the store worker
+// assembled, and queues the restore as its first frame.
+func (s *Supervisor) startPrepared(p *startPrep) error {
+	if p != s.preparing || s.shutting {
+		return nil
+	}
+	s.preparing = nil
+	if s.pendingPoint != p.point {
+		// An operator recorded another restore point while this one was
+		// assembled: that one is what the agent must start from.
+		s.prepareStart()
+		return nil
+	}
 	s.pendingPoint = nil
+	s.fallbackFrom = p.fallbackFrom
+	if p.err != nil {
+		s.publish()
+		return p.err
+	}
+	plan := p.plan
+	var point *restorePoint
+	if p.usedPoint {
+		point = p.point
+	}
 	proc, err := startProcess(procSpec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RolePrimary, plan != nil), Stdio: s.cfg.Stdio})
 	if err != nil {
 		if !s.startedOnce && (errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission)) {
@@ -546,13 +618,10 @@ func (s *Supervisor) startPrimary() error {
 	s.incarnation++
 	inst := newInstance(s.incarnation, RolePrimary, proc, s.codec, s.cfg.MaxFrameSize, primarySinks{s}, s.events, s.met, s.log)
 	s.cur = inst
-	s.curPtr.Store(inst)
+	s.stat.PID = proc.pid
+	s.stat.Incarnation = s.incarnation
+	s.stat.AgentStartedAt = inst.started
 	s.setState(StateStarting)
-	s.statusMu.Lock()
-	s.status.PID = proc.pid
-	s.status.Incarnation = s.incarnation
-	s.status.AgentStartedAt = inst.started
-	s.statusMu.Unlock()
 	s.log.Info("agent started", "pid", proc.pid, "incarnation", s.incarnation, "command", s.cfg.Command, "restore", plan != nil)
 	created := time.Time{}
 	trigger := "start"
@@ -709,12 +778,20 @@ func (s *Supervisor) streamEnded(ev event) {
 // pipe an escaped descendant holds open is cut), then it is reaped, and
 // evFinished reports to the owner. The owner goes on meanwhile.
 func (s *Supervisor) drainInstance(in *instance) {
+	if in.role == RolePrimary && !in.draining {
+		s.setState(StateStopping)
+		s.met.agentUp.WithLabelValues(RolePrimary).Set(0)
+	}
+	s.drain(in)
+}
+
+// drain finishes an exited instance on its own goroutine; evFinished
+// reports it (owner only).
+func (s *Supervisor) drain(in *instance) {
 	if in.draining {
 		return
 	}
 	in.draining = true
-	s.setState(StateStopping)
-	s.met.agentUp.WithLabelValues(RolePrimary).Set(0)
 	go func() {
 		st := in.finish(drainTimeout)
 		select {
@@ -729,7 +806,9 @@ func (s *Supervisor) drainInstance(in *instance) {
 func (s *Supervisor) instanceExited(in *instance, st *os.ProcessState, startTimer *time.Timer) (stop bool, err error) {
 	now := time.Now()
 	s.cur = nil
-	s.curPtr.Store(nil)
+	s.stat.PID = 0
+	s.stat.AgentStartedAt = time.Time{}
+	s.publish()
 	s.met.agentUp.WithLabelValues(RolePrimary).Set(0)
 	desc, failed := exitDescription(st)
 	reason := in.stopReason
@@ -753,8 +832,9 @@ func (s *Supervisor) instanceExited(in *instance, st *os.ProcessState, startTime
 	s.log.Info("agent stopped", "pid", in.proc.pid, "status", desc, "reason", reason, "uptime", uptime.Round(time.Millisecond))
 
 	if s.shutting {
+		// Checkpoints still queued are stored before Run returns (the store
+		// worker finishes its queue).
 		s.setState(StateStopped)
-		s.waitCheckpoints(s.cfg.ShutdownTimeout)
 		return true, nil
 	}
 
@@ -769,9 +849,11 @@ func (s *Supervisor) instanceExited(in *instance, st *os.ProcessState, startTime
 
 	switch s.cfg.Restart {
 	case RestartNever:
+		if failed {
+			s.failed = true
+		}
 		s.setState(StateStopped)
 		if failed {
-			s.gaveUp.Store(true)
 			msg := fmt.Sprintf("agent %s (%s) and --restart is never, so it is not restarted.%s", desc, reason, s.failureHint(reason))
 			s.log.Error(msg)
 			_ = s.audit.Record(AuditGaveUp, map[string]any{"reason": reason, "status": desc, "policy": "never"})
@@ -796,8 +878,8 @@ func (s *Supervisor) scheduleRestart(reason string, failed bool, startTimer *tim
 		delay, giveUp = s.bo.next(now)
 	}
 	if giveUp {
+		s.failed = true
 		s.setState(StateGivenUp)
-		s.gaveUp.Store(true)
 		msg := fmt.Sprintf("agent restarted more than --max-restarts=%d times within --restart-window=%s (last run ended: %s); giving up.%s "+
 			"The agent's state is intact: nothing was marked bad or discarded, and the next start restores the same checkpoint and every WAL entry after it. "+
 			"Check the agent's own output in this log (lines with stream=stderr) and `supervisor audit --data-dir %s` for each exit; "+
@@ -810,11 +892,8 @@ func (s *Supervisor) scheduleRestart(reason string, failed bool, startTimer *tim
 	s.restarts++
 	s.lastReason = reason
 	s.met.restarts.WithLabelValues(reason).Inc()
-	s.statusMu.Lock()
-	s.status.Restarts = s.restarts
-	s.status.LastRestartReason = reason
-	s.status.PID = 0
-	s.statusMu.Unlock()
+	s.stat.Restarts = s.restarts
+	s.stat.LastRestartReason = reason
 	s.setState(StateBackingOff)
 	s.log.Info("restarting the agent", "reason", reason, "delay", delay.Round(time.Millisecond), "restarts", s.restarts)
 	_ = s.audit.Record(AuditRestart, map[string]any{"reason": reason, "failed": failed, "delay_seconds": delay.Seconds(), "restarts": s.restarts})
@@ -851,27 +930,25 @@ func (s *Supervisor) fallBack(reason string) bool {
 // refuseStart reports that no complete restore can be built: the agent is
 // not started and Run ends with err (exit code 3).
 func (s *Supervisor) refuseStart(err error) {
+	s.failed = true
 	s.setState(StateGivenUp)
-	s.gaveUp.Store(true)
 	s.met.restoreRefused.Inc()
 	s.log.Error("refusing to start the agent: its state cannot be restored completely", "err", err)
 	_ = s.audit.Record(AuditRestoreRefused, map[string]any{"error": err.Error(), "wal_floor": s.st.wal.Floor(),
 		"wal_last_sequence": s.st.wal.LastSequence()})
 }
 
-// waitCheckpoints waits for queued checkpoint saves (bounded).
-func (s *Supervisor) waitCheckpoints(limit time.Duration) {
-	done := make(chan struct{})
-	go func() { s.ckptWG.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(limit):
-		s.log.Warn("checkpoint still being stored at exit; it will not be acknowledged", "waited", limit)
+// walLastSequence is the WAL's last sequence for the metric (0 before the
+// stores are open; they are before the HTTP server serves).
+func (s *Supervisor) walLastSequence() float64 {
+	if s.st == nil {
+		return 0
 	}
+	return float64(s.st.wal.LastSequence())
 }
 
 func (s *Supervisor) heartbeatAgeSeconds() float64 {
-	in := s.curPtr.Load()
+	in := s.current().cur
 	if in == nil {
 		return 0
 	}

@@ -1,0 +1,57 @@
+package supervisor
+
+import (
+	"os"
+	"time"
+)
+
+// view is what the owner goroutine publishes after every transition: one
+// immutable value that other goroutines (HTTP handlers, the control socket,
+// metrics, frame readers) read through Supervisor.pub without a lock. The
+// owner never changes a published view; it publishes a new one.
+type view struct {
+	status Status    // the owner's fields of the status
+	cur    *instance // the primary instance, nil between incarnations
+	trial  *trial    // the evolution trial under way, nil: none
+	// failed: the supervisor has given up (crash loop, a failure with
+	// --restart never, or a state it cannot restore); /healthz fails.
+	failed bool
+}
+
+// publish makes the owner's current state visible to other goroutines.
+// Owner only.
+func (s *Supervisor) publish() {
+	v := &view{status: s.stat, cur: s.cur, trial: s.trial, failed: s.failed}
+	if p := s.pendingPoint; p != nil {
+		v.status.PendingRestore = &PendingRestore{CheckpointID: p.checkpointID, NoWAL: p.noWAL}
+	}
+	s.pub.Store(v)
+}
+
+// current is the last published view.
+func (s *Supervisor) current() *view { return s.pub.Load() }
+
+// Status returns the supervisor's current status: the owner's last
+// published view, plus what the instance and the WAL know now (the
+// heartbeat's time, the log's sequences: each written by its own owner).
+// Safe from any goroutine.
+func (s *Supervisor) Status() Status {
+	v := s.current()
+	st := v.status
+	st.Running = true
+	st.SupervisorPID = os.Getpid()
+	b := Build()
+	st.Version, st.Revision = b.Version, b.Revision
+	if in := v.cur; in != nil {
+		st.UptimeSeconds = time.Since(in.started).Seconds()
+		if last := in.lastHeartbeat.Load(); last != 0 {
+			st.LastHeartbeat = time.Unix(0, last).UTC()
+		}
+	}
+	if s.st != nil {
+		st.NewestCheckpoint = s.st.newestID()
+		st.LastWALSequence = s.st.wal.LastSequence()
+		st.DurableWALSequence = s.st.wal.DurableSequence()
+	}
+	return st
+}
