@@ -46,14 +46,42 @@ type AuditRecord struct {
 	Fields map[string]any `json:"fields,omitempty"`
 }
 
-// auditLog appends one JSON object per decision. Each record is written with a
-// single write on an O_APPEND file and fsynced, so a crash can at worst leave a
-// torn last line, which readers skip; earlier lines are never touched.
+// auditLog appends one JSON object per decision, in the order recorded.
+// Record never waits on the disk: it encodes the record and queues it, and
+// the log's own writer goroutine appends what is queued with one write and
+// one fsync (a crash can at worst leave a torn last line, which readers
+// skip; earlier lines are never touched). While the disk is stuck the queue
+// is bounded (auditQueueRecords, auditQueueBytes): a record that does not
+// fit is dropped and counted, and an "audit_records_dropped" record says how
+// many were lost once writing resumes.
 type auditLog struct {
-	mu   sync.Mutex
+	mu   sync.Mutex // guards f (Reopen swaps it)
 	f    *os.File
 	path string
+
+	qmu      sync.Mutex
+	queue    [][]byte
+	qbytes   int
+	queued   uint64 // records accepted so far
+	written  uint64 // records the writer has written (or failed to)
+	dropped  int    // since the last drop note
+	closed   bool
+	progress *sync.Cond // on qmu: written advanced, or closed
+	wake     chan struct{}
+	done     chan struct{} // the writer has exited
+	onDrop   func()        // counts a dropped record (metrics); may be nil
+	onError  func(error)   // reports a failed write (logs); may be nil
 }
+
+// Bounds of the audit queue while the disk does not keep up.
+const (
+	auditQueueRecords = 4096
+	auditQueueBytes   = 4 << 20
+)
+
+// AuditDropped is the kind of the record that counts records lost while the
+// audit queue was full.
+const AuditDropped = "audit_records_dropped"
 
 // Audit records are bounded: string values the agent can influence (error
 // texts, keys, reasons) are cut at maxAuditValue bytes, and a record still
@@ -63,12 +91,18 @@ const (
 	maxAuditRecord = 16 << 10
 )
 
-func openAudit(path string) (*auditLog, error) {
+// openAudit opens the audit log and starts its writer; Close stops it.
+// onDrop counts a record dropped while the queue was full, onError reports
+// a failed write; either may be nil.
+func openAudit(path string, onDrop func(), onError func(error)) (*auditLog, error) {
 	f, err := openAuditFile(path)
 	if err != nil {
 		return nil, err
 	}
-	return &auditLog{f: f, path: path}, nil
+	a := &auditLog{f: f, path: path, wake: make(chan struct{}, 1), done: make(chan struct{}), onDrop: onDrop, onError: onError}
+	a.progress = sync.NewCond(&a.qmu)
+	go a.writer()
+	return a, nil
 }
 
 // openAuditFile opens (creating) the audit log for appending, without
@@ -155,25 +189,98 @@ func boundFields(v any) any {
 	return v
 }
 
-// Record appends a record. Errors are returned for the caller to log; an
-// audit failure never stops supervision.
+// Record queues a record for appending and returns at once. An error means
+// it could not be encoded, or the log is closed; an audit failure never
+// stops supervision.
 func (a *auditLog) Record(kind string, fields map[string]any) error {
 	if a == nil {
 		return nil
 	}
+	b, err := encodeAudit(kind, fields)
+	if err != nil {
+		return err
+	}
+	a.qmu.Lock()
+	defer a.qmu.Unlock()
+	if a.closed {
+		return errors.New("audit log closed")
+	}
+	if len(a.queue) >= auditQueueRecords || a.qbytes+len(b) > auditQueueBytes {
+		a.dropped++
+		if a.onDrop != nil {
+			a.onDrop()
+		}
+		return nil
+	}
+	a.queue = append(a.queue, b)
+	a.qbytes += len(b)
+	a.queued++
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// encodeAudit renders one bounded record line.
+func encodeAudit(kind string, fields map[string]any) ([]byte, error) {
 	bounded, _ := boundFields(fields).(map[string]any)
 	rec := AuditRecord{ID: newUUID(), Time: time.Now().UTC(), Kind: kind, Fields: bounded}
 	b, err := json.Marshal(rec)
 	if err != nil {
-		return fmt.Errorf("encode audit record: %w", err)
+		return nil, fmt.Errorf("encode audit record: %w", err)
 	}
 	if len(b) > maxAuditRecord {
 		rec.Fields = map[string]any{"truncated": true, "record_bytes": len(b)}
 		if b, err = json.Marshal(rec); err != nil {
-			return fmt.Errorf("encode audit record: %w", err)
+			return nil, fmt.Errorf("encode audit record: %w", err)
 		}
 	}
-	b = append(b, '\n')
+	return append(b, '\n'), nil
+}
+
+// writer appends queued records until Close, then what is left.
+func (a *auditLog) writer() {
+	defer close(a.done)
+	for {
+		a.qmu.Lock()
+		batch, dropped, closed := a.queue, a.dropped, a.closed
+		a.queue, a.qbytes, a.dropped = nil, 0, 0
+		a.qmu.Unlock()
+		if dropped > 0 {
+			if note, err := encodeAudit(AuditDropped, map[string]any{"dropped": dropped,
+				"reason": "the audit log could not be written as fast as records came (a slow or stuck disk)"}); err == nil {
+				batch = append(batch, note)
+			}
+		}
+		if len(batch) > 0 {
+			if err := a.write(batch); err != nil && a.onError != nil {
+				a.onError(err)
+			}
+			a.qmu.Lock()
+			a.written += uint64(len(batch))
+			if dropped > 0 {
+				a.written-- // the note was not queued
+			}
+			a.progress.Broadcast()
+			a.qmu.Unlock()
+			continue
+		}
+		if closed {
+			return
+		}
+		<-a.wake
+	}
+}
+
+// write appends records with one write and one fsync.
+func (a *auditLog) write(batch [][]byte) error {
+	var b []byte
+	if len(batch) == 1 {
+		b = batch[0]
+	} else {
+		b = bytes.Join(batch, nil)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.f == nil {
@@ -182,13 +289,52 @@ func (a *auditLog) Record(kind string, fields map[string]any) error {
 	if _, err := a.f.Write(b); err != nil {
 		return fmt.Errorf("append audit record: %w", err)
 	}
-	return a.f.Sync()
+	if err := a.f.Sync(); err != nil {
+		return fmt.Errorf("fsync audit log: %w", err)
+	}
+	return nil
 }
 
+// Sync waits until every record queued before it is written.
+func (a *auditLog) Sync() {
+	if a == nil {
+		return
+	}
+	a.qmu.Lock()
+	defer a.qmu.Unlock()
+	target := a.queued
+	for a.written < target && !(a.closed && a.writerDone()) {
+		a.progress.Wait()
+	}
+}
+
+func (a *auditLog) writerDone() bool {
+	select {
+	case <-a.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Close writes what is queued and closes the file.
 func (a *auditLog) Close() error {
 	if a == nil {
 		return nil
 	}
+	a.qmu.Lock()
+	if !a.closed {
+		a.closed = true
+		select {
+		case a.wake <- struct{}{}:
+		default:
+		}
+	}
+	a.qmu.Unlock()
+	<-a.done
+	a.qmu.Lock()
+	a.progress.Broadcast()
+	a.qmu.Unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.f == nil {

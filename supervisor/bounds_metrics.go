@@ -11,6 +11,7 @@ type boundsMetrics struct {
 	ckptQueueBytes prometheus.Gauge
 	httpConns      prometheus.Gauge
 	httpWaits      prometheus.Counter
+	auditDropped   prometheus.Counter
 }
 
 func newBoundsMetrics(reg *prometheus.Registry, logDropped func() uint64) *boundsMetrics {
@@ -21,6 +22,9 @@ func newBoundsMetrics(reg *prometheus.Registry, logDropped func() uint64) *bound
 		}),
 		httpConns: a.NewGauge(prometheus.GaugeOpts{
 			Name: "supervisor_http_connections", Help: "HTTP connections open now (capped).",
+		}),
+		auditDropped: a.NewCounter(prometheus.CounterOpts{
+			Name: "supervisor_audit_dropped_total", Help: "Audit records dropped because the audit log could not be written as fast as they came (a stuck disk); an audit_records_dropped record counts them in the log.",
 		}),
 		httpWaits: a.NewCounter(prometheus.CounterOpts{
 			Name: "supervisor_http_connection_cap_waits_total", Help: "Times the HTTP listener reached its connection cap and new clients waited in the backlog.",

@@ -134,7 +134,7 @@ func TestJSONDepth(t *testing.T) {
 
 func TestAuditRecordsBounded(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "audit.jsonl")
-	a, err := openAudit(path)
+	a, err := openAudit(path, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,6 +146,7 @@ func TestAuditRecordsBounded(t *testing.T) {
 		many[strings.Repeat("x", 100)+string(rune('a'+i%26))+strings.Repeat("y", i)] = strings.Repeat("v", 1000)
 	}
 	a.Record(AuditInvalid, many)
+	a.Sync()
 	b, _ := os.ReadFile(path)
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 		if len(line) > maxAuditRecord {
@@ -162,6 +163,7 @@ func TestAuditRecordsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Record(AuditStop, nil)
+	a.Sync()
 	if b, _ := os.ReadFile(path); !strings.Contains(string(b), AuditStop) {
 		t.Fatal("record after Reopen not in the new file")
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -173,7 +174,7 @@ func (s *Supervisor) trialPrepared(p *trialPrep) {
 		return
 	}
 	t := p.t
-	proc, err := startProcess(procSpec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RoleShadow, p.plan != nil), Stdio: s.cfg.Stdio})
+	proc, err := s.spawn(procSpec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RoleShadow, p.plan != nil), Stdio: s.cfg.Stdio})
 	if err != nil {
 		p.primary.log.Error("cannot start the shadow agent", "err", err)
 		reject("the shadow agent could not be started: " + err.Error())
@@ -189,7 +190,7 @@ func (s *Supervisor) trialPrepared(p *trialPrep) {
 	s.trial = t
 	s.publish()
 	p.primary.log.Info("evolution trial started", "trial", t.id, "target", t.intent.Target, "backup_checkpoint_id", t.backup.ID,
-		"shadow_pid", proc.pid, "duration", s.cfg.ShadowDuration)
+		"shadow_pid", proc.id(), "duration", s.cfg.ShadowDuration)
 }
 
 // openTrial creates the scratch stores of a trial and assembles the
@@ -271,7 +272,7 @@ func (s *Supervisor) shadowEvent(ev event) {
 	case evFinished:
 		st := ev.status
 		if !t.decided {
-			desc, _ := exitDescription(st)
+			desc, _ := st.describe()
 			t.failure = "shadow " + desc
 			s.concludeTrial()
 		}
@@ -368,7 +369,6 @@ func (s *Supervisor) decided(primary *instance, t *trial, h schema.Hypothesis, b
 		}
 		primary.sendMsg(&schema.EvolutionResult{Success: d.Promote, Decision: d.Decision, Metrics: d.Metrics, Reason: d.Reason})
 	}
-	s.met.evolutions.WithLabelValues(d.Decision).Inc()
 	fields := map[string]any{"decision": d.Decision, "reason": d.Reason, "metrics": d.Metrics, "target": h.Target,
 		"hypothesis_reason": h.Reason, "backup_checkpoint_id": backupID}
 	if t != nil {
@@ -377,8 +377,8 @@ func (s *Supervisor) decided(primary *instance, t *trial, h schema.Hypothesis, b
 		fields["shadow_reports"] = t.collector.Summary(evolution.Shadow).Reports
 		fields["duration_seconds"] = time.Since(t.started).Seconds()
 	}
-	_ = s.audit.Record(AuditEvolution, fields)
-	s.log.Info("evolution decided", "decision", d.Decision, "target", h.Target, "reason", d.Reason)
+	s.record(occurrence{level: slog.LevelInfo, msg: "evolution decided", kind: AuditEvolution, fields: fields,
+		count: s.met.evolutions.WithLabelValues(d.Decision)})
 }
 
 // endTrial forgets a finished trial once its shadow has exited.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,7 +55,24 @@ type event struct {
 	kind   eventKind
 	err    error
 	msg    schema.Message
-	status *os.ProcessState // evFinished
+	status exitStatus // evFinished
+}
+
+// agentProc is the agent's side of an instance: the pipes it reads and
+// writes, its exit, and its process group. *process (process.go) is the OS
+// one; the owner loop's tests (loop_test.go) use an in-memory one, so the
+// loop runs under testing/synctest.
+type agentProc interface {
+	id() int // the pid, for logs and the status
+	// pipes are the agent's frame input, its frame output, and its log
+	// streams (stderr, then stdout when frames use fd 3/4).
+	pipes() (toAgent io.Writer, fromAgent io.Reader, logs []io.Reader)
+	exitedCh() <-chan struct{} // closed when the agent has exited (not yet reaped)
+	signalGroup(sig syscall.Signal) error
+	// stopGroup: SIGTERM, SIGKILL after killTimeout; returns once exited.
+	stopGroup(killTimeout time.Duration) (killed bool)
+	reap() exitStatus // after exitedCh: collect the status; idempotent
+	closeReaders()    // unblock readers held by an escaped descendant
 }
 
 // sinks are where an instance's valid messages go. A primary's sinks are the
@@ -76,7 +94,7 @@ type sinks interface {
 type instance struct {
 	n       int // incarnation number, for logs
 	role    string
-	proc    *process
+	proc    agentProc
 	started time.Time
 	log     *slog.Logger
 	codec   *schema.Codec
@@ -124,11 +142,11 @@ type instance struct {
 	acks acks // wal_ack for ack: true entries (acks.go)
 }
 
-func newInstance(n int, role string, proc *process, codec *schema.Codec, maxFrame int, sk sinks, events chan<- event, met *metrics, log *slog.Logger) *instance {
+func newInstance(n int, role string, proc agentProc, codec *schema.Codec, maxFrame int, sk sinks, events chan<- event, met *metrics, log *slog.Logger) *instance {
 	inst := &instance{
 		n: n, role: role, proc: proc, started: time.Now(), codec: codec, sinks: sk,
 		events: events, met: met,
-		log:       log.With("role", role, "pid", proc.pid, "incarnation", n),
+		log:       log.With("role", role, "pid", proc.id(), "incarnation", n),
 		out:       make(chan []byte, outboundQueue),
 		writerEnd: make(chan struct{}),
 		readerEnd: make(chan struct{}),
@@ -139,9 +157,10 @@ func newInstance(n int, role string, proc *process, codec *schema.Codec, maxFram
 	for _, typ := range schema.Types(schema.FromAgent) {
 		inst.inFrames[typ] = met.frames.WithLabelValues("in", typ)
 	}
-	go inst.writeLoop(wire.NewWriter(proc.toAgent, 0))
-	go inst.readLoop(wire.NewReader(proc.fromAgent, maxFrame))
-	for i, f := range proc.logs {
+	toAgent, fromAgent, logs := proc.pipes()
+	go inst.writeLoop(wire.NewWriter(toAgent, 0))
+	go inst.readLoop(wire.NewReader(fromAgent, maxFrame))
+	for i, f := range logs {
 		stream := "stderr"
 		if i == 1 {
 			stream = "stdout"
@@ -150,7 +169,7 @@ func newInstance(n int, role string, proc *process, codec *schema.Codec, maxFram
 		go inst.logLoop(f, stream)
 	}
 	go func() {
-		<-proc.exited
+		<-proc.exitedCh()
 		inst.emit(event{kind: evExited})
 	}()
 	return inst
@@ -315,7 +334,7 @@ func (in *instance) sinkEnd(start time.Time) {
 
 // logLoop copies the agent's log stream line by line into our log. Lines are
 // capped so an agent writing without newlines cannot grow our memory.
-func (in *instance) logLoop(f *os.File, stream string) {
+func (in *instance) logLoop(f io.Reader, stream string) {
 	defer in.logsEnd.Done()
 	const maxLine = 64 << 10
 	br := bufio.NewReaderSize(f, maxLine)
@@ -368,7 +387,7 @@ func (in *instance) heartbeatAge(now time.Time) (time.Duration, bool) {
 // lost. Only when the reader has waited drainTimeout for bytes that do not
 // come (the pipe is held open by a descendant that escaped the process
 // group) is the pipe closed.
-func (in *instance) finish(drainTimeout time.Duration) *os.ProcessState {
+func (in *instance) finish(drainTimeout time.Duration) exitStatus {
 	in.abandonMu.Do(func() { close(in.abandoned) })
 	st := in.proc.reap()
 	exited := time.Now().UnixNano()

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"runtime"
@@ -143,6 +144,15 @@ func startProcess(spec procSpec) (*process, error) {
 	return p, nil
 }
 
+// spawnProcess is startProcess as an agentProc.
+func spawnProcess(spec procSpec) (agentProc, error) {
+	p, err := startProcess(spec)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
 // waitExit blocks until the leader exits, without reaping it.
 func (p *process) waitExit() {
 	for {
@@ -175,10 +185,25 @@ func (p *process) signalGroup(sig syscall.Signal) error {
 	return err
 }
 
+// The agentProc view of a process.
+func (p *process) id() int                   { return p.pid }
+func (p *process) exitedCh() <-chan struct{} { return p.exited }
+func (p *process) pipes() (io.Writer, io.Reader, []io.Reader) {
+	logs := make([]io.Reader, len(p.logs))
+	for i, f := range p.logs {
+		logs[i] = f
+	}
+	return p.toAgent, p.fromAgent, logs
+}
+
 // reap kills whatever is left of the group, collects the leader's exit status
 // and releases the spawning thread. It must only be called after exited is
 // closed. It is idempotent.
-func (p *process) reap() *os.ProcessState {
+func (p *process) reap() exitStatus {
+	return statusOf(p.reapState())
+}
+
+func (p *process) reapState() *os.ProcessState {
 	<-p.exited
 	p.mu.Lock()
 	if p.reaped {
@@ -223,16 +248,32 @@ func closeAll(files ...*os.File) {
 	}
 }
 
-// exitDescription renders an exit status for logs and audit records.
-func exitDescription(st *os.ProcessState) (desc string, failed bool) {
+// exitStatus is how an agent process ended.
+type exitStatus struct {
+	known  bool           // false: the status could not be collected
+	code   int            // exit code, when not signalled
+	signal syscall.Signal // non-zero: killed by this signal
+}
+
+func statusOf(st *os.ProcessState) exitStatus {
 	if st == nil {
-		return "unknown exit status", true
+		return exitStatus{}
 	}
 	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return fmt.Sprintf("killed by signal %s", ws.Signal()), true
+		return exitStatus{known: true, signal: ws.Signal()}
 	}
-	code := st.ExitCode()
-	return fmt.Sprintf("exited with code %d", code), code != 0
+	return exitStatus{known: true, code: st.ExitCode()}
+}
+
+// describe renders an exit status for logs and audit records.
+func (e exitStatus) describe() (desc string, failed bool) {
+	switch {
+	case !e.known:
+		return "unknown exit status", true
+	case e.signal != 0:
+		return fmt.Sprintf("killed by signal %s", e.signal), true
+	}
+	return fmt.Sprintf("exited with code %d", e.code), e.code != 0
 }
 
 // stopGroup asks the group to stop with SIGTERM and SIGKILLs it after

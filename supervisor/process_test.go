@@ -31,7 +31,7 @@ func TestProcessExitIsSeenWithoutReaping(t *testing.T) {
 		t.Fatalf("leader should be an unreaped zombie: %q %v", b, err)
 	}
 	st := p.reap()
-	if st == nil || st.ExitCode() != 3 {
+	if !st.known || st.code != 3 {
 		t.Fatalf("exit status %v", st)
 	}
 	if err := p.signalGroup(syscall.SIGKILL); err != nil {

@@ -80,11 +80,11 @@ func BenchmarkRestartLatency(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		t0 := time.Now()
-		if err := syscall.Kill(in.proc.pid, syscall.SIGKILL); err != nil {
+		if err := syscall.Kill(in.proc.id(), syscall.SIGKILL); err != nil {
 			b.Fatal(err)
 		}
 		next := waitUp(b, s, in)
-		detect += time.Unix(0, in.proc.exitedAt.Load()).Sub(t0)
+		detect += time.Unix(0, in.proc.(*process).exitedAt.Load()).Sub(t0)
 		restore += time.Unix(0, next.restoreSentAt.Load()).Sub(t0)
 		heartbeat += time.Unix(0, next.firstHBAt.Load()).Sub(t0)
 		if next.restoreSentAt.Load() == 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -75,16 +76,13 @@ func (s *Supervisor) invalidMessage(in *instance, err error) {
 	if errors.As(err, &ve) {
 		rule = string(ve.Rule)
 	}
-	s.met.invalid.WithLabelValues(schema.CodeInvalidMessage, rule).Inc()
 	in.sendMsg(schema.ErrorReply(err))
-	if ok, sup := s.limiter.allow(time.Now()); ok {
-		in.log.Warn("invalid message from the agent; replied INVALID_MESSAGE", "err", err, "suppressed_before", sup)
-		fields := map[string]any{"role": in.role, "pid": in.proc.pid, "rule": rule, "error": err.Error()}
-		if ve != nil {
-			fields["type"], fields["field"] = ve.Type, ve.Field
-		}
-		_ = s.audit.Record(AuditInvalid, fields)
+	fields := map[string]any{"role": in.role, "pid": in.proc.id(), "rule": rule, "error": err.Error()}
+	if ve != nil {
+		fields["type"], fields["field"] = ve.Type, ve.Field
 	}
+	s.record(occurrence{level: slog.LevelWarn, msg: "invalid message from the agent; replied INVALID_MESSAGE", log: in.log,
+		kind: AuditInvalid, fields: fields, count: s.met.invalid.WithLabelValues(schema.CodeInvalidMessage, rule), limited: true})
 }
 
 // appendWAL appends entries as one unit through appendFn (the primary's
@@ -112,29 +110,23 @@ func (s *Supervisor) appendWAL(in *instance, l *wal.Log, appendFn func([]wal.Ent
 		details := map[string]any{"first_sequence": recs[0].Sequence, "last_sequence": recs[len(recs)-1].Sequence, "entries": len(recs)}
 		var ce *wal.SequenceConflictError
 		if errors.As(err, &ce) {
-			s.met.walErrors.WithLabelValues(schema.CodeSequenceConflict).Inc()
 			details["sequence"], details["last_sequence"] = ce.Sequence, ce.LastSequence
-			details["first_sequence"] = recs[0].Sequence
 			in.sendMsg(schema.NewError(schema.CodeSequenceConflict, fmt.Sprintf("WAL entry with sequence %d not appended: %s (the log's last sequence is %d)",
 				ce.Sequence, ce.Reason, ce.LastSequence), details))
-			if ok, sup := s.limiter.allow(time.Now()); ok {
-				in.log.Warn("WAL sequence conflict: entries refused; told the agent SEQUENCE_CONFLICT", "sequence", ce.Sequence,
-					"last_sequence", ce.LastSequence, "reason", ce.Reason, "entries", len(recs), "suppressed_before", sup)
-				_ = s.audit.Record(AuditSequenceConflict, map[string]any{"role": in.role, "sequence": ce.Sequence,
-					"last_sequence": ce.LastSequence, "entries": len(recs), "reason": ce.Reason})
-			}
+			s.record(occurrence{level: slog.LevelWarn, msg: "WAL sequence conflict: entries refused; told the agent SEQUENCE_CONFLICT", log: in.log,
+				kind: AuditSequenceConflict, fields: map[string]any{"role": in.role, "sequence": ce.Sequence,
+					"last_sequence": ce.LastSequence, "entries": len(recs), "reason": ce.Reason},
+				count: s.met.walErrors.WithLabelValues(schema.CodeSequenceConflict), limited: true})
 			return
 		}
 		code := schema.CodeWALFailed
 		if errors.Is(err, wal.ErrNoSpace) || errors.Is(err, errRestoreFull) {
 			code = schema.CodeWALFull
 		}
-		s.met.walErrors.WithLabelValues(code).Inc()
 		in.sendMsg(schema.NewError(code, "the supervisor could not append these WAL entries: "+err.Error(), details))
-		if ok, sup := s.limiter.allow(time.Now()); ok {
-			in.log.Error("WAL append failed; told the agent", "code", code, "err", err, "suppressed_before", sup)
-			_ = s.audit.Record(AuditWALError, map[string]any{"role": in.role, "code": code, "error": err.Error(), "first_sequence": recs[0].Sequence})
-		}
+		s.record(occurrence{level: slog.LevelError, msg: "WAL append failed; told the agent", log: in.log,
+			kind: AuditWALError, fields: map[string]any{"role": in.role, "code": code, "error": err.Error(), "first_sequence": recs[0].Sequence},
+			count: s.met.walErrors.WithLabelValues(code), limited: true})
 		return
 	}
 	if in.role == RolePrimary {
@@ -162,9 +154,9 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 	}()
 	in := job.inst
 	fail := func(stage string, err error) {
-		s.met.checkpointFailed.Inc()
-		in.log.Error("checkpoint not stored; told the agent CHECKPOINT_FAILED", "stage", stage, "err", err)
-		_ = s.audit.Record(AuditCheckpointError, map[string]any{"stage": stage, "error": err.Error(), "watermark": job.watermark})
+		s.record(occurrence{level: slog.LevelError, msg: "checkpoint not stored; told the agent CHECKPOINT_FAILED", log: in.log,
+			kind: AuditCheckpointError, fields: map[string]any{"stage": stage, "error": err.Error(), "watermark": job.watermark},
+			count: s.met.checkpointFailed})
 		in.sendMsg(schema.NewError(schema.CodeCheckpointFailed, fmt.Sprintf("checkpoint not stored (%s): %v", stage, err),
 			map[string]any{"watermark": job.watermark}))
 	}
@@ -187,14 +179,13 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 	}
 	in.sendMsg(&schema.CheckpointAck{CheckpointID: meta.ID, Size: meta.StoredSize})
 	took := time.Since(job.arrived)
-	s.met.checkpoints.Inc()
 	s.met.checkpointSize.Set(float64(meta.StoredSize))
 	s.met.checkpointRaw.Set(float64(meta.Size))
 	s.met.checkpointDur.Observe(took.Seconds())
-	in.log.Info("checkpoint stored", "checkpoint_id", meta.ID, "size", meta.Size, "stored_size", meta.StoredSize,
-		"watermark", meta.Watermark, "seconds", took.Seconds(), "pruned", len(removed), "wal_segments_removed", truncated)
-	_ = s.audit.Record(AuditCheckpoint, map[string]any{"checkpoint_id": meta.ID, "size": meta.Size, "stored_size": meta.StoredSize,
-		"watermark": meta.Watermark, "checksum": meta.Checksum, "pruned": removed})
+	s.record(occurrence{level: slog.LevelInfo, msg: "checkpoint stored", log: in.log, kind: AuditCheckpoint,
+		fields: map[string]any{"checkpoint_id": meta.ID, "size": meta.Size, "stored_size": meta.StoredSize,
+			"watermark": meta.Watermark, "checksum": meta.Checksum, "pruned": removed},
+		logOnly: []any{"seconds", took.Seconds(), "wal_segments_removed", truncated}, count: s.met.checkpoints})
 }
 
 // sendRestore queues a restore to an instance and records it.
@@ -207,12 +198,11 @@ func (s *Supervisor) sendRestore(in *instance, plan *restorePlan, trigger string
 	s.met.frameBytes.WithLabelValues("out").Add(float64(len(plan.frame)))
 	in.restoredFrom = plan.checkpointID
 	in.restoreSentAt.Store(time.Now().UnixNano())
-	s.met.restores.WithLabelValues(trigger).Inc()
 	s.met.restoreEntries.Add(float64(plan.entries))
-	in.log.Info("restore sent", "trigger", trigger, "checkpoint_id", plan.checkpointID, "watermark", plan.watermark,
-		"wal_entries", plan.entries, "last_sequence", plan.lastSeq, "compressed", plan.compressed)
-	_ = s.audit.Record(AuditRestore, map[string]any{"trigger": trigger, "role": in.role, "checkpoint_id": plan.checkpointID,
-		"watermark": plan.watermark, "wal_entries": plan.entries, "last_sequence": plan.lastSeq, "compressed": plan.compressed})
+	s.record(occurrence{level: slog.LevelInfo, msg: "restore sent", log: in.log, kind: AuditRestore,
+		fields: map[string]any{"trigger": trigger, "role": in.role, "checkpoint_id": plan.checkpointID,
+			"watermark": plan.watermark, "wal_entries": plan.entries, "last_sequence": plan.lastSeq, "compressed": plan.compressed},
+		count: s.met.restores.WithLabelValues(trigger)})
 	return true
 }
 
@@ -223,9 +213,9 @@ func (s *Supervisor) rewindWAL(cp checkpoint.Meta) error {
 	if err != nil {
 		return err
 	}
-	s.log.Warn("history after the checkpoint set aside for a --no-wal restore", "checkpoint_id", cp.ID,
-		"wal_entries_removed", removed, "removed_sequences", fmt.Sprintf("%d..%d", cp.Watermark+1, last), "checkpoints_marked_bad", abandoned)
-	_ = s.audit.Record(AuditRollback, map[string]any{"checkpoint_id": cp.ID, "watermark": cp.Watermark, "wal_entries_removed": removed,
-		"previous_last_sequence": last, "checkpoints_marked_bad": abandoned})
+	s.record(occurrence{level: slog.LevelWarn, msg: "history after the checkpoint set aside for a --no-wal restore", kind: AuditRollback,
+		fields: map[string]any{"checkpoint_id": cp.ID, "watermark": cp.Watermark, "wal_entries_removed": removed,
+			"previous_last_sequence": last, "checkpoints_marked_bad": abandoned},
+		logOnly: []any{"removed_sequences", fmt.Sprintf("%d..%d", cp.Watermark+1, last)}})
 	return nil
 }

@@ -109,6 +109,10 @@ type Supervisor struct {
 
 	limiter *rateLimiter
 
+	// spawn starts an agent: startProcess, or an in-memory agent in the
+	// owner loop's tests.
+	spawn func(procSpec) (agentProc, error)
+
 	// The request API (requests.go): results of process_request, and the
 	// SHA-256 of the --http-token-file bearer token (nil: no token).
 	requests  *requestTable
@@ -154,6 +158,7 @@ func New(cfg Config) (*Supervisor, error) {
 		stored:   make(chan storeResult, 4),
 		loopDone: make(chan struct{}),
 		limiter:  newRateLimiter(20, 10*time.Second),
+		spawn:    spawnProcess,
 	}
 	s.setState(StateStarting) // the first start is scheduled at once
 	s.met = newMetrics(s.heartbeatAgeSeconds, s.walLastSequence)
@@ -256,7 +261,9 @@ func (s *Supervisor) open() error {
 		return plantedLink(err)
 	}
 	s.lock = lock
-	audit, err := openAudit(filepath.Join(dir, "audit.jsonl"))
+	audit, err := openAudit(filepath.Join(dir, "audit.jsonl"), s.bmet.auditDropped.Inc, func(err error) {
+		s.log.Error("cannot write the audit log; the records of this batch are lost (check the disk under --data-dir)", "err", err)
+	})
 	if err != nil {
 		return plantedLink(err)
 	}
@@ -272,12 +279,12 @@ func (s *Supervisor) open() error {
 	s.log.Info("WAL opened", "segments", rec.Segments, "entries", rec.Entries,
 		"last_sequence", w.LastSequence(), "floor", w.Floor(), "torn_bytes_truncated", rec.TruncatedBytes)
 	for _, ce := range rec.Covered {
-		_ = s.audit.Record(AuditWALError, map[string]any{"error": ce.Error(), "covered_by_checkpoint": true, "moved_aside": ce.Moved})
+		s.record(occurrence{level: slog.LevelWarn, msg: "damaged WAL segments below the newest checkpoint's watermark set aside; that checkpoint covers them",
+			kind: AuditWALError, fields: map[string]any{"error": ce.Error(), "covered_by_checkpoint": true, "moved_aside": ce.Moved}})
 	}
 	if rec.Corruption != nil {
-		s.log.Error("WAL CORRUPTION: replay stopped at a corrupt record; the good prefix is kept and entries after it are NOT served. Inspect with `supervisor wal dump` and restore the data directory from a backup if those entries matter.",
-			"err", rec.Corruption, "last_good_sequence", w.LastSequence())
-		_ = s.audit.Record(AuditWALError, map[string]any{"error": rec.Corruption.Error(), "last_good_sequence": w.LastSequence()})
+		s.record(occurrence{level: slog.LevelError, msg: "WAL CORRUPTION: replay stopped at a corrupt record; the good prefix is kept and entries after it are NOT served. Inspect with `supervisor wal dump` and restore the data directory from a backup if those entries matter.",
+			kind: AuditWALError, fields: map[string]any{"error": rec.Corruption.Error(), "last_good_sequence": w.LastSequence()}})
 	}
 	if s.cfg.MaxFrameSize < s.codec.Limits().Restore {
 		s.codec = schema.NewCodec(schema.Options{ExtraWALOperations: s.cfg.WALOperations,
@@ -436,7 +443,7 @@ func (s *Supervisor) loop(ctx context.Context) error {
 				if s.state == StateStarting {
 					s.setState(StateRunning)
 					s.met.agentUp.WithLabelValues(RolePrimary).Set(1)
-					s.log.Info("agent is up", "pid", ev.inst.proc.pid, "start_seconds", time.Since(ev.inst.started).Seconds())
+					s.log.Info("agent is up", "pid", ev.inst.proc.id(), "start_seconds", time.Since(ev.inst.started).Seconds())
 				}
 				s.armHeartbeat(hbTimer)
 			case evStreamEnded:
@@ -607,7 +614,7 @@ func (s *Supervisor) startPrepared(p *startPrep) error {
 	if p.usedPoint {
 		point = p.point
 	}
-	proc, err := startProcess(procSpec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RolePrimary, plan != nil), Stdio: s.cfg.Stdio})
+	proc, err := s.spawn(procSpec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RolePrimary, plan != nil), Stdio: s.cfg.Stdio})
 	if err != nil {
 		if !s.startedOnce && (errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission)) {
 			return fmt.Errorf("%w: %v", ErrConfig, err)
@@ -618,11 +625,11 @@ func (s *Supervisor) startPrepared(p *startPrep) error {
 	s.incarnation++
 	inst := newInstance(s.incarnation, RolePrimary, proc, s.codec, s.cfg.MaxFrameSize, primarySinks{s}, s.events, s.met, s.log)
 	s.cur = inst
-	s.stat.PID = proc.pid
+	s.stat.PID = proc.id()
 	s.stat.Incarnation = s.incarnation
 	s.stat.AgentStartedAt = inst.started
 	s.setState(StateStarting)
-	s.log.Info("agent started", "pid", proc.pid, "incarnation", s.incarnation, "command", s.cfg.Command, "restore", plan != nil)
+	s.log.Info("agent started", "pid", proc.id(), "incarnation", s.incarnation, "command", s.cfg.Command, "restore", plan != nil)
 	created := time.Time{}
 	trigger := "start"
 	if s.pendingReply != nil {
@@ -656,9 +663,8 @@ func (s *Supervisor) reportSkipped(skipped []checkpoint.Skipped) {
 			s.log.Info("checkpoint marked bad earlier is passed over", "checkpoint_id", sk.ID, "err", sk.Err)
 			continue
 		}
-		s.met.checkpointSkip.Inc()
-		s.log.Error("checkpoint skipped at restore; using an older one with a longer WAL replay", "checkpoint_id", sk.ID, "err", sk.Err)
-		_ = s.audit.Record(AuditCheckpointSkip, map[string]any{"checkpoint_id": sk.ID, "error": sk.Err.Error()})
+		s.record(occurrence{level: slog.LevelError, msg: "checkpoint skipped at restore; using an older one with a longer WAL replay",
+			kind: AuditCheckpointSkip, fields: map[string]any{"checkpoint_id": sk.ID, "error": sk.Err.Error()}, count: s.met.checkpointSkip})
 	}
 }
 
@@ -714,10 +720,10 @@ func (s *Supervisor) checkHeartbeat(t *time.Timer) {
 	age, seen := in.heartbeatAge(time.Now())
 	switch {
 	case !seen && age >= s.cfg.StartTimeout:
-		s.log.Error("agent sent no heartbeat within --start-timeout; stopping it", "start_timeout", s.cfg.StartTimeout, "pid", in.proc.pid)
+		s.log.Error("agent sent no heartbeat within --start-timeout; stopping it", "start_timeout", s.cfg.StartTimeout, "pid", in.proc.id())
 		s.stopInstance(in, "start_timeout")
 	case seen && age >= s.cfg.HeartbeatTimeout:
-		s.log.Error("agent is hung: no heartbeat within --heartbeat-timeout; stopping it", "heartbeat_timeout", s.cfg.HeartbeatTimeout, "last_heartbeat_age", age.Round(time.Millisecond), "pid", in.proc.pid)
+		s.log.Error("agent is hung: no heartbeat within --heartbeat-timeout; stopping it", "heartbeat_timeout", s.cfg.HeartbeatTimeout, "last_heartbeat_age", age.Round(time.Millisecond), "pid", in.proc.id())
 		s.stopInstance(in, "hung")
 	default:
 		s.armHeartbeat(t)
@@ -758,14 +764,13 @@ func (s *Supervisor) streamEnded(ev event) {
 		if in.stopping {
 			return
 		}
-		fields := map[string]any{"pid": in.proc.pid, "error": ev.err.Error(), "rule": rule}
+		fields := map[string]any{"pid": in.proc.id(), "error": ev.err.Error(), "rule": rule}
+		msg := "framing error from the agent: its output can no longer be trusted; restarting it"
 		if d := s.diagnoseFraming(ev.err); d != "" { // diagnose.go
-			in.log.Error("framing error from the agent: "+d+"; restarting it", "err", ev.err)
+			msg = "framing error from the agent: " + d + "; restarting it"
 			fields["diagnosis"] = d
-		} else {
-			in.log.Error("framing error from the agent: its output can no longer be trusted; restarting it", "err", ev.err)
 		}
-		_ = s.audit.Record(AuditFraming, fields)
+		s.record(occurrence{level: slog.LevelError, msg: msg, log: in.log, kind: AuditFraming, fields: fields})
 		s.stopInstance(in, "framing_error")
 		return
 	}
@@ -803,18 +808,18 @@ func (s *Supervisor) drain(in *instance) {
 
 // instanceExited decides what happens after a primary has exited and been
 // drained and reaped. stop=true ends Run with err.
-func (s *Supervisor) instanceExited(in *instance, st *os.ProcessState, startTimer *time.Timer) (stop bool, err error) {
+func (s *Supervisor) instanceExited(in *instance, st exitStatus, startTimer *time.Timer) (stop bool, err error) {
 	now := time.Now()
 	s.cur = nil
 	s.stat.PID = 0
 	s.stat.AgentStartedAt = time.Time{}
 	s.publish()
 	s.met.agentUp.WithLabelValues(RolePrimary).Set(0)
-	desc, failed := exitDescription(st)
+	desc, failed := st.describe()
 	reason := in.stopReason
 	if reason == "" {
 		switch {
-		case st != nil && !st.Exited():
+		case st.known && st.signal != 0:
 			reason = "killed"
 		case failed:
 			reason = "crashed"
@@ -829,7 +834,7 @@ func (s *Supervisor) instanceExited(in *instance, st *os.ProcessState, startTime
 		s.concludeTrial() // the primary is gone: rejected, with the reason
 	}
 	uptime := now.Sub(in.started)
-	s.log.Info("agent stopped", "pid", in.proc.pid, "status", desc, "reason", reason, "uptime", uptime.Round(time.Millisecond))
+	s.log.Info("agent stopped", "pid", in.proc.id(), "status", desc, "reason", reason, "uptime", uptime.Round(time.Millisecond))
 
 	if s.shutting {
 		// Checkpoints still queued are stored before Run returns (the store
@@ -855,8 +860,8 @@ func (s *Supervisor) instanceExited(in *instance, st *os.ProcessState, startTime
 		s.setState(StateStopped)
 		if failed {
 			msg := fmt.Sprintf("agent %s (%s) and --restart is never, so it is not restarted.%s", desc, reason, s.failureHint(reason))
-			s.log.Error(msg)
-			_ = s.audit.Record(AuditGaveUp, map[string]any{"reason": reason, "status": desc, "policy": "never"})
+			s.record(occurrence{level: slog.LevelError, msg: msg, kind: AuditGaveUp,
+				fields: map[string]any{"reason": reason, "status": desc, "policy": "never"}})
 			return true, fmt.Errorf("%w: %s", ErrAgentFailed, msg)
 		}
 		return true, nil
@@ -885,18 +890,18 @@ func (s *Supervisor) scheduleRestart(reason string, failed bool, startTimer *tim
 			"Check the agent's own output in this log (lines with stream=stderr) and `supervisor audit --data-dir %s` for each exit; "+
 			"raise --max-restarts or use --max-restarts 0 to keep retrying",
 			s.cfg.MaxRestarts, s.cfg.RestartWindow, reason, s.failureHint(reason), s.cfg.DataDir)
-		s.log.Error(msg)
-		_ = s.audit.Record(AuditGaveUp, map[string]any{"reason": reason, "restarts_in_window": s.bo.recent(now), "max_restarts": s.cfg.MaxRestarts, "window": s.cfg.RestartWindow.String()})
+		s.record(occurrence{level: slog.LevelError, msg: msg, kind: AuditGaveUp,
+			fields: map[string]any{"reason": reason, "restarts_in_window": s.bo.recent(now), "max_restarts": s.cfg.MaxRestarts, "window": s.cfg.RestartWindow.String()}})
 		return true, fmt.Errorf("%w: %s", ErrCrashLoop, msg)
 	}
 	s.restarts++
 	s.lastReason = reason
-	s.met.restarts.WithLabelValues(reason).Inc()
 	s.stat.Restarts = s.restarts
 	s.stat.LastRestartReason = reason
 	s.setState(StateBackingOff)
-	s.log.Info("restarting the agent", "reason", reason, "delay", delay.Round(time.Millisecond), "restarts", s.restarts)
-	_ = s.audit.Record(AuditRestart, map[string]any{"reason": reason, "failed": failed, "delay_seconds": delay.Seconds(), "restarts": s.restarts})
+	s.record(occurrence{level: slog.LevelInfo, msg: "restarting the agent", kind: AuditRestart,
+		fields:  map[string]any{"reason": reason, "failed": failed, "delay_seconds": delay.Seconds(), "restarts": s.restarts},
+		logOnly: []any{"delay", delay.Round(time.Millisecond)}, count: s.met.restarts.WithLabelValues(reason)})
 	startTimer.Reset(delay)
 	return false, nil
 }
@@ -919,11 +924,9 @@ func (s *Supervisor) fallBack(reason string) bool {
 	}
 	s.fallbackFrom = from
 	s.bo.forget()
-	s.met.fallbacks.Inc()
-	s.log.Warn("crash loop: falling back to an older checkpoint (--fallback-on-crash-loop); it is restored with every WAL entry after it",
-		"from_checkpoint_id", from, "to_checkpoint_id", to.ID, "to_watermark", to.Watermark, "reason", reason)
-	_ = s.audit.Record(AuditFallback, map[string]any{"from_checkpoint_id": from, "to_checkpoint_id": to.ID,
-		"to_watermark": to.Watermark, "reason": reason})
+	s.record(occurrence{level: slog.LevelWarn, msg: "crash loop: falling back to an older checkpoint (--fallback-on-crash-loop); it is restored with every WAL entry after it",
+		kind: AuditFallback, fields: map[string]any{"from_checkpoint_id": from, "to_checkpoint_id": to.ID,
+			"to_watermark": to.Watermark, "reason": reason}, count: s.met.fallbacks})
 	return true
 }
 
@@ -932,10 +935,9 @@ func (s *Supervisor) fallBack(reason string) bool {
 func (s *Supervisor) refuseStart(err error) {
 	s.failed = true
 	s.setState(StateGivenUp)
-	s.met.restoreRefused.Inc()
-	s.log.Error("refusing to start the agent: its state cannot be restored completely", "err", err)
-	_ = s.audit.Record(AuditRestoreRefused, map[string]any{"error": err.Error(), "wal_floor": s.st.wal.Floor(),
-		"wal_last_sequence": s.st.wal.LastSequence()})
+	s.record(occurrence{level: slog.LevelError, msg: "refusing to start the agent: its state cannot be restored completely",
+		kind: AuditRestoreRefused, fields: map[string]any{"error": err.Error(), "wal_floor": s.st.wal.Floor(),
+			"wal_last_sequence": s.st.wal.LastSequence()}, count: s.met.restoreRefused})
 }
 
 // walLastSequence is the WAL's last sequence for the metric (0 before the

@@ -1,0 +1,437 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/wire"
+)
+
+// The owner loop's unit tests. They run the real loop, stores and store
+// worker on a temporary data directory, with agents that are goroutines
+// speaking the protocol over in-memory pipes (fakeProc), inside a
+// testing/synctest bubble: time is fake, so a 5 s heartbeat timeout takes
+// no time, and every timing assertion is exact.
+
+// fakeProc is an agentProc whose agent is a goroutine of the test.
+type fakeProc struct {
+	pid int
+
+	toAgentR, fromAgentR *io.PipeReader
+	toAgentW, fromAgentW *io.PipeWriter
+
+	exitOnce sync.Once
+	exited   chan struct{}
+	status   exitStatus
+
+	mu      sync.Mutex
+	signals []syscall.Signal
+	// ignoreTerm: the agent does not exit on SIGTERM (only SIGKILL stops it).
+	ignoreTerm bool
+}
+
+func newFakeProc(pid int) *fakeProc {
+	p := &fakeProc{pid: pid, exited: make(chan struct{})}
+	p.toAgentR, p.toAgentW = io.Pipe()
+	p.fromAgentR, p.fromAgentW = io.Pipe()
+	return p
+}
+
+func (p *fakeProc) id() int                   { return p.pid }
+func (p *fakeProc) exitedCh() <-chan struct{} { return p.exited }
+func (p *fakeProc) pipes() (io.Writer, io.Reader, []io.Reader) {
+	return p.toAgentW, p.fromAgentR, nil
+}
+
+// exit ends the agent with st: its output reaches EOF, its input is closed.
+func (p *fakeProc) exit(st exitStatus) {
+	p.exitOnce.Do(func() {
+		p.status = st
+		p.fromAgentW.Close()
+		p.toAgentR.CloseWithError(io.ErrClosedPipe)
+		close(p.exited)
+	})
+}
+
+func (p *fakeProc) signalGroup(sig syscall.Signal) error {
+	p.mu.Lock()
+	p.signals = append(p.signals, sig)
+	ignore := p.ignoreTerm
+	p.mu.Unlock()
+	if sig == syscall.SIGKILL || !ignore {
+		p.exit(exitStatus{known: true, signal: sig})
+	}
+	return nil
+}
+
+func (p *fakeProc) stopGroup(killTimeout time.Duration) bool {
+	select {
+	case <-p.exited:
+		return false
+	default:
+	}
+	_ = p.signalGroup(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+		return false
+	case <-time.After(killTimeout):
+		_ = p.signalGroup(syscall.SIGKILL)
+		return true
+	}
+}
+
+func (p *fakeProc) reap() exitStatus { <-p.exited; return p.status }
+func (p *fakeProc) closeReaders()    { p.fromAgentR.CloseWithError(io.ErrClosedPipe) }
+
+func (p *fakeProc) signalsSeen() []syscall.Signal {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]syscall.Signal(nil), p.signals...)
+}
+
+// fakeAgent is the agent's end of a fakeProc.
+type fakeAgent struct {
+	*fakeProc
+	codec *schema.Codec
+	w     *wire.Writer
+	r     *wire.Reader
+	// spawned: when the supervisor started it (fake time).
+	spawned time.Time
+	env     []string
+}
+
+func (a *fakeAgent) send(t *testing.T, m schema.Message) {
+	b, err := a.codec.Encode(m)
+	if err != nil {
+		t.Errorf("encode %T: %v", m, err)
+		return
+	}
+	_ = a.w.WriteFrame(b) // fails once the agent has exited: fine
+}
+
+// recv returns the next message the supervisor sent, or nil at EOF.
+func (a *fakeAgent) recv(t *testing.T) schema.Message {
+	b, err := a.r.ReadFrame()
+	if err != nil {
+		return nil
+	}
+	m, err := a.codec.Decode(schema.ToAgent, b)
+	if err != nil {
+		t.Errorf("decode a frame from the supervisor: %v", err)
+		return nil
+	}
+	return m
+}
+
+// loopHarness runs one Supervisor's owner loop with fake agents.
+type loopHarness struct {
+	t      *testing.T
+	s      *Supervisor
+	agents chan *fakeAgent // each spawn, in order
+	// behave runs as each agent's goroutine.
+	behave func(a *fakeAgent)
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the loop and the store worker have returned
+	result error         // the loop's, once done is closed
+}
+
+func testConfig(t *testing.T) Config {
+	cfg := DefaultConfig()
+	cfg.DataDir = t.TempDir()
+	cfg.Command = []string{"fake-agent"}
+	cfg.HTTPAddr = ""
+	cfg.HeartbeatTimeout = 5 * time.Second
+	cfg.StartTimeout = 10 * time.Second
+	cfg.KillTimeout = time.Second
+	cfg.ShutdownTimeout = 3 * time.Second
+	cfg.BackoffInitial = time.Second
+	cfg.BackoffMax = 8 * time.Second
+	cfg.HealthyReset = time.Hour
+	cfg.WALSync = "none"
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return cfg
+}
+
+// startLoop opens the stores and runs the store worker and the owner loop
+// (what Run does, without the OS parts: the reaper, the HTTP and control
+// listeners). Call inside the bubble.
+func startLoop(t *testing.T, cfg Config, behave func(a *fakeAgent), before ...func(*Supervisor)) *loopHarness {
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &loopHarness{t: t, s: s, agents: make(chan *fakeAgent, 64), behave: behave, done: make(chan struct{})}
+	pid := 1000
+	s.spawn = func(spec procSpec) (agentProc, error) {
+		pid++
+		p := newFakeProc(pid)
+		a := &fakeAgent{fakeProc: p, codec: schema.NewCodec(schema.Options{}),
+			w: wire.NewWriter(p.fromAgentW, 0), r: wire.NewReader(p.toAgentR, 0), spawned: time.Now(), env: spec.Env}
+		h.agents <- a
+		go behave(a)
+		return p, nil
+	}
+	if err := s.open(); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range before {
+		f(s)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() {
+		workerDone := make(chan struct{})
+		go func() { defer close(workerDone); s.work.run(s.storeCheckpoint) }()
+		h.result = s.loop(ctx)
+		close(s.loopDone)
+		s.work.stop()
+		<-workerDone
+		close(h.done)
+	}()
+	return h
+}
+
+// next is the next spawned agent.
+func (h *loopHarness) next() *fakeAgent {
+	h.t.Helper()
+	select {
+	case a := <-h.agents:
+		return a
+	case <-time.After(time.Hour):
+		h.t.Fatal("no agent spawned within an hour of fake time")
+		return nil
+	}
+}
+
+// wait is the loop's result.
+func (h *loopHarness) wait() error {
+	h.t.Helper()
+	select {
+	case <-h.done:
+		return h.result
+	case <-time.After(time.Hour):
+		h.t.Fatal("the owner loop did not return within an hour of fake time")
+		return nil
+	}
+}
+
+// stop stops the loop (a graceful stop, if it still runs) and closes the
+// stores: every goroutine of the bubble ends.
+func (h *loopHarness) stop() {
+	h.cancel()
+	<-h.done
+	h.s.close()
+}
+
+// heartbeatEvery sends a heartbeat at the start and every d until the
+// supervisor closes the agent's input (or stop is closed), then exits 0 as
+// a graceful agent would after a shutdown message.
+func heartbeatEvery(t *testing.T, d time.Duration) func(a *fakeAgent) {
+	return func(a *fakeAgent) {
+		a.send(t, &schema.Heartbeat{})
+		msgs := make(chan schema.Message)
+		go func() {
+			defer close(msgs)
+			for m := a.recv(t); m != nil; m = a.recv(t) {
+				msgs <- m
+			}
+		}()
+		tick := time.NewTicker(d)
+		defer tick.Stop()
+		for {
+			select {
+			case <-a.exited:
+				return
+			case <-tick.C:
+				a.send(t, &schema.Heartbeat{})
+			case m, ok := <-msgs:
+				if !ok {
+					return
+				}
+				if _, ok := m.(*schema.Shutdown); ok {
+					a.exit(exitStatus{known: true})
+					return
+				}
+			}
+		}
+	}
+}
+
+// A hung agent (it heartbeats once, then goes silent and ignores SIGTERM) is
+// stopped exactly --heartbeat-timeout after its heartbeat, SIGKILLed
+// --kill-timeout later, and started again after the back-off.
+func TestLoopRestartsHungAgentAfterBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		h := startLoop(t, cfg, func(a *fakeAgent) {
+			a.ignoreTerm = true
+			a.send(t, &schema.Heartbeat{})
+			for a.recv(t) != nil { // reads its input, never heartbeats again
+			}
+		})
+		defer h.stop()
+		first := h.next()
+		second := h.next()
+		if got := first.signalsSeen(); len(got) != 2 || got[0] != syscall.SIGTERM || got[1] != syscall.SIGKILL {
+			t.Fatalf("signals to the hung agent: %v, want [SIGTERM SIGKILL]", got)
+		}
+		// heartbeat timeout (5s) + kill timeout (1s) + the first back-off
+		// (1s, jittered into [0.5s, 1s]).
+		if gap := second.spawned.Sub(first.spawned); gap < 6500*time.Millisecond || gap > 7*time.Second {
+			t.Fatalf("restart %s after the first start, want 6.5s..7s (5s hung + 1s SIGTERM grace + back-off)", gap)
+		}
+		synctest.Wait() // the owner has published the spawn
+		st := h.s.Status()
+		if st.Restarts != 1 || st.LastRestartReason != "hung" || st.PID != second.pid {
+			t.Fatalf("status after the restart: restarts %d reason %q pid %d; want 1, hung, %d", st.Restarts, st.LastRestartReason, st.PID, second.pid)
+		}
+	})
+}
+
+// An agent that exits at once every time is restarted with doubling
+// back-off, then given up on after --max-restarts: Run's error wraps
+// ErrCrashLoop, the state is given_up and /healthz's view is failed.
+func TestLoopGivesUpOnCrashLoop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.MaxRestarts = 3
+		cfg.RestartWindow = time.Minute
+		h := startLoop(t, cfg, func(a *fakeAgent) { a.exit(exitStatus{known: true, code: 1}) })
+		defer h.stop()
+		var starts []time.Time
+		for range 4 {
+			starts = append(starts, h.next().spawned)
+		}
+		err := h.wait()
+		if !errors.Is(err, ErrCrashLoop) {
+			t.Fatalf("loop returned %v, want ErrCrashLoop", err)
+		}
+		// Doubling from --backoff-initial, each jittered into [d/2, d].
+		want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}
+		for i, w := range want {
+			if gap := starts[i+1].Sub(starts[i]); gap < w/2 || gap > w {
+				t.Fatalf("back-off before start %d: %s, want %s..%s", i+2, gap, w/2, w)
+			}
+		}
+		select {
+		case a := <-h.agents:
+			t.Fatalf("an agent was started after giving up (pid %d)", a.pid)
+		default:
+		}
+		if v := h.s.current(); !v.failed || v.status.State != string(StateGivenUp) {
+			t.Fatalf("after giving up: failed %v state %q", v.failed, v.status.State)
+		}
+	})
+}
+
+// While the stores are busy (a frozen disk: the store worker is blocked),
+// the owner loop still answers the control socket: the start waits for the
+// worker, the owner does not. Once the disk is back, the agent starts.
+func TestLoopAnswersWhileStoresAreBusy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		h := startLoop(t, testConfig(t), heartbeatEvery(t, time.Second), func(s *Supervisor) {
+			s.work.post(func() { <-release }) // the first start's restore queues behind this
+		})
+		defer h.stop()
+		time.Sleep(time.Minute) // a minute of frozen disk
+		synctest.Wait()
+		if len(h.agents) != 0 {
+			t.Fatal("an agent was started before its restore could be assembled")
+		}
+		resp := h.control(ControlRequest{Op: OpStatus})
+		if !resp.OK || resp.Status.State != string(StateStarting) {
+			t.Fatalf("status while the stores are busy: %+v", resp)
+		}
+		if beat := time.Unix(0, h.s.loopBeat.Load()); time.Since(beat) > time.Second {
+			t.Fatalf("the owner loop has not turned for %s", time.Since(beat))
+		}
+		close(release)
+		a := h.next()
+		if got := time.Since(a.spawned); got != 0 {
+			t.Fatalf("spawned %s after the disk came back", got)
+		}
+		h.cancel()
+		if err := h.wait(); err != nil {
+			t.Fatalf("graceful stop: %v", err)
+		}
+	})
+}
+
+// A stop asks the agent to shut down; one that ignores it (and SIGTERM) is
+// SIGKILLed exactly --shutdown-timeout later, and the loop returns nil.
+func TestLoopShutdownKillsAfterTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		var shutdownAt time.Time
+		got := make(chan time.Time, 1)
+		h := startLoop(t, cfg, func(a *fakeAgent) {
+			a.ignoreTerm = true
+			a.send(t, &schema.Heartbeat{})
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
+			go func() {
+				for m := a.recv(t); m != nil; m = a.recv(t) {
+					if _, ok := m.(*schema.Shutdown); ok {
+						got <- time.Now()
+					}
+				}
+			}()
+			for {
+				select {
+				case <-a.exited:
+					return
+				case <-tick.C:
+					a.send(t, &schema.Heartbeat{})
+				}
+			}
+		})
+		defer h.stop()
+		a := h.next()
+		time.Sleep(10 * time.Second) // running and heartbeating
+		stopAt := time.Now()
+		h.cancel()
+		shutdownAt = <-got
+		if err := h.wait(); err != nil {
+			t.Fatalf("stop: %v", err)
+		}
+		if shutdownAt != stopAt {
+			t.Fatalf("shutdown message sent %s after the stop, want at once", shutdownAt.Sub(stopAt))
+		}
+		if took := time.Since(stopAt); took != cfg.ShutdownTimeout {
+			t.Fatalf("the loop returned %s after the stop, want --shutdown-timeout (%s)", took, cfg.ShutdownTimeout)
+		}
+		if sig := a.signalsSeen(); len(sig) != 1 || sig[0] != syscall.SIGKILL {
+			t.Fatalf("signals: %v, want [SIGKILL]", sig)
+		}
+		if st := h.s.Status(); st.State != string(StateStopped) {
+			t.Fatalf("state after the stop: %s", st.State)
+		}
+	})
+}
+
+// control sends one control request through the owner loop.
+func (h *loopHarness) control(req ControlRequest) ControlResponse {
+	h.t.Helper()
+	call := controlCall{req: req, reply: make(chan ControlResponse, 1)}
+	select {
+	case h.s.control <- call:
+	case <-time.After(time.Second):
+		h.t.Fatal("the owner loop did not take a control request within a second")
+	}
+	select {
+	case r := <-call.reply:
+		return r
+	case <-time.After(time.Second):
+		h.t.Fatal("the owner loop did not answer a control request within a second")
+		return ControlResponse{}
+	}
+}
