@@ -341,21 +341,50 @@ func (s *Supervisor) concludeTrial() {
 			Reason: "the primary agent restarted during the trial; propose the evolution again"}
 	}
 	if d.Promote {
-		p := evolution.Promotion{Module: t.intent.Target, Code: t.intent.NewCode, Target: t.intent.Target, Reason: t.intent.Reason,
-			BackupCheckpointID: t.backup.ID, At: time.Now(), Metrics: d.Metrics}
-		if err := s.ledger.Record(p); err != nil {
-			d = evolution.Decision{Decision: evolution.DecisionRejected, Metrics: d.Metrics,
-				Reason: "the promotion could not be recorded durably, so it was not applied: " + err.Error()}
-		}
-	}
-	s.decided(primary, t, t.intent, t.backup.ID, d)
-	if !d.Promote {
+		// Recorded durably (the ledger fsyncs) before it is applied: on the
+		// store worker; promotionRecorded tells the primary.
+		pr := &promotion{t: t, d: d, primary: primary, p: evolution.Promotion{Module: t.intent.Target, Code: t.intent.NewCode,
+			Target: t.intent.Target, Reason: t.intent.Reason, BackupCheckpointID: t.backup.ID, At: time.Now(), Metrics: d.Metrics}}
+		s.work.post(func() {
+			pr.err = s.ledger.Record(pr.p)
+			s.report(storeResult{promotion: pr})
+		})
+	} else {
+		s.decided(primary, t, t.intent, t.backup.ID, d)
 		s.unpin(t.backup.ID)
 	}
 	if !t.shadow.stopping {
 		t.shadow.stopping = true
 		go t.shadow.proc.stopGroup(s.cfg.KillTimeout)
 	}
+}
+
+// promotion is an evolution being recorded in the ledger before it is
+// applied (store worker), and the answer (promotionRecorded).
+type promotion struct {
+	t       *trial
+	d       evolution.Decision
+	primary *instance
+	p       evolution.Promotion
+	err     error
+}
+
+// promotionRecorded applies a promotion the ledger now holds durably, or
+// rejects it when it could not be recorded (owner only).
+func (s *Supervisor) promotionRecorded(pr *promotion) {
+	d := pr.d
+	if pr.err != nil {
+		d = evolution.Decision{Decision: evolution.DecisionRejected, Metrics: d.Metrics,
+			Reason: "the promotion could not be recorded durably, so it was not applied: " + pr.err.Error()}
+		s.unpin(pr.t.backup.ID)
+	}
+	primary := pr.primary
+	if primary != s.cur || primary.stopping {
+		// It restarted meanwhile: its successor gets the recorded code from
+		// the ledger with its restore (resendPromotions).
+		primary = nil
+	}
+	s.decided(primary, pr.t, pr.t.intent, pr.t.backup.ID, d)
 }
 
 // decided tells the primary the outcome and records it.

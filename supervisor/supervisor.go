@@ -484,8 +484,12 @@ func (s *Supervisor) setState(st State) {
 // Run with err.
 func (s *Supervisor) storeDone(r storeResult, startTimer, hbTimer *time.Timer) (stop bool, err error) {
 	switch {
+	case r.fallback != nil:
+		return s.fallbackAnswered(r.fallback, startTimer)
 	case r.trial != nil:
 		s.trialPrepared(r.trial)
+	case r.promotion != nil:
+		s.promotionRecorded(r.promotion)
 	case r.start != nil:
 		err := s.startPrepared(r.start)
 		if err == nil {
@@ -508,8 +512,10 @@ func (s *Supervisor) storeDone(r storeResult, startTimer, hbTimer *time.Timer) (
 
 // storeResult is a store worker's answer to an owner job (one field set).
 type storeResult struct {
-	start *startPrep // prepareStart
-	trial *trialPrep // evolutionIntent
+	start     *startPrep   // prepareStart
+	trial     *trialPrep   // evolutionIntent
+	fallback  *fallbackAsk // scheduleRestart, with --fallback-on-crash-loop
+	promotion *promotion   // concludeTrial
 }
 
 // startPrep is one start's restore, assembled on the store worker
@@ -879,21 +885,74 @@ func (s *Supervisor) instanceExited(in *instance, st exitStatus, startTimer *tim
 func (s *Supervisor) scheduleRestart(reason string, failed bool, startTimer *time.Timer) (stop bool, err error) {
 	now := time.Now()
 	delay, giveUp := s.bo.next(now)
-	if giveUp && s.cfg.FallbackOnCrashLoop && s.fallBack(reason) {
-		delay, giveUp = s.bo.next(now)
+	if !giveUp {
+		s.restartAfter(reason, failed, delay, startTimer)
+		return false, nil
 	}
-	if giveUp {
-		s.failed = true
-		s.setState(StateGivenUp)
-		msg := fmt.Sprintf("agent restarted more than --max-restarts=%d times within --restart-window=%s (last run ended: %s); giving up.%s "+
-			"The agent's state is intact: nothing was marked bad or discarded, and the next start restores the same checkpoint and every WAL entry after it. "+
-			"Check the agent's own output in this log (lines with stream=stderr) and `supervisor audit --data-dir %s` for each exit; "+
-			"raise --max-restarts or use --max-restarts 0 to keep retrying",
-			s.cfg.MaxRestarts, s.cfg.RestartWindow, reason, s.failureHint(reason), s.cfg.DataDir)
-		s.record(occurrence{level: slog.LevelError, msg: msg, kind: AuditGaveUp,
-			fields: map[string]any{"reason": reason, "restarts_in_window": s.bo.recent(now), "max_restarts": s.cfg.MaxRestarts, "window": s.cfg.RestartWindow.String()}})
-		return true, fmt.Errorf("%w: %s", ErrCrashLoop, msg)
+	if s.cfg.FallbackOnCrashLoop && s.lastRestored != "" {
+		// Whether an older checkpoint has its whole WAL tail is the store
+		// worker's to find out (it lists and reads the store); the answer
+		// decides (fallbackAnswered).
+		f := &fallbackAsk{from: s.lastRestored, reason: reason, failed: failed}
+		s.setState(StateBackingOff)
+		s.work.post(func() {
+			f.to, f.ok = s.st.fallbackCandidate(f.from)
+			s.report(storeResult{fallback: f})
+		})
+		return false, nil
 	}
+	return s.giveUp(reason, now)
+}
+
+// fallbackAsk is a crash loop's question to the store worker, with
+// --fallback-on-crash-loop: is there a checkpoint older than from whose whole
+// WAL tail is held?
+type fallbackAsk struct {
+	from, reason string
+	failed       bool
+	to           checkpoint.Meta
+	ok           bool
+}
+
+// fallbackAnswered restores from an older checkpoint when there is one with
+// its whole WAL tail (the restore is then that checkpoint plus every entry
+// after it: the same history, replayed from further back), and gives up
+// otherwise. Nothing is marked bad.
+func (s *Supervisor) fallbackAnswered(f *fallbackAsk, startTimer *time.Timer) (stop bool, err error) {
+	now := time.Now()
+	if s.shutting {
+		return false, nil
+	}
+	if !f.ok {
+		s.log.Error("crash loop: no older checkpoint with a complete WAL tail to fall back to", "checkpoint_id", f.from)
+		return s.giveUp(f.reason, now)
+	}
+	s.fallbackFrom = f.from
+	s.bo.forget()
+	s.record(occurrence{level: slog.LevelWarn, msg: "crash loop: falling back to an older checkpoint (--fallback-on-crash-loop); it is restored with every WAL entry after it",
+		kind: AuditFallback, fields: map[string]any{"from_checkpoint_id": f.from, "to_checkpoint_id": f.to.ID,
+			"to_watermark": f.to.Watermark, "reason": f.reason}, count: s.met.fallbacks})
+	delay, _ := s.bo.next(now)
+	s.restartAfter(f.reason, f.failed, delay, startTimer)
+	return false, nil
+}
+
+// giveUp ends supervision after a crash loop (Run returns ErrCrashLoop).
+func (s *Supervisor) giveUp(reason string, now time.Time) (stop bool, err error) {
+	s.failed = true
+	s.setState(StateGivenUp)
+	msg := fmt.Sprintf("agent restarted more than --max-restarts=%d times within --restart-window=%s (last run ended: %s); giving up.%s "+
+		"The agent's state is intact: nothing was marked bad or discarded, and the next start restores the same checkpoint and every WAL entry after it. "+
+		"Check the agent's own output in this log (lines with stream=stderr) and `supervisor audit --data-dir %s` for each exit; "+
+		"raise --max-restarts or use --max-restarts 0 to keep retrying",
+		s.cfg.MaxRestarts, s.cfg.RestartWindow, reason, s.failureHint(reason), s.cfg.DataDir)
+	s.record(occurrence{level: slog.LevelError, msg: msg, kind: AuditGaveUp,
+		fields: map[string]any{"reason": reason, "restarts_in_window": s.bo.recent(now), "max_restarts": s.cfg.MaxRestarts, "window": s.cfg.RestartWindow.String()}})
+	return true, fmt.Errorf("%w: %s", ErrCrashLoop, msg)
+}
+
+// restartAfter schedules the next start after delay.
+func (s *Supervisor) restartAfter(reason string, failed bool, delay time.Duration, startTimer *time.Timer) {
 	s.restarts++
 	s.lastReason = reason
 	s.stat.Restarts = s.restarts
@@ -903,31 +962,6 @@ func (s *Supervisor) scheduleRestart(reason string, failed bool, startTimer *tim
 		fields:  map[string]any{"reason": reason, "failed": failed, "delay_seconds": delay.Seconds(), "restarts": s.restarts},
 		logOnly: []any{"delay", delay.Round(time.Millisecond)}, count: s.met.restarts.WithLabelValues(reason)})
 	startTimer.Reset(delay)
-	return false, nil
-}
-
-// fallBack, with --fallback-on-crash-loop, answers a crash loop by
-// restoring from the newest checkpoint older than the one the crashing
-// incarnations were restored from, when its whole WAL tail is still held
-// (the restore is then that checkpoint plus every entry after it: the same
-// history, replayed from further back). Nothing is marked bad. It reports
-// false when there is no such checkpoint; the caller then gives up.
-func (s *Supervisor) fallBack(reason string) bool {
-	from := s.lastRestored
-	if from == "" {
-		return false
-	}
-	to, ok := s.st.fallbackCandidate(from)
-	if !ok {
-		s.log.Error("crash loop: no older checkpoint with a complete WAL tail to fall back to", "checkpoint_id", from)
-		return false
-	}
-	s.fallbackFrom = from
-	s.bo.forget()
-	s.record(occurrence{level: slog.LevelWarn, msg: "crash loop: falling back to an older checkpoint (--fallback-on-crash-loop); it is restored with every WAL entry after it",
-		kind: AuditFallback, fields: map[string]any{"from_checkpoint_id": from, "to_checkpoint_id": to.ID,
-			"to_watermark": to.Watermark, "reason": reason}, count: s.met.fallbacks})
-	return true
 }
 
 // refuseStart reports that no complete restore can be built: the agent is
