@@ -7,8 +7,9 @@
 // audit log.
 //
 // One goroutine — the loop in Run — owns the agent's lifecycle state
-// (starting, running, stopping, backing off, given up). Frame readers, the
-// process watcher, the checkpoint worker, the control socket and the HTTP
-// server send it events or read published snapshots; none of them changes
-// lifecycle state. See docs/architecture.md.
+// (starting, running, stopping, backing off, given up) and never waits on
+// I/O: storage work runs on the store worker (storework.go) and answers it
+// with an event. Frame readers, the process watcher, the control socket and
+// the HTTP server send it events or read the view it publishes (view.go);
+// none of them changes lifecycle state. See docs/architecture.md.
 package supervisor

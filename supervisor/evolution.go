@@ -135,10 +135,7 @@ func (s *Supervisor) prepareTrial(p *trialPrep) {
 		p.reject = "no checkpoint to back up: send a checkpoint first, then propose the evolution again"
 		return
 	}
-	s.st.mu.Lock()
-	err := s.st.ckpt.Pin(backup.ID)
-	s.st.mu.Unlock()
-	if err != nil {
+	if err := s.st.ckpt.Pin(backup.ID); err != nil {
 		p.reject = "cannot pin a backup checkpoint: " + err.Error()
 		return
 	}
@@ -245,8 +242,6 @@ func (s *Supervisor) unpin(id string) {
 
 // unpinNow releases an evolution backup. Store worker only.
 func (s *Supervisor) unpinNow(id string) {
-	s.st.mu.Lock()
-	defer s.st.mu.Unlock()
 	if err := s.st.ckpt.Unpin(id); err != nil {
 		s.log.Warn("cannot unpin evolution backup", "checkpoint_id", id, "err", err)
 	}

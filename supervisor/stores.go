@@ -71,9 +71,11 @@ type agentInfo struct {
 }
 
 // stores owns the primary agent's durable state: the WAL, the checkpoint
-// store and what is known about the agent's protocol. Its methods are safe
-// for concurrent use: the frame reader appends and queues checkpoints, the
-// checkpoint worker saves them, the owner builds restores.
+// store and what is known about the agent's protocol. The primary's frame
+// reader appends (append, checkpointArrived, noteVersion); everything else —
+// saves, retention, restores, rollbacks, pins — runs on the store worker
+// (storework.go), one step at a time: a restore never sees a half-applied
+// retention step, without a lock.
 type stores struct {
 	dir   string
 	wal   *wal.Log
@@ -82,10 +84,6 @@ type stores struct {
 	log   *slog.Logger
 	// restoreLimit is the largest restore payload the agent may be sent.
 	restoreLimit int64
-
-	// mu serialises checkpoint saves with their retention, rollbacks and
-	// restore assembly, so a restore never sees a half-applied retention step.
-	mu sync.Mutex
 
 	// Restorability accounting (append's guard). appended counts the bytes
 	// of every entry appended since Open, starting from the bytes already
@@ -225,16 +223,10 @@ func (st *stores) append(entries []wal.Entry) (wal.AppendResult, error) {
 	if err != nil {
 		return res, err
 	}
-	if res.Appended > 0 {
-		var n int64
-		for _, e := range entries {
-			if e.Sequence > last {
-				n += int64(len(e.Data))
-				last = e.Sequence
-			}
-		}
-		st.appended.Add(n)
-	}
+	// The primary's frame reader is the only appender, so the log's last
+	// sequence did not move since it was read: Append appended exactly the
+	// entries above it (the rest were verified replays), add bytes of them.
+	st.appended.Add(add)
 	return res, nil
 }
 
@@ -254,8 +246,6 @@ func (st *stores) checkpointArrived() (watermark uint64, at int64) {
 // invalid is the payload error that aborted such a save (reply
 // INVALID_MESSAGE; nothing was stored); err a storage failure.
 func (st *stores) saveCheckpoint(data, zdata []byte, watermark uint64, at int64) (meta checkpoint.Meta, pruned []string, segs int, invalid, err error) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
 	if zdata != nil {
 		// The stored frame declares the data's size, so that a restore can
 		// send it as it is: the agent's frame declares it (CheckpointData
@@ -357,8 +347,6 @@ func (st *stores) unrestorable(format string, args ...any) error {
 // ErrUnrestorable when the invariant cannot be met; other errors (a WAL that
 // cannot be written right now, say) may pass.
 func (st *stores) buildRestore(point restorePoint) (*restorePlan, error) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
 	plan := &restorePlan{}
 	var (
 		meta checkpoint.Meta
@@ -472,8 +460,6 @@ func (st *stores) buildRestore(point restorePoint) (*restorePlan, error) {
 // whole WAL tail is still held: where --fallback-on-crash-loop may restore
 // from. ok is false when there is none.
 func (st *stores) fallbackCandidate(id string) (checkpoint.Meta, bool) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
 	metas, err := st.ckpt.List()
 	if err != nil {
 		return checkpoint.Meta{}, false
@@ -498,8 +484,6 @@ func (st *stores) fallbackCandidate(id string) (checkpoint.Meta, bool) {
 // from the checkpoint) and the newer checkpoints are marked bad (a later
 // crash must not restore the abandoned history). It returns what it did.
 func (st *stores) rewind(cp checkpoint.Meta) (abandoned []string, removed int, prevLast uint64, err error) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
 	metas, err := st.ckpt.List()
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("list checkpoints: %w", err)
