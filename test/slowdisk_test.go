@@ -1,6 +1,8 @@
 package test
 
 import (
+	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -141,4 +143,49 @@ func TestExitDuringStallKeepsWrittenEntries(t *testing.T) {
 	if strings.Contains(s.out.String(), "closing it") {
 		t.Fatalf("the supervisor cut the agent's output while storing it:\n%s", tail(s.out.String(), 20))
 	}
+}
+
+// TestFrozenDiskOwnerStaysResponsive: the agent crashes while our disk is
+// frozen. The owner loop used to write (and fsync) the audit record of the
+// restart itself and assemble the next restore on its own goroutine, so it
+// stopped with the disk: `supervisor status` hung, and so would a stop. Now
+// storage work runs on the store worker and the audit log queues: the owner
+// answers while the disk is frozen, and after the thaw the agent is restored
+// with every entry.
+func TestFrozenDiskOwnerStaysResponsive(t *testing.T) {
+	mnt, freeze := loopMount(t, 128)
+	dir := filepath.Join(mnt, "data")
+	trigger := filepath.Join(t.TempDir(), "go")
+	flags := append(slices.Clone(fastFlags), "--wal-sync", "always", "--wal-segment-size", "1048576")
+	report := "AGENT_REPORT=" + filepath.Join(t.TempDir(), "report.jsonl") // off the frozen disk
+	s := startSup(t, scripted(t, dir, flags, []string{report},
+		plan{{"log": 50}, {"wait_file": trigger}, {"crash": 1}},
+		plan{{"stay": true}}))
+	t.Cleanup(func() { freeze(false) })
+	first := s.waitEvents("start", 1, 30*time.Second)[0]
+	waitFor(t, 10*time.Second, "the agent up", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 1 })
+	waitFor(t, 10*time.Second, "50 entries durable", func() bool { return s.metric("supervisor_wal_last_sequence") >= 50 })
+	freeze(true)
+	if err := os.WriteFile(trigger, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the agent to exit", func() bool { return !alive(first.int("pid")) })
+	// The restart is decided with the disk still frozen; the control socket
+	// is answered by the owner loop.
+	var st struct {
+		State    string `json:"state"`
+		Restarts int    `json:"restarts"`
+	}
+	waitFor(t, 30*time.Second, "supervisor status to report the restart while the disk is frozen", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, binPath, "status", "--data-dir", dir, "--json").Output()
+		if ctx.Err() != nil {
+			t.Fatalf("supervisor status hung for 10 s while the disk was frozen (the owner loop is blocked on storage)")
+		}
+		return err == nil && json.Unmarshal(out, &st) == nil && st.Restarts == 1
+	})
+	freeze(false)
+	starts := s.waitEvents("start", 2, 60*time.Second)
+	sameSeqs(t, "restore after the crash during the freeze", restored(t, starts[1]).state(), seqRange(1, 50))
 }
