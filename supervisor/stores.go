@@ -141,9 +141,9 @@ func openStores(dir string, cfg Config, codec *schema.Codec, log *slog.Logger, o
 		covered = m.Watermark
 		st.newest.Store(&m)
 	}
-	policy, err := wal.ParseSyncPolicy(cfg.WALSync)
+	policy, err := cfg.walSyncPolicy()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+		return nil, err
 	}
 	w, err := wal.Open(wal.Options{
 		Dir: filepath.Join(dir, "wal"), SegmentSize: cfg.WALSegmentSize, Sync: policy,
