@@ -60,6 +60,22 @@ func TestLogReturnsOnceAcked(t *testing.T) {
 	}
 }
 
+// TestLogIgnoresAnAckBelowIt: a wal_ack for an earlier sequence does not
+// complete Log. The supervisor then leaves, and Log must say so; the ack is
+// read before the end of the stream, so a Log it had wrongly completed would
+// have returned nil by then. (TestLogReturnsOnceAcked's pending check can
+// only catch that if the Log goroutine happens to run first.)
+func TestLogIgnoresAnAckBelowIt(t *testing.T) {
+	conn, sup := newPair(t, defaultConfig(), agent.Options{})
+	done := logAsync(conn, 5)
+	recvAs[*schema.WALEntry](t, sup)
+	sup.send(&schema.WALAck{Sequence: 4})
+	sup.out.Close()
+	if err := result(t, done); !errors.Is(err, agent.ErrSupervisorGone) {
+		t.Fatalf("Log(5) after a wal_ack for 4 = %v, want ErrSupervisorGone: the ack does not cover it", err)
+	}
+}
+
 func TestLogFailsOnStorageError(t *testing.T) {
 	conn, sup := newPair(t, defaultConfig(), agent.Options{})
 	other := logAsync(conn, 3)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 )
 
 const crashEnv = "CHECKPOINT_TEST_CRASH_DIR"
@@ -71,7 +73,7 @@ func TestKilledWhileSaving(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, de := range des {
-			if strings.HasSuffix(de.Name(), tmpSuffix) {
+			if strings.HasSuffix(de.Name(), atomicfile.TempSuffix) {
 				t.Errorf("round %d: %s survived Open", round, de.Name())
 			}
 		}

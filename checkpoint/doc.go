@@ -16,9 +16,9 @@
 //	restore-point.json   restore point for the next start, JSON {checkpoint_id, no_wal, set_at}
 //	*.tmp                a write in progress (or interrupted): never read
 //
-// Every file is written the same way: a temporary file beside the target
-// (name ending in .tmp, flock-ed by its writer), fsync, close, rename over
-// the final name, fsync of the directory. So a reader — in this process or
+// Every file is written the same way (internal/atomicfile): a temporary file
+// beside the target (name ending in .tmp, flock-ed by its writer), fsync,
+// rename over the final name, fsync of the directory. So a reader — in this process or
 // another, such as `supervisor checkpoints list` while the supervisor runs —
 // sees a complete file or none. [Open] removes temporary files that no live
 // writer holds (left by a crash); the lock keeps it from removing one that

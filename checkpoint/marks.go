@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 )
 
 // Pins and bad marks are small marker files beside the checkpoint:
@@ -78,7 +80,7 @@ func (s *Store) Pin(id string) error {
 		return err
 	}
 	b, _ := json.Marshal(pinMark{PinnedAt: time.Now().UTC()})
-	if err := writeFileAtomic(s.dir, pinName(id), b); err != nil {
+	if err := atomicfile.WriteFile(s.dir, pinName(id), b); err != nil {
 		return fmt.Errorf("checkpoint: pin %s: %w", id, err)
 	}
 	return nil
@@ -94,7 +96,7 @@ func (s *Store) Unpin(id string) error {
 	if err != nil {
 		return err
 	}
-	if err := removeDurably(s.dir, pinName(id)); err != nil {
+	if err := atomicfile.Remove(s.dir, pinName(id)); err != nil {
 		return fmt.Errorf("checkpoint: unpin %s: %w", id, err)
 	}
 	return nil
@@ -118,7 +120,7 @@ func (s *Store) MarkBad(id, reason string) error {
 	if err != nil {
 		return fmt.Errorf("checkpoint: mark %s bad: %w", id, err)
 	}
-	if err := writeFileAtomic(s.dir, badName(id), b); err != nil {
+	if err := atomicfile.WriteFile(s.dir, badName(id), b); err != nil {
 		return fmt.Errorf("checkpoint: mark %s bad: %w", id, err)
 	}
 	return nil

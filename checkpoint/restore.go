@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 )
 
 // restorePointName is the file holding the restore point, in the store's
@@ -34,7 +36,7 @@ func (s *Store) SetRestorePoint(id string, noWAL bool) error {
 	if err != nil {
 		return fmt.Errorf("checkpoint: set restore point: %w", err)
 	}
-	if err := writeFileAtomic(s.dir, restorePointName, b); err != nil {
+	if err := atomicfile.WriteFile(s.dir, restorePointName, b); err != nil {
 		return fmt.Errorf("checkpoint: set restore point: %w", err)
 	}
 	return nil
@@ -59,7 +61,7 @@ func (s *Store) TakeRestorePoint() (id string, noWAL bool, ok bool, err error) {
 	if !ok && !errors.Is(err, ErrCorrupt) {
 		return "", false, false, err // none, or unreadable for now: leave it
 	}
-	if rerr := removeDurably(s.dir, restorePointName); rerr != nil {
+	if rerr := atomicfile.Remove(s.dir, restorePointName); rerr != nil {
 		return "", false, false, fmt.Errorf("checkpoint: clear restore point: %w", rerr)
 	}
 	return id, noWAL, ok, err

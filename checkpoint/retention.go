@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 )
 
 // Retention. Checkpoints are taken newest first (List order). The newest
@@ -63,7 +65,7 @@ func (s *Store) Prune() (removed []string, err error) {
 		s.log.Info("pruned checkpoint", "checkpoint_id", e.ID, "created", e.Created, "watermark", e.Watermark, "bad", e.Bad)
 	}
 	if len(removed) > 0 {
-		if err := syncDir(s.dir); err != nil {
+		if err := atomicfile.SyncDir(s.dir); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -109,7 +111,7 @@ func (s *Store) removeOrphanMarkers() error {
 		n++
 	}
 	if n > 0 {
-		if err := syncDir(s.dir); err != nil {
+		if err := atomicfile.SyncDir(s.dir); err != nil {
 			errs = append(errs, err)
 		}
 	}

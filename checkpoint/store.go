@@ -18,6 +18,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 )
 
 // Errors callers branch on. Every error the store returns for one of these
@@ -152,7 +154,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("checkpoint: create store directory: %w", err)
 	}
 	s := &Store{dir: dir, opts: opts, log: opts.Logger}
-	removed, err := sweepTemp(dir)
+	removed, err := atomicfile.Sweep(dir, "")
 	for _, name := range removed {
 		s.log.Warn("removed temporary file left by an interrupted write", "file", name)
 	}
@@ -193,7 +195,7 @@ func (s *Store) Save(data []byte, watermark uint64) (Meta, error) {
 		crc:       crc,
 	}
 	id := u.String()
-	stored, err := writeAtomic(s.dir, fileName(id), func(f *os.File) error {
+	stored, err := atomicfile.Write(s.dir, fileName(id), func(f *os.File) error {
 		if _, err := f.Seek(headerLen, io.SeekStart); err != nil {
 			return err
 		}
@@ -244,7 +246,7 @@ func (s *Store) SaveStreamSized(watermark uint64, size int64, fill func(w io.Wri
 	h := header{id: u, created: now.UTC().Round(0), watermark: watermark}
 	id := u.String()
 	var fillErr error
-	stored, err := writeAtomic(s.dir, fileName(id), func(f *os.File) error {
+	stored, err := atomicfile.Write(s.dir, fileName(id), func(f *os.File) error {
 		if _, err := f.Seek(headerLen, io.SeekStart); err != nil {
 			return err
 		}
@@ -371,7 +373,7 @@ func (s *Store) list() ([]entry, error) {
 	markers := make(map[string]bool)
 	for _, de := range des {
 		name := de.Name()
-		if !de.Type().IsRegular() || strings.HasSuffix(name, tmpSuffix) {
+		if !de.Type().IsRegular() || strings.HasSuffix(name, atomicfile.TempSuffix) {
 			continue
 		}
 		stem, ext := name[:len(name)-len(filepath.Ext(name))], filepath.Ext(name)

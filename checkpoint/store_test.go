@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"hash/crc32"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 )
 
 func TestSaveLoadRoundTrip(t *testing.T) {
@@ -86,12 +89,12 @@ func TestSaveTooLarge(t *testing.T) {
 func TestSaveFailureLeavesNothing(t *testing.T) {
 	s := openStore(t, Options{})
 	boom := errors.New("disk full")
-	_, err := writeAtomic(s.dir, fileName(uuid.NewString()), func(f *os.File) error {
-		f.Write([]byte("partial"))
+	_, err := s.SaveStream(1, func(w io.Writer) error {
+		w.Write([]byte("partial"))
 		return boom
 	})
 	if !errors.Is(err, boom) {
-		t.Fatalf("writeAtomic err = %v, want %v", err, boom)
+		t.Fatalf("SaveStream err = %v, want %v", err, boom)
 	}
 	if des, _ := os.ReadDir(s.dir); len(des) != 0 {
 		t.Fatalf("directory holds %v after a failed write, want nothing", des)
@@ -107,11 +110,23 @@ func TestOpenSweepsStaleTemp(t *testing.T) {
 	if err := os.WriteFile(stale, []byte("SUPVCKPT half a checkpoint"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	live, err := createTemp(s.dir, fileName(uuid.NewString()))
-	if err != nil {
-		t.Fatal(err)
+	// A Save in progress: its fill waits until the sweep is done.
+	filling, release := make(chan struct{}), make(chan struct{})
+	saved := make(chan error, 1)
+	go func() {
+		_, err := s.SaveStream(2, func(w io.Writer) error {
+			w.Write([]byte{0x80})
+			close(filling)
+			<-release
+			return nil
+		})
+		saved <- err
+	}()
+	<-filling
+	live, _ := filepath.Glob(filepath.Join(s.dir, "*"+atomicfile.TempSuffix))
+	if len(live) != 2 {
+		t.Fatalf("temporary files %v, want the stale one and the live one", live)
 	}
-	defer live.Close()
 	if ms, err := s.List(); err != nil || len(ms) != 1 || ms[0].ID != m.ID {
 		t.Fatalf("List with temporary files = %v, %v; want only %s", ms, err, m.ID)
 	}
@@ -122,8 +137,16 @@ func TestOpenSweepsStaleTemp(t *testing.T) {
 	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("stale temporary file survived Open: %v", err)
 	}
-	if _, err := os.Stat(live.Name()); err != nil {
-		t.Errorf("Open removed a temporary file a live writer holds: %v", err)
+	left, _ := filepath.Glob(filepath.Join(s.dir, "*"+atomicfile.TempSuffix))
+	if len(left) != 1 || left[0] == stale {
+		t.Errorf("temporary files after Open = %v, want the live writer's", left)
+	}
+	close(release)
+	if err := <-saved; err != nil {
+		t.Fatalf("the Save an Open swept beside failed: %v", err)
+	}
+	if ms, err := s.List(); err != nil || len(ms) != 2 {
+		t.Fatalf("List after the Save = %v, %v; want 2 checkpoints", ms, err)
 	}
 }
 

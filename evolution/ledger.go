@@ -10,12 +10,13 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 )
 
 // Ledger errors. Callers branch on them with errors.Is.
@@ -69,8 +70,9 @@ type Promotion struct {
 // directory lock ensures that).
 type Ledger struct {
 	path       string
-	maxHistory int // promotions kept, see prune
-	maxSize    int // bytes of the file, read or written
+	dir, name  string // path split
+	maxHistory int    // promotions kept, see prune
+	maxSize    int    // bytes of the file, read or written
 
 	mu     sync.Mutex
 	promos []Promotion // record order: oldest first
@@ -92,15 +94,17 @@ func OpenLedger(path string) (*Ledger, error) {
 }
 
 func openLedger(path string, maxHistory, maxSize int) (*Ledger, error) {
-	l := &Ledger{path: path, maxHistory: maxHistory, maxSize: maxSize}
-	dir, base := filepath.Split(path)
+	dir, name := filepath.Split(path)
 	if dir == "" {
 		dir = "."
 	}
+	l := &Ledger{path: path, dir: dir, name: name, maxHistory: maxHistory, maxSize: maxSize}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("evolution: create the ledger's directory: %w", err)
 	}
-	removeStaleTemps(dir, base)
+	// Temporary files left by a crash in the middle of a Record. A leftover
+	// is harmless, so failing to remove one is not an error.
+	_, _ = atomicfile.Sweep(dir, name)
 
 	// Not through a symlink: a link planted in the data directory must not
 	// decide what code is re-sent to the agent.
@@ -235,8 +239,8 @@ func (l *Ledger) Record(p Promotion) error {
 		return fmt.Errorf("%w: recording promotion %s would make %s %d bytes, over %d; it keeps the newest code of every module evolved, so the agent's promoted code is too large to keep",
 			ErrLedgerFull, p.ID, l.path, len(b), l.maxSize)
 	}
-	if renamed, err := writeAtomic(l.path, b); err != nil {
-		if renamed {
+	if err := l.write(b); err != nil {
+		if errors.Is(err, atomicfile.ErrNotDurable) {
 			// The new file is in place but may not be durable: put the old
 			// contents back so disk and memory agree that p was not recorded.
 			l.rollback()
@@ -246,6 +250,9 @@ func (l *Ledger) Record(p Promotion) error {
 	l.promos = next
 	return nil
 }
+
+// write replaces the ledger file by b (internal/atomicfile).
+func (l *Ledger) write(b []byte) error { return atomicfile.WriteFile(l.dir, l.name, b) }
 
 func encodeLedger(ps []Promotion) ([]byte, error) {
 	b, err := json.MarshalIndent(ledgerFile{Version: ledgerVersion, Promotions: ps}, "", "  ")
@@ -263,7 +270,7 @@ func (l *Ledger) rollback() {
 		return
 	}
 	if b, err := encodeLedger(l.promos); err == nil {
-		_, _ = writeAtomic(l.path, b)
+		_ = l.write(b)
 	}
 }
 
@@ -346,66 +353,4 @@ func copyMetrics(m map[string]float64) map[string]float64 {
 		c[k] = v
 	}
 	return c
-}
-
-// writeAtomic replaces path with data: a temporary file beside it, fsync,
-// close, rename, fsync of the directory. On error the temporary file is
-// removed, and path is untouched unless renamed is true (only the directory
-// fsync failed).
-func writeAtomic(path string, data []byte) (renamed bool, err error) {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	f, err := os.CreateTemp(dir, base+tempInfix+"*")
-	if err != nil {
-		return false, err
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if _, err = f.Write(data); err != nil {
-		return false, err
-	}
-	if err = f.Sync(); err != nil {
-		return false, err
-	}
-	if err = f.Close(); err != nil {
-		return false, err
-	}
-	if err = os.Rename(f.Name(), path); err != nil {
-		return false, err
-	}
-	return true, syncDir(dir)
-}
-
-const tempInfix = ".tmp-"
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync directory %s: %w", dir, err)
-	}
-	return nil
-}
-
-// removeStaleTemps deletes temporary files a crash left behind in Record.
-// Failures are ignored: a leftover file is harmless.
-func removeStaleTemps(dir, base string) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		if e.Type().IsRegular() && strings.HasPrefix(e.Name(), base+tempInfix) {
-			os.Remove(filepath.Join(dir, e.Name()))
-		}
-	}
 }

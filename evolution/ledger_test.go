@@ -312,7 +312,7 @@ func TestLedgerRecordIOFailureChangesNothing(t *testing.T) {
 func TestOpenLedgerRemovesStaleTemporaryFiles(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "evolution.json")
-	stale := filepath.Join(dir, "evolution.json.tmp-12345")
+	stale := filepath.Join(dir, "evolution.json.12345.tmp")
 	other := filepath.Join(dir, "audit.jsonl")
 	for _, f := range []string{stale, other} {
 		if err := os.WriteFile(f, []byte("{"), 0o600); err != nil {

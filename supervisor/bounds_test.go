@@ -14,40 +14,47 @@ import (
 	"time"
 )
 
+// TestByteGateBoundsBytes: an item that does not fit waits until a release
+// makes room. In a synctest bubble, synctest.Wait returns once the waiter
+// has entered or is blocked at the gate: "it did not enter" is known, not
+// hoped for after a sleep.
 func TestByteGateBoundsBytes(t *testing.T) {
-	g := newByteGate(100)
-	if waited, ok := g.acquire(60, nil); !ok || waited {
-		t.Fatal("first item must enter at once")
-	}
-	if _, ok := g.acquire(40, nil); !ok {
-		t.Fatal("an item that fits must enter")
-	}
-	entered := make(chan struct{})
-	go func() {
-		g.acquire(10, nil)
-		close(entered)
-	}()
-	select {
-	case <-entered:
-		t.Fatal("entered a full gate")
-	case <-time.After(50 * time.Millisecond):
-	}
-	g.release(60)
-	<-entered
-	if g.inUse() != 50 {
-		t.Fatalf("in use %d, want 50", g.inUse())
-	}
-	g.release(40)
-	g.release(10)
-	// One item larger than the bound is admitted alone.
-	if _, ok := g.acquire(1000, nil); !ok {
-		t.Fatal("an oversized item into an empty gate")
-	}
-	cancel := make(chan struct{})
-	close(cancel)
-	if _, ok := g.acquire(1, cancel); ok {
-		t.Fatal("acquired past an oversized item")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		g := newByteGate(100)
+		if waited, ok := g.acquire(60, nil); !ok || waited {
+			t.Fatal("first item must enter at once")
+		}
+		if _, ok := g.acquire(40, nil); !ok {
+			t.Fatal("an item that fits must enter")
+		}
+		entered := make(chan struct{})
+		go func() {
+			g.acquire(10, nil)
+			close(entered)
+		}()
+		synctest.Wait()
+		select {
+		case <-entered:
+			t.Fatal("entered a full gate")
+		default:
+		}
+		g.release(60)
+		<-entered
+		if g.inUse() != 50 {
+			t.Fatalf("in use %d, want 50", g.inUse())
+		}
+		g.release(40)
+		g.release(10)
+		// One item larger than the bound is admitted alone.
+		if _, ok := g.acquire(1000, nil); !ok {
+			t.Fatal("an oversized item into an empty gate")
+		}
+		cancel := make(chan struct{})
+		close(cancel)
+		if _, ok := g.acquire(1, cancel); ok {
+			t.Fatal("acquired past an oversized item")
+		}
+	})
 }
 
 // Time the reader spends inside our sinks (blocked on our storage, or on a
@@ -174,8 +181,17 @@ func TestLimitListenerCapsConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var open, waits atomic.Int64
-	ll := newLimitListener(ln, 2, func(d int) { open.Add(int64(d)) }, func() { waits.Add(1) })
+	// peak is the most connections ever open at once: the cap holds over the
+	// whole test, not just at one moment.
+	var open, peak, waits atomic.Int64
+	ll := newLimitListener(ln, 2, func(d int) {
+		n := open.Add(int64(d))
+		for {
+			if p := peak.Load(); n <= p || peak.CompareAndSwap(p, n) {
+				return
+			}
+		}
+	}, func() { waits.Add(1) })
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), ReadHeaderTimeout: 300 * time.Millisecond}
 	go srv.Serve(ll)
 	defer srv.Close()
@@ -187,10 +203,6 @@ func TestLimitListenerCapsConnections(t *testing.T) {
 		}
 		defer c.Close()
 		conns = append(conns, c)
-	}
-	time.Sleep(100 * time.Millisecond)
-	if n := open.Load(); n > 2 {
-		t.Fatalf("%d connections accepted, cap 2", n)
 	}
 	// Stalled clients time out and free their slots for the rest.
 	deadline := time.Now().Add(5 * time.Second)
@@ -214,5 +226,8 @@ func TestLimitListenerCapsConnections(t *testing.T) {
 	}
 	if n := open.Load(); n != 0 {
 		t.Fatalf("%d connections still open after the header timeout", n)
+	}
+	if n := peak.Load(); n != 2 {
+		t.Fatalf("at most %d connections were open at once, want the cap, 2", n)
 	}
 }

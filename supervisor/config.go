@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/agent-sidecar/supervisor/evolution"
+	"github.com/agent-sidecar/supervisor/wal"
 )
 
 // RestartPolicy says when an agent that stopped is started again.
@@ -119,6 +120,16 @@ func DefaultConfig() Config {
 	}
 }
 
+// walSyncPolicy parses --wal-sync, for Validate and for opening the WAL
+// alike, so both say the same thing of a bad value.
+func (c *Config) walSyncPolicy() (wal.SyncPolicy, error) {
+	p, err := wal.ParseSyncPolicy(c.WALSync)
+	if err != nil {
+		return 0, fmt.Errorf("%w: --wal-sync %w", ErrConfig, err)
+	}
+	return p, nil
+}
+
 // ErrConfig marks configuration errors (exit code 2).
 var ErrConfig = errors.New("configuration error")
 
@@ -163,10 +174,8 @@ func (c *Config) Validate() error {
 	if c.MaxFrameSize < 1024 {
 		return bad("--max-frame-size must be at least 1024 bytes, got %d", c.MaxFrameSize)
 	}
-	switch c.WALSync {
-	case "always", "batch", "none":
-	default:
-		return bad("--wal-sync must be always, batch or none, got %q", c.WALSync)
+	if _, err := c.walSyncPolicy(); err != nil {
+		return err
 	}
 	if err := c.EvolutionThresholds.Validate(); err != nil {
 		return bad("evolution thresholds: %v", err)

@@ -1,7 +1,9 @@
 package supervisor
 
 import (
+	"bufio"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -42,10 +44,88 @@ func TestProcessExitIsSeenWithoutReaping(t *testing.T) {
 	}
 }
 
+// readPids reads the lines "LABEL PID" a test agent prints on its stdout
+// until it has one for every label, and returns each process with its start
+// time (so that a recycled pid is never mistaken for it).
+func readPids(t *testing.T, p *process, labels ...string) map[string]target {
+	t.Helper()
+	if err := p.fromAgent.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(p.fromAgent)
+	got := map[string]target{}
+	for len(got) < len(labels) {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("reading the agent's report after %v: %v", got, err)
+		}
+		label, num, _ := strings.Cut(strings.TrimSpace(line), " ")
+		pid, err := strconv.Atoi(num)
+		if !slices.Contains(labels, label) || err != nil {
+			t.Fatalf("the agent reported %q, want LABEL PID with LABEL one of %v", line, labels)
+		}
+		st, ok := procStartTime(pid)
+		if !ok {
+			t.Fatalf("%s (pid %d) is gone before the test began", label, pid)
+		}
+		got[label] = target{pid, st}
+		// Whatever the test finds, nothing it started outlives it.
+		t.Cleanup(func() {
+			if fd, ok := signalExact(pid, st, syscall.SIGKILL); ok {
+				waitGone([]int{fd}, 5*time.Second)
+				syscall.Close(fd)
+				reapOrphans(discardLog)
+			}
+		})
+	}
+	return got
+}
+
+// procStat returns the state, process group and session of pid from
+// /proc/PID/stat.
+func procStat(t *testing.T, pid int) (state string, pgrp, session int) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + itoa(pid) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	pgrp, _ = strconv.Atoi(f[2])
+	session, _ = strconv.Atoi(f[3])
+	return f[0], pgrp, session
+}
+
+// assertGone fails unless the process is gone from the process table: not
+// running, and not a zombie either (reaped).
+func assertGone(t *testing.T, what string, tg target) {
+	t.Helper()
+	if st, ok := procStartTime(tg.pid); ok && st == tg.start {
+		b, _ := os.ReadFile("/proc/" + itoa(tg.pid) + "/stat")
+		t.Errorf("%s (pid %d) outlived the agent: %s", what, tg.pid, b)
+	}
+}
+
+// escapedGrandchild is shell that starts a grandchild in a session of its
+// own, as setsid() or Python's start_new_session=True do, which reports its
+// pid as "session PID".
+const escapedGrandchild = `setsid sh -c 'echo "session $$"; exec sleep 3600' &`
+
 func TestStopGroupKillsDescendantsAndEscalates(t *testing.T) {
-	// The shell ignores SIGTERM and has a child in its group.
-	p := startSleep(t, "trap '' TERM; sleep 3600 & echo $! >&2; wait")
-	time.Sleep(200 * time.Millisecond)
+	if err := becomeSubreaper(); err != nil {
+		t.Fatal(err)
+	}
+	// The shell ignores SIGTERM (its "group" line comes after the trap is
+	// set) and has two children: one in its group, one that left it.
+	p := startSleep(t, `trap '' TERM; sleep 3600 & echo "group $!"; `+escapedGrandchild+` wait`)
+	kids := readPids(t, p, "group", "session")
+	leaderStart, _ := procStartTime(p.pid)
+	if _, pgrp, _ := procStat(t, kids["group"].pid); pgrp != p.pid {
+		t.Fatalf("the group child is in group %d, want the agent's %d", pgrp, p.pid)
+	}
+	if _, pgrp, sid := procStat(t, kids["session"].pid); pgrp == p.pid || sid != kids["session"].pid {
+		t.Fatalf("the setsid child is in group %d, session %d: it did not leave the agent's group", pgrp, sid)
+	}
+
 	start := time.Now()
 	if killed := p.stopGroup(300 * time.Millisecond); !killed {
 		t.Fatal("a leader ignoring SIGTERM must be SIGKILLed")
@@ -54,10 +134,40 @@ func TestStopGroupKillsDescendantsAndEscalates(t *testing.T) {
 		t.Fatal("SIGKILL sent before the kill timeout")
 	}
 	p.reap()
-	out, _ := os.ReadFile("/proc/" + itoa(p.pid) + "/stat")
-	if len(out) != 0 {
-		t.Fatalf("leader still present: %s", out)
+	assertGone(t, "the leader", target{p.pid, leaderStart})
+	assertGone(t, "the child in the agent's group", kids["group"])
+	assertGone(t, "the child that left the agent's group (setsid)", kids["session"])
+}
+
+// A descendant that left the group and was orphaned before the supervisor
+// ever saw it is recognised by the environment it inherited from the agent,
+// and killed with it.
+func TestReapKillsAnUnseenEscapedDescendant(t *testing.T) {
+	if err := becomeSubreaper(); err != nil {
+		t.Fatal(err)
 	}
+	p, err := startProcess(procSpec{Path: "/bin/sh", Args: []string{"-c", escapedGrandchild + ` read _`},
+		Env: append(os.Environ(), "SUPERVISOR_ROLE=primary"), Stdio: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kid := readPids(t, p, "session")["session"]
+	if _, pgrp, _ := procStat(t, kid.pid); pgrp == p.pid {
+		t.Fatalf("the setsid child is in the agent's group %d", pgrp)
+	}
+	// The leader exits by itself; its child is orphaned to us.
+	if _, err := p.toAgent.Write([]byte("\n")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the leader did not exit")
+	}
+	if st := p.reap(); st == nil || st.ExitCode() != 0 {
+		t.Fatalf("leader exit %v, want 0", st)
+	}
+	assertGone(t, "the orphaned child that left the agent's group (setsid)", kid)
 }
 
 func TestSpawnFailureIsReported(t *testing.T) {

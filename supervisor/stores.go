@@ -10,12 +10,12 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/wal"
 )
@@ -139,9 +139,9 @@ func openStores(dir string, cfg Config, codec *schema.Codec, log *slog.Logger, o
 		covered = m.Watermark
 		st.newest.Store(&m)
 	}
-	policy, err := wal.ParseSyncPolicy(cfg.WALSync)
+	policy, err := cfg.walSyncPolicy()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+		return nil, err
 	}
 	w, err := wal.Open(wal.Options{
 		Dir: filepath.Join(dir, "wal"), SegmentSize: cfg.WALSegmentSize, Sync: policy,
@@ -313,7 +313,8 @@ func (st *stores) noteVersion(v int32) {
 	st.infoMu.Lock()
 	defer st.infoMu.Unlock()
 	b, _ := json.Marshal(agentInfo{ProtocolVersion: st.version.Load()})
-	if err := writeFileAtomic(filepath.Join(st.dir, agentFile), b); err != nil {
+	_, _ = atomicfile.Sweep(st.dir, agentFile) // what a crash mid-write left
+	if err := atomicfile.WriteFile(st.dir, agentFile, b); err != nil {
 		st.log.Warn("cannot record the agent's protocol version; the first restore after a supervisor restart will not be compressed", "err", err)
 	}
 }
@@ -511,38 +512,4 @@ func (st *stores) rewind(cp checkpoint.Meta) (abandoned []string, removed int, p
 	st.appended.Store(0)
 	st.base.Store(0)
 	return abandoned, removed, prevLast, nil
-}
-
-// writeFileAtomic replaces path with b: temporary file, fsync, rename,
-// fsync of the directory.
-func writeFileAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -20,7 +20,10 @@ const (
 	SyncNone
 )
 
-// ParseSyncPolicy parses "always", "batch" or "none".
+// ParseSyncPolicy parses "always", "batch" or "none", the names String
+// returns; it is the only parser of them. Its error says what is accepted
+// and reads after the name of the setting that held s, as the supervisor
+// prints it: "--wal-sync must be always, batch or none, got "fsync"".
 func ParseSyncPolicy(s string) (SyncPolicy, error) {
 	switch s {
 	case "batch":
@@ -30,7 +33,7 @@ func ParseSyncPolicy(s string) (SyncPolicy, error) {
 	case "none":
 		return SyncNone, nil
 	}
-	return 0, fmt.Errorf("wal: unknown sync policy %q (want always, batch or none)", s)
+	return 0, fmt.Errorf("must be always, batch or none, got %q", s)
 }
 
 // String returns the name ParseSyncPolicy accepts.

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 )
 
 func segmentPath(dir string, index uint64) string { return filepath.Join(dir, segmentName(index)) }
@@ -29,19 +31,6 @@ func listSegments(dir string) ([]uint64, error) {
 	}
 	slices.Sort(idx)
 	return idx, nil
-}
-
-// syncDir makes renames, creations and removals in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 // recover scans the segments, repairs a torn tail, cuts the log at
@@ -183,7 +172,7 @@ func (l *Log) repairTail(sc *segmentScan) error {
 	path := segmentPath(l.dir, sc.index)
 	if sc.headerTorn {
 		prev := sc.prevLast // the previous segment's last sequence, or 0
-		if err := writeFileAtomic(l.dir, path, bytes.NewReader(segmentHeader{index: sc.index, prevLast: prev}.marshal())); err != nil {
+		if err := replaceFile(l.dir, sc.name, bytes.NewReader(segmentHeader{index: sc.index, prevLast: prev}.marshal())); err != nil {
 			return fmt.Errorf("wal: rewrite the header of segment %s: %w", sc.name, err)
 		}
 		sc.prevLast, sc.end, sc.headerTorn = prev, segmentHeaderSize, false
@@ -272,7 +261,7 @@ func (l *Log) installSegment(index, prevLast uint64, pf *os.File, ppath string) 
 	if err := os.Rename(tmp, segmentPath(l.dir, index)); err != nil {
 		return fail("rename into place segment", err)
 	}
-	if err := syncDir(l.dir); err != nil {
+	if err := atomicfile.SyncDir(l.dir); err != nil {
 		f.Close()
 		return nil, 0, ioFailure("fsync directory after creating segment "+name, err)
 	}
@@ -316,7 +305,7 @@ func (l *Log) dropCovered(prefix []uint64, next uint64, ce *CorruptionError) (bo
 		if err := os.Rename(filepath.Join(l.dir, name), filepath.Join(l.dir, q)); err != nil {
 			return false, fmt.Errorf("wal: set aside segment %s after damage below the checkpoint watermark (%v): %w", name, ce, err)
 		}
-		if err := syncDir(l.dir); err != nil {
+		if err := atomicfile.SyncDir(l.dir); err != nil {
 			return false, fmt.Errorf("wal: fsync directory after setting aside %s: %w", name, err)
 		}
 		ce.Moved = append(ce.Moved, q)
@@ -349,7 +338,7 @@ func (l *Log) quarantine(idx []uint64, ce *CorruptionError) error {
 		if err := os.Rename(filepath.Join(l.dir, name), filepath.Join(l.dir, q)); err != nil {
 			return fmt.Errorf("wal: set aside segment %s after corruption (%v): %w", name, ce, err)
 		}
-		if err := syncDir(l.dir); err != nil {
+		if err := atomicfile.SyncDir(l.dir); err != nil {
 			return fmt.Errorf("wal: fsync directory after setting aside %s: %w", name, err)
 		}
 		ce.Moved = append(ce.Moved, q)
@@ -369,42 +358,23 @@ func (l *Log) cutSegment(sc segmentScan, ce *CorruptionError) error {
 	defer src.Close()
 	if err := os.Link(path, filepath.Join(l.dir, q)); err != nil {
 		// No hard links here: keep a copy instead.
-		if err := writeFileAtomic(l.dir, filepath.Join(l.dir, q), io.NewSectionReader(src, 0, sc.size)); err != nil {
+		if err := replaceFile(l.dir, q, io.NewSectionReader(src, 0, sc.size)); err != nil {
 			return fmt.Errorf("wal: keep a copy of corrupt segment %s: %w", sc.name, err)
 		}
 	}
-	if err := writeFileAtomic(l.dir, path, io.NewSectionReader(src, 0, sc.end)); err != nil {
+	if err := replaceFile(l.dir, sc.name, io.NewSectionReader(src, 0, sc.end)); err != nil {
 		return fmt.Errorf("wal: cut corrupt segment %s to its good prefix: %w", sc.name, err)
 	}
 	ce.Moved = append(ce.Moved, q)
 	return nil
 }
 
-// writeFileAtomic replaces path by the concatenation of parts: temporary
-// file, fsync, rename, fsync of the directory.
-func writeFileAtomic(dir, path string, parts ...io.Reader) error {
-	tmp := path + tmpSuffix
-	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC|noFollow, 0o600)
-	if err != nil {
+// replaceFile makes dir/name hold the concatenation of parts, atomically
+// (internal/atomicfile).
+func replaceFile(dir, name string, parts ...io.Reader) error {
+	_, err := atomicfile.Write(dir, name, func(f *os.File) error {
+		_, err := io.Copy(f, io.MultiReader(parts...))
 		return err
-	}
-	err = func() error {
-		for _, p := range parts {
-			if _, err := io.Copy(f, p); err != nil {
-				return err
-			}
-		}
-		return datasync(f)
-	}()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return syncDir(dir)
+	})
+	return err
 }

@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"slices"
+
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 )
 
 // TruncateBefore deletes the oldest segments whose entries all have
@@ -42,7 +44,7 @@ func (l *Log) TruncateBefore(watermark uint64) (removed int, err error) {
 		}
 		// One directory fsync per deletion keeps the remaining segments a
 		// contiguous run whatever moment a crash interrupts this.
-		if err := syncDir(l.dir); err != nil {
+		if err := atomicfile.SyncDir(l.dir); err != nil {
 			return removed + 1, fmt.Errorf("wal: fsync directory after deleting segment %s: %w", seg.name(), err)
 		}
 		removed++
@@ -110,7 +112,7 @@ func (l *Log) truncateAfter(seq uint64) (removed int, err error) {
 		l.segMu.Lock()
 		l.segs = l.segs[:i]
 		l.segMu.Unlock()
-		if err := syncDir(l.dir); err != nil {
+		if err := atomicfile.SyncDir(l.dir); err != nil {
 			return removed, fmt.Errorf("wal: fsync directory after deleting segment %s: %w", segs[i].name(), err)
 		}
 		removed += segs[i].entries
@@ -190,7 +192,7 @@ func (l *Log) cutAfter(seg segment, seq uint64) (removed int, out segment, err e
 		if len(kept) > 0 {
 			rec = appendRecord(nil, kept)
 		}
-		if err := writeFileAtomic(l.dir, path, bytes.NewReader(head), body, bytes.NewReader(rec)); err != nil {
+		if err := replaceFile(l.dir, seg.name(), bytes.NewReader(head), body, bytes.NewReader(rec)); err != nil {
 			return removed, seg, fmt.Errorf("wal: rewrite segment %s without the entries after %d: %w", seg.name(), seq, err)
 		}
 		out.size = cut + int64(len(rec))

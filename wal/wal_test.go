@@ -127,6 +127,9 @@ func TestParseSyncPolicy(t *testing.T) {
 		if err == nil && got.String() != tc.in {
 			t.Errorf("%v.String() = %q, want %q", got, got.String(), tc.in)
 		}
+		if want := fmt.Sprintf("must be always, batch or none, got %q", tc.in); err != nil && err.Error() != want {
+			t.Errorf("ParseSyncPolicy(%q) error %q, want %q", tc.in, err, want)
+		}
 	}
 }
 

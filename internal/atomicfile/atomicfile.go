@@ -1,0 +1,198 @@
+// Package atomicfile replaces files so that a crash at any moment leaves a
+// file holding either its old content or its new content, never a mix, and
+// makes directory changes durable.
+//
+// A replacement is written to a temporary file beside the target, fsynced,
+// renamed over the target, and the directory fsynced. The temporary file is
+// named <name>.<random>.tmp, created with O_CREAT|O_EXCL (a file or symlink
+// planted under that name is never written through) and mode 0600, and held
+// under an exclusive flock until it has its final name, so that [Sweep] in
+// another process — a read-only command opening the same store — never
+// removes a file that is still being written.
+package atomicfile
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// TempSuffix ends the name of every temporary file: one being written, or
+// one a crash left behind. Readers never look at such files.
+const TempSuffix = ".tmp"
+
+// ErrNotDurable marks an error that came after the rename: the target already
+// holds the new content, but it is not known to survive a crash (the
+// directory fsync failed). A caller that must keep disk and memory in step
+// puts the old content back; errors.Is finds it, the message is the cause's.
+var ErrNotDurable = errors.New("atomicfile: replaced, but the rename is not known to be durable")
+
+// notDurable is an error after the rename: it reads as its cause and matches
+// both the cause and ErrNotDurable.
+type notDurable struct{ err error }
+
+func (e notDurable) Error() string   { return e.err.Error() }
+func (e notDurable) Unwrap() []error { return []error{e.err, ErrNotDurable} }
+
+// Write makes dir/name hold exactly what write puts in the temporary file
+// it is given, or leaves dir/name as it was. write may seek and write at
+// offsets; its error is returned as it is. Write returns the size of the new
+// file. An error before the rename removes the temporary file; one after it
+// wraps [ErrNotDurable].
+func Write(dir, name string, write func(f *os.File) error) (size int64, err error) {
+	f, err := createTemp(dir, name)
+	if err != nil {
+		return 0, err
+	}
+	renamed := false
+	defer func() {
+		if err != nil && !renamed {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	if err := write(f); err != nil {
+		return 0, err
+	}
+	if err := f.Sync(); err != nil {
+		return 0, fmt.Errorf("fsync %s: %w", f.Name(), err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	// Renamed while still open, so still locked: a concurrent sweep cannot
+	// take it between the fsync and the rename.
+	if err := os.Rename(f.Name(), filepath.Join(dir, name)); err != nil {
+		return 0, err
+	}
+	renamed = true
+	if err := f.Close(); err != nil {
+		return fi.Size(), notDurable{fmt.Errorf("close %s: %w", name, err)}
+	}
+	if err := SyncDir(dir); err != nil {
+		return fi.Size(), notDurable{err}
+	}
+	return fi.Size(), nil
+}
+
+// WriteFile is [Write] for content that is already in memory.
+func WriteFile(dir, name string, data []byte) error {
+	_, err := Write(dir, name, func(f *os.File) error {
+		_, err := f.Write(data)
+		return err
+	})
+	return err
+}
+
+// createTemp creates the temporary file for name in dir and holds an
+// exclusive flock on it until it is closed.
+func createTemp(dir, name string) (*os.File, error) {
+	for range 3 {
+		// os.CreateTemp opens with O_CREAT|O_EXCL, mode 0600, O_CLOEXEC.
+		f, err := os.CreateTemp(dir, name+".*"+TempSuffix)
+		if err != nil {
+			return nil, err
+		}
+		if err := flock(f, syscall.LOCK_EX); err != nil {
+			f.Close()
+			os.Remove(f.Name())
+			return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+		}
+		// A sweeper may have locked and removed the file between its creation
+		// and our lock. Only a file still reachable under its name is ours.
+		fi, ferr := f.Stat()
+		pi, perr := os.Lstat(f.Name())
+		if ferr == nil && perr == nil && os.SameFile(fi, pi) {
+			return f, nil
+		}
+		f.Close()
+	}
+	return nil, fmt.Errorf("create temporary file for %s in %s: removed by a concurrent sweep three times", name, dir)
+}
+
+// SyncDir fsyncs dir so that creations, renames and removals in it are
+// durable.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = fsyncDir(d)
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("fsync directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// fsyncDir is (*os.File).Sync; the tests replace it to see a directory fsync
+// fail.
+var fsyncDir = (*os.File).Sync
+
+// Remove removes dir/name and fsyncs dir. A file that is already gone is not
+// an error.
+func Remove(dir, name string) error {
+	if err := os.Remove(filepath.Join(dir, name)); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	return SyncDir(dir)
+}
+
+// Sweep removes the temporary files in dir that no live writer holds (left
+// by a crash) and returns their names: those of target name, or of every
+// target when name is "". A file a writer has locked is left alone.
+func Sweep(dir, name string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		n := e.Name()
+		if !e.Type().IsRegular() || !strings.HasSuffix(n, TempSuffix) || (name != "" && !strings.HasPrefix(n, name+".")) {
+			continue
+		}
+		path := filepath.Join(dir, n)
+		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		switch err := flock(f, syscall.LOCK_EX|syscall.LOCK_NB); {
+		case errors.Is(err, syscall.EWOULDBLOCK):
+			// A live writer holds it.
+		case err != nil:
+			errs = append(errs, fmt.Errorf("lock %s: %w", path, err))
+		default:
+			if err := os.Remove(path); err == nil {
+				removed = append(removed, n)
+			} else if !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+		f.Close()
+	}
+	return removed, errors.Join(errs...)
+}
+
+// flock applies an advisory lock to f, retrying on EINTR.
+func flock(f *os.File, how int) error {
+	for {
+		err := syscall.Flock(int(f.Fd()), how)
+		if !errors.Is(err, syscall.EINTR) {
+			return err
+		}
+	}
+}
