@@ -164,7 +164,7 @@ func TestReapKillsAnUnseenEscapedDescendant(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the leader did not exit")
 	}
-	if st := p.reap(); st == nil || st.ExitCode() != 0 {
+	if st := p.reap(); !st.known || st.code != 0 || st.signal != 0 {
 		t.Fatalf("leader exit %v, want 0", st)
 	}
 	assertGone(t, "the orphaned child that left the agent's group (setsid)", kid)
