@@ -77,9 +77,11 @@ type Options struct {
 // running, which is how an agent waits for the ack of its final checkpoint).
 //
 // A Conn owns one goroutine that reads and decodes frames ahead of the
-// receiver (up to 64 MiB of them), so that a handler waiting in [Conn.Log]
-// never stops the wal_ack it waits for from being read. It ends when the input returns an error:
-// the supervisor closed its end, or [Conn.Close] closed the input.
+// receiver (up to 64 MiB of them), so that an agent waiting in [Conn.Log]
+// never stops the wal_ack it waits for from being read. It ends when the
+// input returns an error: the supervisor closed its end, or [Conn.Close]
+// closed the input. With [Conn.Messages] it owns a second one, which hands
+// what the first read to the channel and ends with it (or at Close).
 type Conn struct {
 	cfg     Config
 	version int
