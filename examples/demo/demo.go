@@ -136,22 +136,29 @@ func Run(ctx context.Context, conn *agent.Conn, log *slog.Logger, noteEvery, che
 	if !restoring {
 		log.Info("fresh start: nothing to restore")
 	}
+	// After shutdown, only the acks of the checkpoints sent matter, for a
+	// little while.
+	var stopping <-chan time.Time
 	notes, checkpoints := time.NewTicker(noteEvery), time.NewTicker(checkpointEvery)
 	defer notes.Stop()
 	defer checkpoints.Stop()
 	for {
+		idle := restoring || stopping != nil
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-stopping:
+			log.Warn("final checkpoint not acknowledged", "waited", finalAckWait)
+			return agent.ErrShutdown
 		case <-notes.C:
-			if restoring {
+			if idle {
 				break
 			}
 			if _, err := d.remember(ctx, fmt.Sprintf("note %d", d.st.Written+1)); err != nil && !errors.Is(err, agent.ErrNotDurable) {
 				return err
 			}
 		case <-checkpoints.C:
-			if !restoring {
+			if !idle {
 				d.checkpoint("periodic")
 			}
 		case m, ok := <-conn.Messages():
@@ -166,7 +173,7 @@ func Run(ctx context.Context, conn *agent.Conn, log *slog.Logger, noteEvery, che
 				}
 				restoring = false
 			case *schema.ProcessRequest:
-				if err := d.answer(ctx, m, restoring); err != nil {
+				if err := d.answer(ctx, m, idle); err != nil {
 					return err
 				}
 			case *schema.CheckpointAck:
@@ -178,10 +185,13 @@ func Run(ctx context.Context, conn *agent.Conn, log *slog.Logger, noteEvery, che
 				}
 				log.Warn("the supervisor reported an error", "code", m.Error.Code, "message", m.Error.Message)
 			case *schema.Shutdown:
-				if m.CreateCheckpoint && !restoring {
-					d.checkpoint("shutdown")
-					d.awaitAcks()
+				if !m.CreateCheckpoint || restoring {
+					return agent.ErrShutdown
 				}
+				d.checkpoint("shutdown")
+				stopping = time.After(finalAckWait)
+			}
+			if stopping != nil && d.unacked == 0 { // every checkpoint sent is answered
 				return agent.ErrShutdown
 			}
 		}
@@ -189,9 +199,9 @@ func Run(ctx context.Context, conn *agent.Conn, log *slog.Logger, noteEvery, che
 }
 
 // answer turns a request into a note and tells the caller its number.
-func (d *demo) answer(ctx context.Context, m *schema.ProcessRequest, restoring bool) error {
-	if restoring {
-		return d.conn.SendRequestError(m.RequestID, "NOT_READY", "the agent is restoring its state; try again")
+func (d *demo) answer(ctx context.Context, m *schema.ProcessRequest, idle bool) error {
+	if idle {
+		return d.conn.SendRequestError(m.RequestID, "NOT_READY", "the agent is restoring its state, or stopping")
 	}
 	seq, err := d.remember(ctx, "request: "+m.Data.Message)
 	if errors.Is(err, agent.ErrNotDurable) {
@@ -239,33 +249,6 @@ func (d *demo) checkpoint(why string) {
 		return
 	}
 	d.unacked++
-}
-
-// awaitAcks waits a little for the acks of the checkpoints sent, the final
-// one last; other messages no longer matter.
-func (d *demo) awaitAcks() {
-	timeout := time.After(finalAckWait)
-	for d.unacked > 0 {
-		select {
-		case m, ok := <-d.conn.Messages():
-			if !ok {
-				return
-			}
-			switch m := m.(type) {
-			case *schema.CheckpointAck:
-				d.unacked--
-				d.log.Info("checkpoint stored by the supervisor", "checkpoint_id", m.CheckpointID, "bytes", m.Size)
-			case *schema.Error:
-				if m.Error.Code == schema.CodeCheckpointFailed {
-					d.log.Warn("final checkpoint not stored", "message", m.Error.Message)
-					return
-				}
-			}
-		case <-timeout:
-			d.log.Warn("final checkpoint not acknowledged", "waited", finalAckWait)
-			return
-		}
-	}
 }
 
 // restore replaces the state by the snapshot and replays the WAL after it.

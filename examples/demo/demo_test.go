@@ -180,3 +180,31 @@ func TestDemoAnswersRequestsOnceLogged(t *testing.T) {
 		}
 	})
 }
+
+// A final checkpoint the supervisor never acknowledges holds the shutdown
+// up for 2 seconds, not for ever.
+func TestDemoShutdownWaitsForTheAckBriefly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sup, done := start(t, agent.Config{Role: agent.RolePrimary, ProtocolVersion: 2, Transport: agent.TransportStdio})
+		sup.send(&schema.Shutdown{Reason: "test", CreateCheckpoint: true})
+		for {
+			if _, ok := sup.next().(*schema.Checkpoint); ok {
+				break
+			}
+		}
+		began := time.Now()
+		go func() { // keep reading: heartbeats go on meanwhile
+			for {
+				if _, err := sup.r.ReadFrame(); err != nil {
+					return
+				}
+			}
+		}()
+		if err := <-done; !errors.Is(err, agent.ErrShutdown) {
+			t.Fatalf("Run returned %v, want ErrShutdown", err)
+		}
+		if waited := time.Since(began); waited != 2*time.Second {
+			t.Errorf("waited %v for the ack, want 2s", waited)
+		}
+	})
+}
