@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/agent-sidecar/supervisor/schema"
@@ -37,6 +38,9 @@ var (
 	// ErrCheckpointFailed: the supervisor answered a checkpoint with an error
 	// of code CHECKPOINT_FAILED instead of an acknowledgement.
 	ErrCheckpointFailed = errors.New("agent: supervisor could not store the checkpoint")
+	// ErrMessagesInUse: Receive, Run or AwaitCheckpointAck was called on a
+	// Conn whose messages go to the channel [Conn.Messages] returned.
+	ErrMessagesInUse = errors.New("agent: messages are received through Conn.Messages")
 )
 
 // Error codes this package sends to the supervisor in `error` messages.
@@ -65,15 +69,19 @@ type Options struct {
 
 // Conn is the agent's connection to its supervisor.
 //
-// Sends are safe for concurrent use. Receiving ([Conn.Receive], [Conn.Run],
-// [Conn.AwaitCheckpointAck]) is done by one goroutine at a time; the one
-// exception is AwaitCheckpointAck called from inside a handler that Run is
-// running, which is how an agent waits for the ack of its final checkpoint.
+// Sends are safe for concurrent use. Messages are received in one of two
+// ways, chosen by the agent once: from the channel [Conn.Messages] returns,
+// by an agent with its own select loop, or by calling [Conn.Receive],
+// [Conn.Run] and [Conn.AwaitCheckpointAck], one goroutine at a time (the one
+// exception: AwaitCheckpointAck called from inside a handler that Run is
+// running, which is how an agent waits for the ack of its final checkpoint).
 //
 // A Conn owns one goroutine that reads and decodes frames ahead of the
-// receiver (up to 64 MiB of them), so that a handler waiting in [Conn.Log]
-// never stops the wal_ack it waits for from being read. It ends when the input returns an error:
-// the supervisor closed its end, or [Conn.Close] closed the input.
+// receiver (up to 64 MiB of them), so that an agent waiting in [Conn.Log]
+// never stops the wal_ack it waits for from being read. It ends when the
+// input returns an error: the supervisor closed its end, or [Conn.Close]
+// closed the input. With [Conn.Messages] it owns a second one, which hands
+// what the first read to the channel and ends with it (or at Close).
 type Conn struct {
 	cfg     Config
 	version int
@@ -107,6 +115,15 @@ type Conn struct {
 
 	rmu     sync.Mutex       // one receiver at a time
 	pending []schema.Message // read by AwaitCheckpointAck, not yet received
+
+	// Messages: msgs is fed by the pump goroutine, started by the first
+	// call; msgsErr is written by the pump before it closes msgsDone and
+	// then msgs.
+	startPump sync.Once
+	pumping   atomic.Bool
+	msgs      chan schema.Message
+	msgsDone  chan struct{}
+	msgsErr   error
 }
 
 type received struct {
@@ -225,6 +242,8 @@ func newConn(r io.Reader, w io.Writer, cfg Config, opts Options, closers []io.Cl
 		qready:     make(chan struct{}, 1),
 		qspace:     make(chan struct{}, 1),
 		closed:     make(chan struct{}),
+		msgs:       make(chan schema.Message),
+		msgsDone:   make(chan struct{}),
 	}
 }
 
@@ -340,6 +359,9 @@ func (c *Conn) dequeue() (received, bool) {
 // validation (not final: the next call reads the next frame), ctx.Err() when
 // ctx ends, and [ErrClosed] after Close.
 func (c *Conn) Receive(ctx context.Context) (schema.Message, error) {
+	if c.pumping.Load() {
+		return nil, ErrMessagesInUse
+	}
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	if len(c.pending) > 0 {
@@ -390,6 +412,9 @@ func (c *Conn) receive(ctx context.Context) (schema.Message, error) {
 // Shutdown, after SendCheckpoint), never concurrently with Receive or Run
 // from another goroutine.
 func (c *Conn) AwaitCheckpointAck(ctx context.Context) (*schema.CheckpointAck, error) {
+	if c.pumping.Load() {
+		return nil, ErrMessagesInUse
+	}
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	for i, m := range c.pending {

@@ -27,10 +27,33 @@
 //
 // # Use
 //
+// An agent with its own loop receives from [Conn.Messages] beside its timers
+// (examples/demo is a complete one):
+//
 //	conn, err := agent.Connect(agent.Options{})
 //	if err != nil { ... }
 //	defer conn.Close()
 //	go conn.Heartbeats(ctx, time.Second)
+//	for {
+//		select {
+//		case <-tick.C:
+//			// log (conn.Log, conn.SendWAL), then change the state
+//		case m, ok := <-conn.Messages():
+//			if !ok {
+//				return conn.Err() // ErrSupervisorGone: exit 0
+//			}
+//			switch m := m.(type) {
+//			case *schema.Restore:
+//				// replace the state by the snapshot, replay the WAL entries
+//			case *schema.Shutdown:
+//				// send a final checkpoint if asked, read the channel until
+//				// its checkpoint_ack (or a short timeout), exit 0
+//			}
+//		}
+//	}
+//
+// An agent that prefers callbacks hands them to [Conn.Run] instead:
+//
 //	err = conn.Run(ctx, agent.Handlers{
 //		Restore:        a.restore,
 //		ProcessRequest: a.handle,
@@ -54,6 +77,6 @@
 // writer, for tests and custom transports.
 //
 // Sends are safe for concurrent use; every frame is written in one piece.
-// Messages are received by one goroutine at a time. The reference agent in
-// examples/refagent uses every part of this package.
+// Messages are received either from the Messages channel or by Receive, Run
+// and AwaitCheckpointAck, one goroutine at a time.
 package agent

@@ -61,15 +61,13 @@ type Handlers struct {
 //
 // A message from the supervisor that fails validation is logged, answered
 // with an INVALID_MESSAGE error, and skipped. Run may be called again after
-// it returned ctx.Err().
+// it returned ctx.Err(). It returns [ErrMessagesInUse] once [Conn.Messages]
+// has been called: an agent receives either by callbacks or from the channel.
 func (c *Conn) Run(ctx context.Context, h Handlers) error {
 	for {
 		m, err := c.Receive(ctx)
 		if errors.Is(err, schema.ErrInvalidMessage) {
-			c.log.Warn("skipping an invalid message from the supervisor", "err", err)
-			if serr := c.SendError(schema.CodeInvalidMessage, err.Error()); serr != nil {
-				c.log.Warn("could not report the invalid message to the supervisor", "err", serr)
-			}
+			c.skipInvalid(err)
 			continue
 		}
 		if err != nil {

@@ -4,14 +4,12 @@ import (
 	"os"
 	"testing"
 
-	"github.com/agent-sidecar/supervisor/examples/refagent"
+	"github.com/agent-sidecar/supervisor/internal/testagent"
 )
 
-// TestMain lets the test binary double as the reference agent: the
-// supervisor under test re-executes it with SUPERVISOR_TEST_REFAGENT=1.
+// TestMain lets the test binary double as the test agent: the supervisor
+// under test re-executes it with testagent.EnvRunAgent=1.
 func TestMain(m *testing.M) {
-	if os.Getenv("SUPERVISOR_TEST_REFAGENT") == "1" {
-		os.Exit(refagent.Main(os.Args[1:]))
-	}
+	testagent.MainIfAgent()
 	os.Exit(m.Run())
 }

@@ -9,13 +9,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agent-sidecar/supervisor/internal/testagent"
 )
 
 // runRefAgentSupervisor runs a supervisor in-process over the reference
 // agent (this test binary re-executed) and returns it once the agent is up.
 func runRefAgentSupervisor(tb testing.TB, agentArgs ...string) *Supervisor {
 	tb.Helper()
-	return runTestSupervisor(tb, "SUPERVISOR_TEST_REFAGENT", "1", agentArgs...)
+	return runTestSupervisor(tb, testagent.EnvRunAgent, "1", agentArgs...)
 }
 
 func runTestSupervisor(tb testing.TB, envKey, envVal string, agentArgs ...string) *Supervisor {

@@ -120,53 +120,23 @@ func noted(path, prefix string) []string {
 	return out
 }
 
-// runHostile starts the supervisor binary bin on a hostile agent mode. The
-// supervisor's stderr goes to errOut (a buffer by default).
+// hostileRun is a supervisor (the binary bin) running the hostile agent in
+// one of its modes; the agent notes what it saw in notes.
 type hostileRun struct {
 	*sup
 	notes string
 }
 
+// startHostile starts it. The supervisor's stderr goes to stderr when given,
+// with its stdout otherwise.
 func startHostile(t *testing.T, bin, mode string, flags []string, stderr *os.File) *hostileRun {
 	t.Helper()
-	base := t.TempDir()
-	h := &hostileRun{sup: &sup{t: t, dataDir: filepath.Join(base, "data"), out: &syncBuffer{}, done: make(chan struct{})}, notes: filepath.Join(base, "notes")}
-	h.addr = freeAddr(t)
-	args := append([]string{"run", "--data-dir", h.dataDir, "--http-addr", h.addr, "--wal-segment-size", "4194304"}, flags...)
-	args = append(args, "--", hostilePath, mode)
-	h.cmd = exec.Command(bin, args...)
-	h.cmd.Env = append(os.Environ(), "HOSTILE_OUT="+h.notes)
-	h.cmd.Stdout = h.out
+	notes := filepath.Join(t.TempDir(), "notes")
+	o := supOpts{bin: bin, flags: flags, command: []string{hostilePath, mode}, env: []string{"HOSTILE_OUT=" + notes}}
 	if stderr != nil {
-		h.cmd.Stderr = stderr
-	} else {
-		h.cmd.Stderr = h.out
+		o.stderr = stderr
 	}
-	if err := h.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_ = h.cmd.Wait()
-		h.code = h.cmd.ProcessState.ExitCode()
-		close(h.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-h.done:
-		default:
-			_ = h.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-h.done:
-			case <-time.After(20 * time.Second):
-				_ = h.cmd.Process.Kill()
-				<-h.done
-			}
-		}
-		if t.Failed() {
-			t.Logf("supervisor output:\n%s", tail(h.out.String(), 40))
-		}
-	})
-	return h
+	return &hostileRun{sup: startSup(t, o), notes: notes}
 }
 
 // The hostile inputs of issue 12 — 20 compressed checkpoints of 100 MiB
@@ -427,32 +397,11 @@ func TestHTTPClientsBounded(t *testing.T) {
 	if _, err := exec.LookPath("prlimit"); err != nil {
 		t.Skip("prlimit (util-linux) not installed")
 	}
-	dir := filepath.Join(t.TempDir(), "data")
-	addr := freeAddr(t)
-	out := &syncBuffer{}
-	cmd := exec.Command("prlimit", "--nofile=220:220", "--", binPath, "run", "--data-dir", dir, "--http-addr", addr,
-		"--wal-segment-size", "1048576", "--", binPath, "reference-agent", "--checkpoint-interval", "100ms", "--heartbeat-interval", "200ms")
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("supervisor output:\n%s", tail(out.String(), 40))
-		}
-	})
-	s := &sup{t: t, addr: addr}
+	s := startSup(t, supOpts{wrap: []string{"prlimit", "--nofile=220:220", "--"}, noEvents: true,
+		flags: []string{"--wal-segment-size", "1048576"}, agent: []string{"--checkpoint-interval", "100ms", "--heartbeat-interval", "200ms"}})
 	waitFor(t, 30*time.Second, "the agent to be up", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 1 })
-	pid := cmd.Process.Pid
+	pid := s.cmd.Process.Pid // prlimit execs the supervisor in its place
+	addr := s.httpAddr()
 
 	// 300 clients that open a connection and never finish a request.
 	var conns []net.Conn
@@ -497,13 +446,13 @@ func TestHTTPClientsBounded(t *testing.T) {
 	if v := s.metric("supervisor_wal_errors_total"); v > 0 {
 		t.Errorf("%v WAL appends failed while HTTP clients held connections", v)
 	}
-	if strings.Contains(out.String(), "too many open files") {
+	if strings.Contains(s.out.String(), "too many open files") {
 		t.Errorf("the supervisor ran out of descriptors")
 	}
 
 	// A context nested 5000 deep is the client's error, and costs no ERROR line.
 	deep := strings.Repeat(`{"a":`, 5000) + "1" + strings.Repeat("}", 5000)
-	errorsBefore := strings.Count(out.String(), "level=ERROR")
+	errorsBefore := strings.Count(s.out.String(), "level=ERROR")
 	for i := 0; i < 20; i++ {
 		resp, err := http.Post("http://"+addr+"/v1/requests", "application/json", strings.NewReader(`{"message":"hi","context":`+deep+`}`))
 		if err != nil {
@@ -525,7 +474,7 @@ func TestHTTPClientsBounded(t *testing.T) {
 			t.Fatalf("oversized message: %d, want 413", resp.StatusCode)
 		}
 	}
-	if n := strings.Count(out.String(), "level=ERROR") - errorsBefore; n > 0 {
+	if n := strings.Count(s.out.String(), "level=ERROR") - errorsBefore; n > 0 {
 		t.Errorf("%d ERROR lines for 40 bad requests", n)
 	}
 }
@@ -654,24 +603,10 @@ func TestRestartLeaks(t *testing.T) {
 // than 64 MiB, and the agent is restarted as unresponsive.
 func TestOutboundQueueBoundedByBytes(t *testing.T) {
 	buildBoundsTools(t)
-	dir := filepath.Join(t.TempDir(), "data")
-	addr := freeAddr(t)
-	out := &syncBuffer{}
-	cmd := exec.Command(plainBin, "run", "--data-dir", dir, "--http-addr", addr, "--heartbeat-timeout", "120s",
-		"--wal-segment-size", "1048576", "--", plainBin, "reference-agent", "--heartbeat-interval", "100ms", "--hang-after", "1s")
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("supervisor output:\n%s", tail(out.String(), 30))
-		}
-	})
-	s := &sup{t: t, addr: addr}
+	s := startSup(t, supOpts{bin: plainBin, noEvents: true, flags: []string{"--heartbeat-timeout", "120s", "--wal-segment-size", "1048576"},
+		agent: []string{"--heartbeat-interval", "100ms", "--hang-after", "1s"}})
 	waitFor(t, 30*time.Second, "the agent to be up", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 1 })
+	addr := s.httpAddr()
 	time.Sleep(1500 * time.Millisecond) // past --hang-after: the agent reads nothing more
 	body := `{"message":"` + strings.Repeat("m", 900<<10) + `"}`
 	codes := map[int]int{}
@@ -687,7 +622,7 @@ func TestOutboundQueueBoundedByBytes(t *testing.T) {
 		}
 		codes[resp.StatusCode]++
 	}
-	hwm := procStatus(cmd.Process.Pid, "VmHWM")
+	hwm := procStatus(s.cmd.Process.Pid, "VmHWM")
 	t.Logf("100 requests of 900 KiB to an agent that stopped reading: HTTP codes %v, supervisor VmHWM %.1f MiB", codes, float64(hwm)/1024)
 	if hwm >= 64<<10 {
 		t.Errorf("VmHWM %d kB, want under 64 MiB", hwm)

@@ -55,7 +55,7 @@ func docBlock(t testing.TB, name, dir string) string {
 // httpDo sends a request with an optional bearer token.
 func (s *sup) httpDo(method, path, token, body string) (int, string) {
 	s.t.Helper()
-	req, err := http.NewRequest(method, "http://"+s.addr+path, strings.NewReader(body))
+	req, err := http.NewRequest(method, s.url(path), strings.NewReader(body))
 	if err != nil {
 		s.t.Fatal(err)
 	}

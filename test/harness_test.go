@@ -1,6 +1,6 @@
 // Package test holds end-to-end tests: they build the real supervisor binary
-// and run it with the reference agent (embedded in the same binary) over real
-// pipes, files, sockets and an HTTP listener.
+// and run it with the test agent (internal/testagent: this test binary,
+// re-executed) over real pipes, files, sockets and an HTTP listener.
 package test
 
 import (
@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,11 +19,31 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agent-sidecar/supervisor/internal/testagent"
 )
 
 var binPath, floodPath string
 
+// testAgentPath is this test binary: with testagent.EnvRunAgent=1 (set for
+// every process the tests start) it is the test agent instead.
+var testAgentPath string
+
+// agentCommand is the command line of the test agent with flags.
+func agentCommand(flags ...string) []string {
+	return append([]string{testAgentPath}, flags...)
+}
+
 func TestMain(m *testing.M) {
+	testagent.MainIfAgent()
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "locating the test binary (it doubles as the test agent):", err)
+		os.Exit(1)
+	}
+	testAgentPath = self
+	// Inherited by every supervisor the tests start, and by its agents.
+	os.Setenv(testagent.EnvRunAgent, "1")
 	dir, err := os.MkdirTemp("", "supervisor-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -74,44 +93,43 @@ func (s *syncBuffer) String() string {
 type supOpts struct {
 	dataDir   string   // default: a new t.TempDir()
 	flags     []string // supervisor run flags (besides --data-dir and --http-addr)
-	agent     []string // reference-agent flags; ignored when command is set
+	agent     []string // test agent flags; ignored when command is set
 	command   []string // a custom agent command
 	env       []string // extra environment (REFAGENT_* etc.)
 	noHTTP    bool
-	noEvents  bool   // no --events file (benchmarks: it costs a write per entry)
-	events    string // events file; default: beside the data dir
-	keepAlive bool   // do not stop it at test cleanup (the test waits for its exit)
+	noEvents  bool      // no --events file (benchmarks: it costs a write per entry)
+	events    string    // events file; default: beside the data dir
+	keepAlive bool      // do not stop it at test cleanup (the test waits for its exit)
+	bin       string    // the supervisor binary; default binPath
+	wrap      []string  // a command that runs the supervisor (prlimit ... --)
+	stderr    io.Writer // the supervisor's stderr; default: with stdout in out
 }
 
 type sup struct {
 	t       testing.TB
 	cmd     *exec.Cmd
 	dataDir string
-	addr    string
 	events  string
 	out     *syncBuffer
 	done    chan struct{}
 	code    int
+
+	addrMu sync.Mutex
+	addr   string // the HTTP address the supervisor bound, once read
+	noHTTP bool
 }
 
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
-// startSup starts `supervisor run` with the reference agent.
+// startSup starts `supervisor run` with the test agent. The supervisor
+// picks its own HTTP port (127.0.0.1:0); [sup.httpAddr] reads it back.
 func startSup(t testing.TB, o supOpts) *sup {
 	t.Helper()
 	if o.dataDir == "" {
 		o.dataDir = filepath.Join(t.TempDir(), "data")
 	}
-	s := &sup{t: t, dataDir: o.dataDir, out: &syncBuffer{}, done: make(chan struct{})}
+	if o.bin == "" {
+		o.bin = binPath
+	}
+	s := &sup{t: t, dataDir: o.dataDir, out: &syncBuffer{}, done: make(chan struct{}), noHTTP: o.noHTTP}
 	s.events = filepath.Join(filepath.Dir(o.dataDir), "events.jsonl")
 	if o.events != "" {
 		s.events = o.events
@@ -120,8 +138,7 @@ func startSup(t testing.TB, o supOpts) *sup {
 	if o.noHTTP {
 		args = append(args, "--http-addr", "")
 	} else {
-		s.addr = freeAddr(t)
-		args = append(args, "--http-addr", s.addr)
+		args = append(args, "--http-addr", "127.0.0.1:0")
 	}
 	args = append(args, o.flags...)
 	if !strings.Contains(strings.Join(o.flags, " "), "--wal-segment-size") {
@@ -132,15 +149,19 @@ func startSup(t testing.TB, o supOpts) *sup {
 	if o.command != nil {
 		args = append(args, o.command...)
 	} else {
-		args = append(args, binPath, "reference-agent")
+		args = append(args, testAgentPath)
 		if !o.noEvents {
 			args = append(args, "--events", s.events)
 		}
 		args = append(args, o.agent...)
 	}
-	s.cmd = exec.Command(binPath, args...)
+	argv := append(append(append([]string(nil), o.wrap...), o.bin), args...)
+	s.cmd = exec.Command(argv[0], argv[1:]...)
 	s.cmd.Env = append(os.Environ(), o.env...)
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
+	if o.stderr != nil {
+		s.cmd.Stderr = o.stderr
+	}
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +216,7 @@ func (s *sup) signal(sig syscall.Signal) {
 	}
 }
 
-// ev is one reference-agent event.
+// ev is one test agent event.
 type ev map[string]any
 
 func (e ev) str(k string) string { v, _ := e[k].(string); return v }
@@ -204,7 +225,7 @@ func (e ev) num(k string) float64 { v, _ := e[k].(float64); return v }
 
 func (e ev) int(k string) int { return int(e.num(k)) }
 
-// readEvents parses the reference agent's events file (a torn last line is
+// readEvents parses the test agent's events file (a torn last line is
 // ignored).
 func readEvents(path string) []ev {
 	f, err := os.Open(path)
@@ -268,9 +289,47 @@ func (s *sup) waitOutput(sub string, timeout time.Duration) {
 	waitFor(s.t, timeout, fmt.Sprintf("output %q", sub), func() bool { return strings.Contains(s.out.String(), sub) })
 }
 
+// httpAddr returns the address the supervisor's HTTP listener bound, read
+// from `supervisor status` (which names the bound port, not 0) the first
+// time and kept. It fails the test if the supervisor exits first.
+func (s *sup) httpAddr() string {
+	s.t.Helper()
+	s.addrMu.Lock()
+	defer s.addrMu.Unlock()
+	if s.addr != "" {
+		return s.addr
+	}
+	if s.noHTTP {
+		s.t.Fatal("httpAddr: this supervisor runs without HTTP")
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for s.addr == "" {
+		code, out, _ := cli(s.t, "status", "--data-dir", s.dataDir, "--json")
+		var st struct {
+			HTTPAddr string `json:"http_addr"`
+		}
+		if code == 0 && json.Unmarshal([]byte(out), &st) == nil && st.HTTPAddr != "" {
+			s.addr = st.HTTPAddr
+			break
+		}
+		select {
+		case <-s.done:
+			s.t.Fatalf("the supervisor exited (code %d) before its HTTP address could be read", s.code)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatal("timed out reading the supervisor's HTTP address from `supervisor status`")
+		}
+	}
+	return s.addr
+}
+
+// url is the supervisor's HTTP URL for path.
+func (s *sup) url(path string) string { return "http://" + s.httpAddr() + path }
+
 func (s *sup) get(path string) (int, string) {
 	s.t.Helper()
-	resp, err := http.Get("http://" + s.addr + path)
+	resp, err := http.Get(s.url(path))
 	if err != nil {
 		return 0, err.Error()
 	}
@@ -281,7 +340,7 @@ func (s *sup) get(path string) (int, string) {
 
 func (s *sup) post(path, body string) (int, string) {
 	s.t.Helper()
-	resp, err := http.Post("http://"+s.addr+path, "application/json", strings.NewReader(body))
+	resp, err := http.Post(s.url(path), "application/json", strings.NewReader(body))
 	if err != nil {
 		return 0, err.Error()
 	}

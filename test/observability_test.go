@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -55,7 +56,7 @@ func TestRequestAPI(t *testing.T) {
 			t.Errorf("%s: %d %s, want %d with a JSON error", c.name, code, body, c.code)
 		}
 	}
-	resp2, err := http.Get("http://" + s.addr + "/v1/requests")
+	resp2, err := http.Get(s.url("/v1/requests"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,19 +166,28 @@ func TestPrometheusScrapes(t *testing.T) {
 	s := startSup(t, supOpts{flags: fastFlags, agent: []string{"--heartbeat-interval", "50ms"}})
 	waitFor(t, 30*time.Second, "ready", func() bool { c, _ := s.get("/readyz"); return c == 200 })
 	dir := t.TempDir()
-	cfg := fmt.Sprintf("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: supervisor\n    static_configs:\n      - targets: [%q]\n", s.addr)
+	cfg := fmt.Sprintf("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: supervisor\n    static_configs:\n      - targets: [%q]\n", s.httpAddr())
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	promAddr := freeAddr(t)
+	// Prometheus picks its own port too, and logs it:
+	// msg="Listening on" ... address=127.0.0.1:PORT.
 	cmd := exec.Command(prom, "--config.file", filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path", filepath.Join(dir, "tsdb"),
-		"--web.listen-address", promAddr)
+		"--web.listen-address", "127.0.0.1:0")
 	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	listening := regexp.MustCompile(`msg="Listening on".* address=(127\.0\.0\.1:[1-9][0-9]*)`)
+	var promAddr string
+	waitFor(t, 60*time.Second, "Prometheus to say where it listens", func() bool {
+		if m := listening.FindStringSubmatch(out.String()); m != nil {
+			promAddr = m[1]
+		}
+		return promAddr != ""
+	})
 	query := func(q string) string {
 		resp, err := http.Get("http://" + promAddr + "/api/v1/query?query=" + q)
 		if err != nil {

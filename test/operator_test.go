@@ -33,7 +33,7 @@ func statusJSON(t *testing.T, dataDir string) map[string]any {
 func TestEnvironmentConfiguresRun(t *testing.T) {
 	base := t.TempDir()
 	envDir, flagDir := filepath.Join(base, "from-env"), filepath.Join(base, "from-flag")
-	cmd := exec.Command(binPath, "run", "--data-dir", flagDir, "--", binPath, "reference-agent", "--heartbeat-interval", "50ms")
+	cmd := exec.Command(binPath, "run", "--data-dir", flagDir, "--", testAgentPath, "--heartbeat-interval", "50ms")
 	cmd.Env = append(os.Environ(),
 		"SUPERVISOR_DATA_DIR="+envDir,         // overridden by --data-dir
 		"SUPERVISOR_HTTP_ADDR=127.0.0.1:0",    // a free port
@@ -195,7 +195,6 @@ func TestStatusAndMetricsForTheOperator(t *testing.T) {
 			t.Errorf("status lacks %q:\n%s", want, text)
 		}
 	}
-	s.addr = addr
 	for _, want := range []string{`supervisor_build_info{goversion="go`, `supervisor_agent_restarts_total{reason="hung"} 0`,
 		`supervisor_agent_restarts_total{reason="crashed"} 0`, `supervisor_wal_errors_total{code="WAL_FULL"} 0`} {
 		if _, body := s.get("/metrics"); !strings.Contains(body, want) {

@@ -242,8 +242,8 @@ func TestFDTransport(t *testing.T) {
 	s := startSup(t, supOpts{flags: append(fastFlags, "--stdio=false"), agent: []string{"--heartbeat-interval", "50ms", "--wal-rate", "100"}})
 	s.waitEvents("applied", 5, 30*time.Second)
 	waitFor(t, 10*time.Second, "readyz 200", func() bool { c, _ := s.get("/readyz"); return c == 200 })
-	if st := s.eventsOf("start")[0]; st.str("transport") != "" && st.str("transport") != "fd" {
-		t.Fatalf("agent saw transport %q", st.str("transport"))
+	if st := s.eventsOf("start")[0]; st.str("transport") != "fd" {
+		t.Fatalf("agent saw transport %q, want fd (--stdio=false)", st.str("transport"))
 	}
 }
 
@@ -293,7 +293,7 @@ func TestUsageErrors(t *testing.T) {
 func TestDataDirLock(t *testing.T) {
 	s := startSup(t, supOpts{flags: fastFlags, agent: []string{"--heartbeat-interval", "50ms"}})
 	s.waitEvents("start", 1, 30*time.Second)
-	code, _, stderr := cli(t, "run", "--data-dir", s.dataDir, "--http-addr", "", "--", binPath, "reference-agent")
+	code, _, stderr := cli(t, "run", "--data-dir", s.dataDir, "--http-addr", "", "--", testAgentPath)
 	if code != 2 || !strings.Contains(stderr, "locked") {
 		t.Fatalf("second supervisor on the same dir: exit %d, %s", code, stderr)
 	}

@@ -15,8 +15,8 @@
 // Flags and arguments may come in any order. Every flag of run may also be
 // set as SUPERVISOR_<FLAG> in the environment (--heartbeat-timeout:
 // SUPERVISOR_HEARTBEAT_TIMEOUT); a flag on the command line wins. Without an
-// agent command, run supervises the built-in demo agent (demo-agent);
-// reference-agent is the reference agent. Every command has --help;
+// agent command, run supervises the built-in demo agent (demo-agent).
+// Every command has --help;
 // docs/cli.md documents every flag.
 //
 // Exit codes: 0 clean stop; 1 the agent failed (crash loop, or --restart

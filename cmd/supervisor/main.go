@@ -40,7 +40,7 @@ Usage:
   supervisor version [--json]
 
 Without an agent command, "run" supervises the built-in demo agent
-(supervisor demo-agent); "supervisor reference-agent" is the reference agent.
+(supervisor demo-agent).
 Flags and arguments may come in any order. Every flag of "run" can also be
 set in the environment (--heartbeat-timeout: SUPERVISOR_HEARTBEAT_TIMEOUT),
 and --data-dir by SUPERVISOR_DATA_DIR for every command; a flag wins.
@@ -97,15 +97,14 @@ func main() {
 // commands maps each verb to its command.
 func commands(e env) map[string]command {
 	return map[string]command{
-		"run":             &runCmd{env: e},
-		"checkpoints":     &checkpointsCmd{env: e},
-		"restore":         &restoreCmd{env: e},
-		"status":          &statusCmd{env: e},
-		"wal":             &walCmd{env: e},
-		"audit":           &auditCmd{env: e},
-		"version":         &versionCmd{env: e},
-		"demo-agent":      embeddedAgent{name: "demo-agent"},
-		"reference-agent": embeddedAgent{name: "reference-agent"},
+		"run":         &runCmd{env: e},
+		"checkpoints": &checkpointsCmd{env: e},
+		"restore":     &restoreCmd{env: e},
+		"status":      &statusCmd{env: e},
+		"wal":         &walCmd{env: e},
+		"audit":       &auditCmd{env: e},
+		"version":     &versionCmd{env: e},
+		"demo-agent":  demoAgent{},
 	}
 }
 

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/agent-sidecar/supervisor/examples/demo"
-	"github.com/agent-sidecar/supervisor/examples/refagent"
 	"github.com/agent-sidecar/supervisor/logging"
 	"github.com/agent-sidecar/supervisor/supervisor"
 )
@@ -160,20 +159,13 @@ func (c *runCmd) Run(ctx context.Context, args []string) error {
 	return err
 }
 
-// embeddedAgent is an agent built into this binary: `run` without an agent
+// demoAgent is the demo agent built into this binary: `run` without an agent
 // command re-executes the binary as demo-agent. It prints its own errors.
-type embeddedAgent struct{ name string }
+type demoAgent struct{}
 
-func (a embeddedAgent) Run(_ context.Context, args []string) error {
-	var code int
-	switch a.name {
-	case "demo-agent":
-		code = demo.Main(args)
-	default:
-		code = refagent.Main(args)
+func (demoAgent) Run(_ context.Context, args []string) error {
+	if code := demo.Main(args); code != 0 {
+		return &cliError{cmd: "demo-agent", err: errors.New("agent exited"), code: code, quiet: true}
 	}
-	if code == 0 {
-		return nil
-	}
-	return &cliError{cmd: a.name, err: errors.New("agent exited"), code: code, quiet: true}
+	return nil
 }

@@ -1,18 +1,23 @@
-// Package demo is the agent `supervisor run` supervises when it is given no
-// agent command: small enough to read in one sitting, and busy enough that
-// `supervisor checkpoints list`, `wal dump` and `audit` have something to
-// show. It is a library with a [Main] so the supervisor binary can embed it
-// (`supervisor demo-agent`), like the reference agent.
+// Package demo is the example agent: the one `supervisor run` supervises
+// when it is given no agent command, and the one to copy when writing an
+// agent in Go. It is a library with a [Main] so the supervisor binary can
+// embed it (`supervisor demo-agent`); a program of your own calls the same
+// things from its func main.
 //
 // It keeps a list of notes. Every few seconds it writes one ("note 7"), and
-// it turns each POST /v1/requests message into a note too. It does what an
-// agent under the supervisor must do, in the order that keeps state safe:
+// it turns each POST /v1/requests message into a note and answers with the
+// note's number. It does what an agent under the supervisor must do, in the
+// order that keeps state safe:
 //
 //   - a restore, when one is pending, is applied before anything else;
-//   - every change is logged (a wal_entry) before it is made;
+//   - every change is logged (a durable wal_entry, [agent.Conn.Log]) before
+//     it is made;
 //   - a checkpoint of the whole state goes out about every 30 seconds, and a
 //     final one on shutdown;
 //   - heartbeats every second; its own log lines go to stderr, never stdout.
+//
+// One goroutine owns the state: the select loop in [Run] takes the
+// supervisor's messages from [agent.Conn.Messages] and its own timers alike.
 package demo
 
 import (
@@ -33,6 +38,9 @@ import (
 
 // keepNotes bounds the state: older notes are forgotten.
 const keepNotes = 100
+
+// finalAckWait bounds the wait for the final checkpoint's ack on shutdown.
+const finalAckWait = 2 * time.Second
 
 // State is the agent's whole state, and the data of its checkpoints.
 type State struct {
@@ -104,106 +112,125 @@ func Main(args []string) int {
 	}
 }
 
-// demo is the running agent: state behind a mutex, shared by the message
-// loop and the note writer.
+// demo is the running agent. Only Run's goroutine touches it.
 type demo struct {
-	conn *agent.Conn
-	log  *slog.Logger
-	mu   sync.Mutex
-	st   State
+	conn    *agent.Conn
+	log     *slog.Logger
+	st      State
+	unacked int // checkpoints sent and not yet acknowledged
 }
 
-// Run is the agent on an established connection, until shutdown, the
-// supervisor going away, or ctx ending.
+// Run is the agent on an established connection, until shutdown
+// ([agent.ErrShutdown]), the supervisor going away, or ctx ending.
 func Run(ctx context.Context, conn *agent.Conn, log *slog.Logger, noteEvery, checkpointEvery time.Duration) error {
 	d := &demo{conn: conn, log: log}
 	d.st.AgentState.Status = "idle"
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	// A pending restore is the first frame; nothing changes before it.
-	restored := make(chan struct{})
-	var once sync.Once
-	if !conn.Config().RestorePending {
-		close(restored)
-		log.Info("fresh start: nothing to restore")
-	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer cancel()
 	wg.Go(func() { conn.Heartbeats(ctx, time.Second) })
-	wg.Go(func() {
-		select {
-		case <-restored:
-		case <-ctx.Done():
-			return
-		}
-		d.work(ctx, noteEvery, checkpointEvery)
-	})
-	err := conn.Run(ctx, agent.Handlers{
-		Restore: func(m *schema.Restore) error {
-			defer once.Do(func() { close(restored) })
-			return d.restore(m)
-		},
-		CheckpointAck: func(m *schema.CheckpointAck) {
-			log.Info("checkpoint stored by the supervisor", "checkpoint_id", m.CheckpointID, "bytes", m.Size)
-		},
-		ProcessRequest: func(m *schema.ProcessRequest) {
-			if err := d.remember("request: " + m.Data.Message); err != nil {
-				log.Error("could not log the request", "err", err)
-			}
-		},
-		Shutdown: func(m *schema.Shutdown) {
-			cancel()
-			if m.CreateCheckpoint {
-				d.checkpoint("shutdown")
-				wctx, stop := context.WithTimeout(context.Background(), 2*time.Second)
-				defer stop()
-				if _, err := conn.AwaitCheckpointAck(wctx); err != nil {
-					log.Warn("final checkpoint not acknowledged", "err", err)
-				}
-			}
-		},
-	})
-	cancel()
-	return err
-}
 
-// work writes a note every noteEvery and checkpoints every checkpointEvery.
-func (d *demo) work(ctx context.Context, noteEvery, checkpointEvery time.Duration) {
-	notes, ckpts := time.NewTicker(noteEvery), time.NewTicker(checkpointEvery)
+	// A pending restore is the first message; nothing changes before it.
+	restoring := conn.Config().RestorePending
+	if !restoring {
+		log.Info("fresh start: nothing to restore")
+	}
+	// After shutdown, only the acks of the checkpoints sent matter, for a
+	// little while.
+	var stopping <-chan time.Time
+	notes, checkpoints := time.NewTicker(noteEvery), time.NewTicker(checkpointEvery)
 	defer notes.Stop()
-	defer ckpts.Stop()
+	defer checkpoints.Stop()
 	for {
+		idle := restoring || stopping != nil
 		select {
 		case <-ctx.Done():
-			return
+			return ctx.Err()
+		case <-stopping:
+			log.Warn("final checkpoint not acknowledged", "waited", finalAckWait)
+			return agent.ErrShutdown
 		case <-notes.C:
-			d.mu.Lock()
-			n := d.st.Written + 1
-			d.mu.Unlock()
-			if err := d.remember(fmt.Sprintf("note %d", n)); err != nil {
-				d.log.Warn("note not written", "err", err)
+			if idle {
+				break
 			}
-		case <-ckpts.C:
-			d.checkpoint("periodic")
+			if _, err := d.remember(ctx, fmt.Sprintf("note %d", d.st.Written+1)); err != nil && !errors.Is(err, agent.ErrNotDurable) {
+				return err
+			}
+		case <-checkpoints.C:
+			if !idle {
+				d.checkpoint("periodic")
+			}
+		case m, ok := <-conn.Messages():
+			if !ok {
+				return conn.Err()
+			}
+			switch m := m.(type) {
+			case *schema.Restore:
+				if err := d.restore(m); err != nil {
+					_ = conn.SendError(agent.CodeRestoreFailed, err.Error()) // the agent stops either way
+					return err
+				}
+				restoring = false
+			case *schema.ProcessRequest:
+				if err := d.answer(ctx, m, idle); err != nil {
+					return err
+				}
+			case *schema.CheckpointAck:
+				d.unacked--
+				log.Info("checkpoint stored by the supervisor", "checkpoint_id", m.CheckpointID, "bytes", m.Size)
+			case *schema.Error:
+				if m.Error.Code == schema.CodeCheckpointFailed {
+					d.unacked--
+				}
+				log.Warn("the supervisor reported an error", "code", m.Error.Code, "message", m.Error.Message)
+			case *schema.Shutdown:
+				if !m.CreateCheckpoint || restoring {
+					return agent.ErrShutdown
+				}
+				d.checkpoint("shutdown")
+				stopping = time.After(finalAckWait)
+			}
+			if stopping != nil && d.unacked == 0 { // every checkpoint sent is answered
+				return agent.ErrShutdown
+			}
 		}
 	}
 }
 
-// remember logs a note in the WAL, then applies it: log before acting.
-func (d *demo) remember(text string) error {
+// answer turns a request into a note and tells the caller its number.
+func (d *demo) answer(ctx context.Context, m *schema.ProcessRequest, idle bool) error {
+	if idle {
+		return d.conn.SendRequestError(m.RequestID, "NOT_READY", "the agent is restoring its state, or stopping")
+	}
+	seq, err := d.remember(ctx, "request: "+m.Data.Message)
+	if errors.Is(err, agent.ErrNotDurable) {
+		return d.conn.SendRequestError(m.RequestID, "NOT_LOGGED", err.Error())
+	}
+	if err != nil {
+		return err
+	}
+	return d.conn.SendRequestResult(m.RequestID, map[string]any{"note": seq})
+}
+
+// remember logs a note in the WAL and, once the supervisor has it on disk,
+// applies it: log before acting. A note the supervisor could not log
+// (WAL_FULL, say) is not applied, and the agent carries on; any other error
+// means the connection is gone.
+func (d *demo) remember(ctx context.Context, text string) (uint64, error) {
 	if len(text) > 1000 {
 		text = text[:1000]
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	seq := d.st.LastSeq + 1
 	d.log.Info("remembering", "seq", seq, "text", text)
-	if err := d.conn.SendWAL("memory_add", map[string]any{"text": text}, seq); err != nil {
-		return err
+	if err := d.conn.Log(ctx, "memory_add", map[string]any{"text": text}, seq); err != nil {
+		if errors.Is(err, agent.ErrNotDurable) {
+			d.log.Warn("note not logged, so not kept", "seq", seq, "err", err)
+		}
+		return 0, err
 	}
 	d.apply(Note{Seq: seq, Text: text})
-	return nil
+	return seq, nil
 }
 
 func (d *demo) apply(n Note) {
@@ -216,18 +243,16 @@ func (d *demo) apply(n Note) {
 }
 
 func (d *demo) checkpoint(why string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.log.Info("sending a checkpoint", "why", why, "notes", len(d.st.Notes), "last_seq", d.st.LastSeq)
 	if err := d.conn.SendCheckpoint(d.st); err != nil {
 		d.log.Warn("checkpoint not sent", "err", err)
+		return
 	}
+	d.unacked++
 }
 
 // restore replaces the state by the snapshot and replays the WAL after it.
 func (d *demo) restore(m *schema.Restore) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	if m.CheckpointID != "" {
 		var st State
 		if err := msgpack.Unmarshal(m.Snapshot, &st); err != nil {

@@ -1,4 +1,4 @@
-package refagent
+package testagent
 
 import (
 	"errors"

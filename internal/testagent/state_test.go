@@ -1,4 +1,4 @@
-package refagent
+package testagent
 
 import (
 	"bytes"
@@ -13,7 +13,7 @@ import (
 
 func mustApply(t testing.TB, s *State, op string, seq uint64, params map[string]any, lim Limits) {
 	t.Helper()
-	raw, err := marshalCanonical(params)
+	raw, err := schema.MarshalMap(params)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestSelfParamsAreCanonical(t *testing.T) {
 		if tc.padding != "" {
 			content += " " + tc.padding
 		}
-		want, err := marshalCanonical(map[string]any{
+		want, err := schema.MarshalMap(map[string]any{
 			"content": content, "metadata": map[string]any{"source": "self"}, "importance": 0.5, "created": tc.created,
 		})
 		if err != nil {

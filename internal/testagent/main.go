@@ -1,4 +1,4 @@
-package refagent
+package testagent
 
 import (
 	"context"
@@ -14,17 +14,31 @@ import (
 	"github.com/agent-sidecar/supervisor/agent"
 )
 
-// Main runs the reference agent as a program: flags (and REFAGENT_*
-// variables), connection from the SUPERVISOR_* environment, then [Run]. It
-// returns the exit code and never calls os.Exit, so the supervisor binary
-// can embed it as a subcommand.
+// EnvRunAgent is the environment variable that makes a test binary the
+// agent: with EnvRunAgent=1, [MainIfAgent] runs [Main] instead of the tests.
+// The supervisor passes its environment on to the agents it starts, so a
+// test sets it on the supervisor and names the test binary as the agent.
+const EnvRunAgent = "SUPERVISOR_TEST_AGENT"
+
+// MainIfAgent is called first thing in a TestMain. When EnvRunAgent=1 the
+// process is the agent: it runs [Main] with the arguments and exits.
+// Otherwise it returns and the tests run.
+func MainIfAgent() {
+	if os.Getenv(EnvRunAgent) == "1" {
+		os.Exit(Main(os.Args[1:]))
+	}
+}
+
+// Main runs the agent as a program: flags (and REFAGENT_* variables),
+// connection from the SUPERVISOR_* environment, then [Run]. It returns the
+// exit code.
 func Main(args []string) int {
 	cfg, err := ParseArgs(args, os.LookupEnv, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return ExitOK
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "reference-agent: %v\n", err)
+		fmt.Fprintf(os.Stderr, "testagent: %v\n", err)
 		return ExitUsage
 	}
 	cfg.Stderr = os.Stderr
@@ -46,7 +60,7 @@ func Main(args []string) int {
 	}
 	conn, err := agent.Connect(agent.Options{Version: cfg.ProtocolVersion, Logger: log})
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "reference-agent: %v\n", err)
+		fmt.Fprintf(os.Stderr, "testagent: %v\n", err)
 		return ExitCode(err)
 	}
 	defer conn.Close()

@@ -1,8 +1,12 @@
-// Package refagent is the supervisor's reference agent: a small but real
-// stateful agent built on package agent, used by the supervisor's tests and
-// embedded in the supervisor binary (`supervisor run` with no agent command
-// runs it). [Main] is the program; [Run] is the agent on a connection, for
-// tests that play the supervisor in process.
+// Package testagent is the agent the supervisor's tests run: a real
+// stateful agent built on package agent, with faults to inject and an events
+// log for tests to check. It is for tests only: no production binary
+// imports it. A test binary doubles as the agent (as os/exec's tests do):
+// its TestMain calls [MainIfAgent], and the supervisor under test runs the
+// test binary with [EnvRunAgent]=1 in its environment. [Main] is the
+// program; [Run] is the agent on a connection, for tests that play the
+// supervisor in process. Authors looking for an example agent want
+// examples/demo instead.
 //
 // # State
 //
@@ -35,11 +39,11 @@
 // Each flag can also be given as an environment variable REFAGENT_NAME
 // (--wal-rate: REFAGENT_WAL_RATE), used when the flag is absent; the
 // supervisor passes its environment to the agent. docs/agent.md has the
-// table; `reference-agent -h` prints them. Faults (--crash-after,
+// table; `-h` prints them. Faults (--crash-after,
 // --crash-on-restore, --hang-after, --ignore-sigterm, --garbage,
 // --fork-grandchild, --stderr-flood) make it misbehave on purpose, and
 // --events PATH records what it did as JSON lines for tests to check.
 //
 // Exit codes: 0 shutdown or supervisor gone, 1 broken connection, 2 usage,
 // 3 --crash-on-restore, 4 restore failed, --crash-code for --crash-after.
-package refagent
+package testagent

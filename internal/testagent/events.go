@@ -1,4 +1,4 @@
-package refagent
+package testagent
 
 import (
 	"encoding/json"
@@ -24,7 +24,7 @@ func openEventLog(path string, role string) (*eventLog, error) {
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("refagent: open events file: %w", err)
+		return nil, fmt.Errorf("testagent: open events file: %w", err)
 	}
 	return &eventLog{f: f, pid: os.Getpid(), role: role}, nil
 }
@@ -45,13 +45,13 @@ func (e *eventLog) emit(name string, kv ...any) error {
 	m["role"] = e.role
 	line, err := json.Marshal(m)
 	if err != nil {
-		return fmt.Errorf("refagent: encode %s event: %w", name, err)
+		return fmt.Errorf("testagent: encode %s event: %w", name, err)
 	}
 	line = append(line, '\n')
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if _, err := e.f.Write(line); err != nil {
-		return fmt.Errorf("refagent: write %s event: %w", name, err)
+		return fmt.Errorf("testagent: write %s event: %w", name, err)
 	}
 	return nil
 }

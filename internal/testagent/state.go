@@ -1,7 +1,6 @@
-package refagent
+package testagent
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"hash/crc32"
 	"math"
 	"strconv"
-	"sync"
 	"unsafe"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -106,7 +104,7 @@ func NewState() *State {
 }
 
 // ErrSnapshot: a restore's snapshot is not a reference agent state.
-var ErrSnapshot = errors.New("refagent: unusable snapshot")
+var ErrSnapshot = errors.New("testagent: unusable snapshot")
 
 // LoadSnapshot decodes a checkpoint's data (a restore's snapshot) into a
 // State. Keys it does not know are ignored; keys it lacks keep NewState's
@@ -146,7 +144,7 @@ func (s *State) Apply(op string, seq uint64, params []byte, lim Limits) error {
 	} else {
 		p, err := DecodeParams(params)
 		if err != nil {
-			return fmt.Errorf("refagent: entry %d: %w", seq, err)
+			return fmt.Errorf("testagent: entry %d: %w", seq, err)
 		}
 		switch op {
 		case schema.OpMemoryAdd:
@@ -334,7 +332,7 @@ func ChainNext(prev, op string, seq uint64, params []byte) string {
 // MessagePack, struct fields in declaration order, map keys sorted, integers
 // in their most compact form. Equal states give equal bytes.
 func (s *State) MarshalCanonical() ([]byte, error) {
-	return marshalCanonical(s)
+	return schema.MarshalMap(s)
 }
 
 // Digest is the state_digest: hex SHA-256 of [State.MarshalCanonical].
@@ -359,7 +357,7 @@ func DecodeParams(raw []byte) (map[string]any, error) {
 	}
 	var m map[string]any
 	if err := msgpack.Unmarshal(raw, &m); err != nil {
-		return nil, fmt.Errorf("refagent: decode WAL params: %w", err)
+		return nil, fmt.Errorf("testagent: decode WAL params: %w", err)
 	}
 	if m == nil {
 		m = map[string]any{}
@@ -377,39 +375,12 @@ type walRecord struct {
 func decodeWALRecord(raw []byte) (walRecord, error) {
 	var r walRecord
 	if err := msgpack.Unmarshal(raw, &r); err != nil {
-		return r, fmt.Errorf("refagent: decode WAL entry: %w", err)
+		return r, fmt.Errorf("testagent: decode WAL entry: %w", err)
 	}
 	if r.Sequence == 0 {
-		return r, errors.New("refagent: WAL entry without a sequence")
+		return r, errors.New("testagent: WAL entry without a sequence")
 	}
 	return r, nil
-}
-
-type canonicalEncoder struct {
-	buf bytes.Buffer
-	enc *msgpack.Encoder
-}
-
-var canonicalPool = sync.Pool{New: func() any {
-	e := &canonicalEncoder{}
-	e.enc = msgpack.NewEncoder(&e.buf)
-	e.enc.UseCompactInts(true)
-	e.enc.SetSortMapKeys(true)
-	return e
-}}
-
-func marshalCanonical(v any) ([]byte, error) {
-	e := canonicalPool.Get().(*canonicalEncoder)
-	e.buf.Reset()
-	err := e.enc.Encode(v)
-	out := bytes.Clone(e.buf.Bytes())
-	if e.buf.Cap() <= 64<<10 {
-		canonicalPool.Put(e)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 func toFloat(v any) (float64, bool) {

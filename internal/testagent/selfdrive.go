@@ -1,4 +1,4 @@
-package refagent
+package testagent
 
 import (
 	"encoding/binary"
@@ -75,7 +75,7 @@ func (a *refAgent) selfChange(seq uint64, now time.Time) change {
 //
 //	{content: "self-driven note SEQ[ PADDING]", created: NOW, importance: 0.5, metadata: {source: "self"}}
 //
-// encoded by hand, byte for byte what marshalCanonical makes of the same
+// encoded by hand, byte for byte what schema.MarshalMap makes of the same
 // map (keys sorted, compact integers), without building the map: this is
 // the hot path of a WAL flood.
 func selfParams(b []byte, seq uint64, created int64, padding string) []byte {
@@ -114,7 +114,7 @@ func (a *refAgent) paddingFor(size int) string {
 	}
 	const probeSeq = 1_000_000
 	params := selfParams(nil, probeSeq, time.Now().Unix(), " ")
-	entry, err := marshalCanonical(map[string]any{
+	entry, err := schema.MarshalMap(map[string]any{
 		"operation": schema.OpMemoryAdd, "params": msgpack.RawMessage(params), "sequence": uint64(probeSeq),
 	})
 	if err != nil {

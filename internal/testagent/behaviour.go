@@ -1,4 +1,4 @@
-package refagent
+package testagent
 
 import (
 	"errors"
@@ -21,7 +21,7 @@ type Behaviour struct {
 func DefaultBehaviour() Behaviour { return Behaviour{LatencyMS: 5} }
 
 // ErrCode: module code the reference agent cannot load.
-var ErrCode = errors.New("refagent: invalid module code")
+var ErrCode = errors.New("testagent: invalid module code")
 
 // maxCodeSize bounds module code; the code travels in a WAL entry.
 const maxCodeSize = 4 << 10

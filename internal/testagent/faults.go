@@ -1,4 +1,4 @@
-package refagent
+package testagent
 
 import (
 	"context"
@@ -40,13 +40,13 @@ func (a *refAgent) sendGarbage() error {
 		}
 		return a.conn.SendRawFrame(b)
 	}
-	return fmt.Errorf("refagent: unknown garbage kind %q", a.cfg.Garbage)
+	return fmt.Errorf("testagent: unknown garbage kind %q", a.cfg.Garbage)
 }
 
 // flood writes numbered lines to w until ctx ends or w fails, pausing a
 // millisecond every 64 lines so it floods without spinning a core.
 func flood(ctx context.Context, w io.Writer) {
-	line := []byte("refagent: stderr flood, as asked by --stderr-flood: 0123456789abcdefghijklmnopqrstuvwxyz\n")
+	line := []byte("testagent: stderr flood, as asked by --stderr-flood: 0123456789abcdefghijklmnopqrstuvwxyz\n")
 	for i := 0; ctx.Err() == nil; i++ {
 		if _, err := w.Write(line); err != nil {
 			return
@@ -62,11 +62,11 @@ func flood(ctx context.Context, w io.Writer) {
 func forkGrandchild() (int, error) {
 	cmd := exec.Command("sleep", "3600")
 	if err := cmd.Start(); err != nil {
-		return 0, fmt.Errorf("refagent: --fork-grandchild: %w", err)
+		return 0, fmt.Errorf("testagent: --fork-grandchild: %w", err)
 	}
 	pid := cmd.Process.Pid
 	if err := cmd.Process.Release(); err != nil {
-		return pid, fmt.Errorf("refagent: --fork-grandchild: release: %w", err)
+		return pid, fmt.Errorf("testagent: --fork-grandchild: release: %w", err)
 	}
 	return pid, nil
 }

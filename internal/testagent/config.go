@@ -1,4 +1,4 @@
-package refagent
+package testagent
 
 import (
 	"errors"
@@ -77,7 +77,7 @@ func DefaultConfig() Config {
 }
 
 // ErrUsage: the command line (or a REFAGENT_* variable) is invalid.
-var ErrUsage = errors.New("refagent: usage")
+var ErrUsage = errors.New("testagent: usage")
 
 // ParseArgs parses the reference agent's flags. A flag not on the command
 // line is taken from its REFAGENT_* environment variable through lookup
@@ -85,11 +85,11 @@ var ErrUsage = errors.New("refagent: usage")
 // [ErrUsage] otherwise; usage text goes to output.
 func ParseArgs(args []string, lookup func(string) (string, bool), output io.Writer) (Config, error) {
 	cfg := DefaultConfig()
-	fs := flag.NewFlagSet("reference-agent", flag.ContinueOnError)
+	fs := flag.NewFlagSet("testagent", flag.ContinueOnError)
 	fs.SetOutput(output)
 	fs.Usage = func() {
-		fmt.Fprintf(output, "Usage: reference-agent [flags]\n\n"+
-			"The supervisor's reference agent. Run it under the supervisor; every flag\n"+
+		fmt.Fprintf(output, "Usage: testagent [flags]\n\n"+
+			"The agent the supervisor's tests run. Run it under the supervisor; every flag\n"+
 			"may also be set by an environment variable %sNAME (--wal-rate: %sWAL_RATE).\n\nFlags:\n", EnvPrefix, EnvPrefix)
 		fs.PrintDefaults()
 	}

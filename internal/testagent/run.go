@@ -1,4 +1,4 @@
-package refagent
+package testagent
 
 import (
 	"context"
@@ -36,9 +36,9 @@ type ExitError struct {
 
 func (e *ExitError) Error() string {
 	if e.Err != nil {
-		return fmt.Sprintf("refagent: exit %d: %s: %v", e.Code, e.Reason, e.Err)
+		return fmt.Sprintf("testagent: exit %d: %s: %v", e.Code, e.Reason, e.Err)
 	}
-	return fmt.Sprintf("refagent: exit %d: %s", e.Code, e.Reason)
+	return fmt.Sprintf("testagent: exit %d: %s", e.Code, e.Reason)
 }
 
 func (e *ExitError) Unwrap() error { return e.Err }
@@ -97,7 +97,6 @@ func Run(ctx context.Context, conn *agent.Conn, cfg Config) error {
 		lim:   Limits{MemoryBlocks: cfg.MemoryLimit, History: cfg.MemoryLimit},
 		st:    NewState(),
 		beh:   DefaultBehaviour(),
-		in:    make(chan inbound),
 		ready: !conn.Config().RestorePending,
 	}
 	a.padding = a.paddingFor(cfg.EntrySize)
@@ -110,7 +109,6 @@ type refAgent struct {
 	log  *slog.Logger
 	ev   *eventLog
 	lim  Limits
-	in   chan inbound
 
 	// Owned by the run loop.
 	st              *State
@@ -127,11 +125,6 @@ type refAgent struct {
 	stats           requestStats
 }
 
-type inbound struct {
-	msg  schema.Message
-	done chan error // buffered; the run loop's answer to the handler
-}
-
 type sentCheckpoint struct {
 	lastSeq uint64
 	digest  string
@@ -145,7 +138,7 @@ func (a *refAgent) run(parent context.Context) error {
 		wg.Wait()
 	}()
 
-	start := []any{"version", a.conn.Version(), "restore_pending", !a.ready}
+	start := []any{"version", a.conn.Version(), "restore_pending", !a.ready, "transport", a.conn.Config().Transport}
 	if a.cfg.GrandchildPID != 0 {
 		start = append(start, "grandchild_pid", a.cfg.GrandchildPID)
 	}
@@ -166,8 +159,7 @@ func (a *refAgent) run(parent context.Context) error {
 	if a.cfg.StderrFlood {
 		wg.Go(func() { flood(ctx, a.cfg.Stderr) })
 	}
-	readerDone := make(chan error, 1)
-	wg.Go(func() { readerDone <- a.conn.Run(ctx, a.handlers(ctx)) })
+	msgs := a.conn.Messages()
 
 	crashC := afterOrNil(a.cfg.CrashAfter)
 	hangC := afterOrNil(a.cfg.HangAfter)
@@ -203,13 +195,11 @@ func (a *refAgent) run(parent context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case err := <-readerDone:
-			if errors.Is(err, context.Canceled) {
-				return nil
+		case m, ok := <-msgs:
+			if !ok {
+				return a.conn.Err()
 			}
-			return err
-		case in := <-a.in:
-			if stop, err := a.handle(ctx, in, readerDone); stop {
+			if stop, err := a.handle(ctx, m); stop {
 				return err
 			}
 		case <-workC:
@@ -268,39 +258,10 @@ func tickerOrNil(d time.Duration) (<-chan time.Time, func()) {
 	return t.C, t.Stop
 }
 
-// handlers forward every message to the run loop and wait for its answer,
-// so messages are handled in order and on one goroutine.
-func (a *refAgent) handlers(ctx context.Context) agent.Handlers {
-	fwd := func(m schema.Message) error {
-		done := make(chan error, 1)
-		select {
-		case a.in <- inbound{msg: m, done: done}:
-		case <-ctx.Done():
-			return nil
-		}
-		select {
-		case err := <-done:
-			return err
-		case <-ctx.Done():
-			return nil
-		}
-	}
-	return agent.Handlers{
-		Restore:         func(m *schema.Restore) error { return fwd(m) },
-		CheckpointAck:   func(m *schema.CheckpointAck) { fwd(m) },
-		HotReload:       func(m *schema.HotReload) error { return fwd(m) },
-		EvolutionResult: func(m *schema.EvolutionResult) { fwd(m) },
-		ProcessRequest:  func(m *schema.ProcessRequest) { fwd(m) },
-		Shutdown:        func(m *schema.Shutdown) { fwd(m) },
-		Error:           func(m *schema.Error) { fwd(m) },
-	}
-}
-
 // handle processes one message from the supervisor. stop reports that the
 // agent is done, with err as Run's result.
-func (a *refAgent) handle(ctx context.Context, in inbound, readerDone <-chan error) (stop bool, err error) {
-	var answer, fatal error
-	switch m := in.msg.(type) {
+func (a *refAgent) handle(ctx context.Context, msg schema.Message) (stop bool, err error) {
+	switch m := msg.(type) {
 	case *schema.Restore:
 		if a.cfg.CrashOnRestore != "" && m.CheckpointID == a.cfg.CrashOnRestore {
 			a.emit("crash", "code", ExitCrashOnRestore, "checkpoint_id", m.CheckpointID)
@@ -308,39 +269,33 @@ func (a *refAgent) handle(ctx context.Context, in inbound, readerDone <-chan err
 		}
 		if err := a.restore(m); err != nil {
 			a.emit("restore_failed", "checkpoint_id", m.CheckpointID, "error", err.Error())
-			// The handler returns the error; Conn.Run reports RESTORE_FAILED
-			// to the supervisor and ends.
-			in.done <- err
-			<-readerDone
+			err = fmt.Errorf("restore from checkpoint %q with %d WAL entries: %w", m.CheckpointID, len(m.WALEntries), err)
+			if serr := a.conn.SendError(agent.CodeRestoreFailed, err.Error()); serr != nil {
+				a.log.Warn("could not report the failed restore to the supervisor", "err", serr)
+			}
 			return true, &ExitError{Code: ExitRestoreFailed, Reason: "restore failed", Err: err}
 		}
 	case *schema.CheckpointAck:
 		a.acked(m)
 	case *schema.HotReload:
-		answer, fatal = a.hotReload(m)
+		reject, fatal := a.hotReload(m)
+		if reject != nil {
+			a.log.Warn("hot reload failed; keeping the old code", "module", m.Module, "err", reject)
+			if serr := a.conn.SendError(agent.CodeHotReloadFailed, fmt.Sprintf("hot reload of module %q: %v", m.Module, reject)); serr != nil {
+				a.log.Warn("could not report the failed hot reload to the supervisor", "err", serr)
+			}
+		}
+		return fatal != nil, fatal
 	case *schema.EvolutionResult:
-		fatal = a.evolutionResult(m)
+		err = a.evolutionResult(m)
 	case *schema.ProcessRequest:
-		fatal = a.processRequest(ctx, m)
+		err = a.processRequest(ctx, m)
 	case *schema.Shutdown:
-		fatal = a.shutdown(ctx, m)
-		in.done <- nil
-		if fatal != nil {
-			return true, fatal
-		}
-		// Conn.Run returns ErrShutdown once the handler is back.
-		if err := <-readerDone; err != nil && !errors.Is(err, agent.ErrShutdown) && !errors.Is(err, context.Canceled) {
-			return true, err
-		}
-		return true, nil
+		return true, a.shutdown(ctx, m)
 	case *schema.Error:
 		a.supervisorError(m)
 	}
-	in.done <- answer
-	if fatal != nil {
-		return true, fatal
-	}
-	return false, nil
+	return err != nil, err
 }
 
 // change is one state change, logged and then applied: params, or raw when
@@ -367,8 +322,8 @@ func (a *refAgent) logChanges(changes []change, batch bool) ([]logged, error) {
 		raw := c.raw
 		if raw == nil {
 			var err error
-			if raw, err = marshalCanonical(c.params); err != nil {
-				return nil, fmt.Errorf("refagent: encode %s params: %w", c.op, err)
+			if raw, err = schema.MarshalMap(c.params); err != nil {
+				return nil, fmt.Errorf("testagent: encode %s params: %w", c.op, err)
 			}
 		}
 		seq := a.st.LastSeq + uint64(i) + 1
@@ -497,7 +452,7 @@ func (a *refAgent) restore(m *schema.Restore) error {
 func (a *refAgent) checkpoint() error {
 	raw, err := a.st.MarshalCanonical()
 	if err != nil {
-		return fmt.Errorf("refagent: encode checkpoint: %w", err)
+		return fmt.Errorf("testagent: encode checkpoint: %w", err)
 	}
 	if err := a.conn.SendCheckpoint(msgpack.RawMessage(raw)); err != nil {
 		return err
@@ -549,20 +504,29 @@ func (a *refAgent) shutdown(ctx context.Context, m *schema.Shutdown) error {
 	if err := a.checkpoint(); err != nil {
 		return err
 	}
-	wctx, cancel := context.WithTimeout(ctx, shutdownAckWait)
-	defer cancel()
+	// Every checkpoint sent is answered (acked or failed) in order; other
+	// messages are of no use any more.
+	deadline := time.NewTimer(shutdownAckWait)
+	defer deadline.Stop()
 	for len(a.pendingAcks) > 0 {
-		ack, err := a.conn.AwaitCheckpointAck(wctx)
-		if errors.Is(err, agent.ErrCheckpointFailed) {
-			a.emit("error", "code", schema.CodeCheckpointFailed, "message", err.Error())
-			a.pendingAcks = a.pendingAcks[1:]
-			continue
-		}
-		if err != nil {
-			a.log.Warn("final checkpoint not acknowledged", "err", err, "unacknowledged", len(a.pendingAcks))
+		select {
+		case m, ok := <-a.conn.Messages():
+			if !ok {
+				a.log.Warn("final checkpoint not acknowledged", "err", a.conn.Err(), "unacknowledged", len(a.pendingAcks))
+				return nil
+			}
+			switch m := m.(type) {
+			case *schema.CheckpointAck:
+				a.acked(m)
+			case *schema.Error:
+				a.supervisorError(m)
+			}
+		case <-deadline.C:
+			a.log.Warn("final checkpoint not acknowledged", "waited", shutdownAckWait, "unacknowledged", len(a.pendingAcks))
+			return nil
+		case <-ctx.Done():
 			return nil
 		}
-		a.acked(ack)
 	}
 	return nil
 }
