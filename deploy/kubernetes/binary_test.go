@@ -1,0 +1,504 @@
+package kubernetes_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// The supervisor binary, built once from the parent module (../..) into a
+// directory any user may read, so that it can also run as the pod's user.
+var (
+	buildOnce sync.Once
+	builtBin  string
+	buildErr  error
+	buildDir  string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+func supervisorBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "k8s-manifests-bin-")
+		if buildErr != nil {
+			return
+		}
+		if buildErr = os.Chmod(buildDir, 0o755); buildErr != nil {
+			return
+		}
+		builtBin = filepath.Join(buildDir, "supervisor")
+		cmd := exec.Command("go", "build", "-buildvcs=false", "-o", builtBin, "./cmd/supervisor")
+		cmd.Dir = "../.."
+		cmd.Env = append(os.Environ(), "GOWORK=off")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/supervisor: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return builtBin
+}
+
+// runHelp is what `supervisor run --help` says: its flags, each flag's
+// environment variable, and the defaults.
+type runHelp struct {
+	flags    map[string]bool
+	envs     map[string]bool
+	defaults map[string]string
+}
+
+func readRunHelp(t *testing.T) runHelp {
+	t.Helper()
+	out, err := exec.Command(supervisorBinary(t), "run", "--help").CombinedOutput()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatalf("supervisor run --help: %v", err)
+	}
+	h := runHelp{flags: map[string]bool{}, envs: map[string]bool{}, defaults: map[string]string{}}
+	// "  --shutdown-timeout D  $SUPERVISOR_SHUTDOWN_TIMEOUT\n      on SIGTERM... (default 10s)"
+	re := regexp.MustCompile(`(?m)^  --([a-z0-9-]+)(?: [A-Z]+)?  \$(SUPERVISOR_[A-Z0-9_]+)\n      .*?(?:\(default ([^)]*)\))?$`)
+	for _, m := range re.FindAllStringSubmatch(string(out), -1) {
+		h.flags[m[1]] = true
+		h.envs[m[2]] = true
+		if m[3] != "" {
+			h.defaults[m[1]] = m[3]
+		}
+	}
+	if !h.flags["data-dir"] || !h.flags["shutdown-timeout"] || h.defaults["shutdown-timeout"] == "" {
+		t.Fatalf("cannot read the flags from `supervisor run --help`:\n%s", out)
+	}
+	return h
+}
+
+// Every flag and SUPERVISOR_* variable the StatefulSet gives `supervisor
+// run` is one the binary knows. (The --replica flags come with the
+// replication package; until it is merged this test fails on them.)
+func TestFlagsKnownToBinary(t *testing.T) {
+	help := readRunHelp(t)
+	r := render(t)
+	c := supervisorContainer(t, r.sts)
+	flags, order, agent := runArgs(t, c)
+	for _, name := range order {
+		if !help.flags[name] {
+			t.Errorf("--%s: `supervisor run --help` has no such flag", name)
+		}
+	}
+	for _, e := range c.Env {
+		if strings.HasPrefix(e.Name, "SUPERVISOR_") && !help.envs[e.Name] {
+			t.Errorf("env %s: no flag of `supervisor run` reads it", e.Name)
+		}
+	}
+	// $(VAR) in an argument is expanded by the kubelet only when VAR is in
+	// the container's env; otherwise it stays literally in the argument.
+	defined := map[string]bool{}
+	for _, e := range c.Env {
+		defined[e.Name] = true
+	}
+	for _, a := range c.Args {
+		for _, m := range regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`).FindAllStringSubmatch(a, -1) {
+			if !defined[m[1]] {
+				t.Errorf("argument %q uses $(%s), which the container's env does not define", a, m[1])
+			}
+		}
+	}
+	// One prefix per pod: two pods of the StatefulSet must never write one
+	// replica, and a pod rescheduled elsewhere keeps its name and so its
+	// prefix.
+	if rep := flags["replica"]; !regexp.MustCompile(`^s3://[a-z0-9][a-z0-9.-]+/.*\$\(POD_NAME\)`).MatchString(rep) {
+		t.Errorf("--replica %q: want s3://BUCKET/PREFIX with $(POD_NAME) in the prefix", rep)
+	}
+	// The HTTP listener is on the container's port, on all addresses, and
+	// the request API is protected by a token file from a Secret volume.
+	_, port, err := net.SplitHostPort(flags["http-addr"])
+	if err != nil || port != fmt.Sprint(c.Ports[0].ContainerPort) {
+		t.Errorf("--http-addr %q: want 0.0.0.0:%d (the container port)", flags["http-addr"], c.Ports[0].ContainerPort)
+	}
+	if _, ok := flags["http-allow-remote"]; ok {
+		t.Errorf("--http-allow-remote: the request API is protected by --http-token-file; do not open it")
+	}
+	if tokenSecret(t, r, c, flags["http-token-file"]) == "" {
+		t.Errorf("--http-token-file %q: not a key of a Secret mounted in the container", flags["http-token-file"])
+	}
+	if len(agent) == 0 {
+		t.Error("no agent command after --")
+	}
+}
+
+// tokenSecret returns the token that the Secret mounted at the directory of
+// path holds under path's base name ("" if none is).
+func tokenSecret(t *testing.T, r rendered, c corev1.Container, path string) string {
+	t.Helper()
+	for _, m := range c.VolumeMounts {
+		if filepath.Dir(path) != m.MountPath {
+			continue
+		}
+		for _, v := range r.sts.Spec.Template.Spec.Volumes {
+			if v.Name == m.Name && v.Secret != nil && r.secrets[v.Secret.SecretName] != nil {
+				return r.secrets[v.Secret.SecretName].StringData[filepath.Base(path)]
+			}
+		}
+	}
+	return ""
+}
+
+// On SIGTERM the agent gets --shutdown-timeout to checkpoint and exit, and
+// its final checkpoint up to --shutdown-timeout again to be stored
+// (supervisor/supervisor.go): the kubelet must not SIGKILL before that.
+func TestGracePeriodAboveShutdownTimeout(t *testing.T) {
+	help := readRunHelp(t)
+	r := render(t)
+	flags, _, _ := runArgs(t, supervisorContainer(t, r.sts))
+	v, ok := flags["shutdown-timeout"]
+	if !ok {
+		v = help.defaults["shutdown-timeout"]
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		t.Fatalf("--shutdown-timeout %q: %v", v, err)
+	}
+	g := r.sts.Spec.Template.Spec.TerminationGracePeriodSeconds
+	if g == nil {
+		t.Fatal("terminationGracePeriodSeconds not set (the default, 30s, is not derived from --shutdown-timeout)")
+	}
+	if grace := time.Duration(*g) * time.Second; grace <= 2*d {
+		t.Errorf("terminationGracePeriodSeconds %s, want more than 2 x --shutdown-timeout = %s", grace, 2*d)
+	}
+}
+
+// The probes' paths answer on a supervisor started with the StatefulSet's
+// own arguments, on a volume prepared as the kubelet prepares one for
+// fsGroup, as the pod's user (when the test runs as root and can switch
+// users); /metrics and the probes need no token, the request API does. It
+// then survives the pod's restart on the same volume, and shows why
+// fsGroupChangePolicy must be OnRootMismatch.
+func TestFSGroupVolume(t *testing.T) {
+	bin := supervisorBinary(t)
+	r := render(t)
+	c := supervisorContainer(t, r.sts)
+	psc := r.sts.Spec.Template.Spec.SecurityContext
+	flags, order, agent := runArgs(t, c)
+	asPodUser := os.Geteuid() == 0
+	if !asPodUser {
+		t.Log("not root: the supervisor runs as this user, not as the pod's")
+	}
+
+	// The volume root as the kubelet leaves a fresh volume with fsGroup:
+	// group fsGroup, mode |= 0770 and setgid.
+	root, err := os.MkdirTemp("", "k8s-fsgroup-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	mustChmod(t, root, 0o755)
+	claim := r.sts.Spec.VolumeClaimTemplates[0].Name
+	mount := mountOf(t, c, claim)
+	vol := filepath.Join(root, "volume")
+	if err := os.Mkdir(vol, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fsGroup := int(*psc.FSGroup)
+	if asPodUser {
+		mustChown(t, vol, 0, fsGroup)
+	}
+	mustChmod(t, vol, 0o775|fs.ModeSetgid)
+	rel, _ := filepath.Rel(mount, flags["data-dir"])
+	dataDir := filepath.Join(vol, rel)
+
+	// The token, as the Secret volume presents it (root:fsGroup, defaultMode).
+	token := tokenSecret(t, r, c, flags["http-token-file"])
+	tokenFile := filepath.Join(root, "token")
+	if err := os.WriteFile(tokenFile, []byte(token), 0o440); err != nil {
+		t.Fatal(err)
+	}
+	if asPodUser {
+		mustChown(t, tokenFile, 0, fsGroup)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+
+	// The StatefulSet's arguments, with paths and the address moved into
+	// the test's reach. The --replica flags are left out: there is no
+	// bucket here (the replication tests run against a real S3 server).
+	args := []string{"run"}
+	for _, name := range order {
+		v := flags[name]
+		switch {
+		case strings.HasPrefix(name, "replica"):
+			continue
+		case name == "data-dir":
+			v = dataDir
+		case name == "http-addr":
+			v = addr
+		case name == "http-token-file":
+			v = tokenFile
+		}
+		args = append(args, "--"+name+"="+v)
+	}
+	args = append(args, "--")
+	for _, a := range agent {
+		if a == c.Command[0] {
+			a = bin // the built-in demo agent, as in the image
+		}
+		args = append(args, a)
+	}
+	start := func() *supervisorProc {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
+		if asPodUser {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{
+				Uid: uint32(*psc.RunAsUser), Gid: uint32(*psc.RunAsGroup), Groups: []uint32{uint32(fsGroup)},
+			}}
+		}
+		return startProc(t, cmd)
+	}
+	base := "http://" + addr
+
+	// First start, on the fresh volume.
+	p := start()
+	p.waitStatus(t, base+c.StartupProbe.HTTPGet.Path, 200)
+	p.waitStatus(t, base+c.LivenessProbe.HTTPGet.Path, 200)
+	p.waitStatus(t, base+c.ReadinessProbe.HTTPGet.Path, 200)
+	if body := p.get(t, base+"/metrics", 200); !strings.Contains(body, "supervisor_build_info{") {
+		t.Errorf("/metrics without a token: no supervisor_build_info in it")
+	}
+	if code := p.post(t, base+"/v1/requests", ""); code != http.StatusUnauthorized {
+		t.Errorf("POST /v1/requests without the token: %d, want 401", code)
+	}
+	if code := p.post(t, base+"/v1/requests", token); code != http.StatusAccepted && code != http.StatusOK {
+		t.Errorf("POST /v1/requests with the Secret's token: %d, want 202 or 200", code)
+	}
+	fi, err := os.Stat(dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o700 {
+		t.Errorf("%s: mode %v, want 0700 (created by the supervisor)", dataDir, fi.Mode())
+	}
+	if st := fi.Sys().(*syscall.Stat_t); asPodUser && int64(st.Uid) != *psc.RunAsUser {
+		t.Errorf("%s: owned by uid %d, want the pod's user %d", dataDir, st.Uid, *psc.RunAsUser)
+	}
+	grace := time.Duration(*r.sts.Spec.Template.Spec.TerminationGracePeriodSeconds) * time.Second
+	p.stop(t, grace)
+
+	// The pod restarts on the same volume. With OnRootMismatch the kubelet
+	// leaves it alone: the root is already group fsGroup and g+rwx.
+	p = start()
+	p.waitStatus(t, base+c.ReadinessProbe.HTTPGet.Path, 200)
+	p.stop(t, grace)
+
+	// With fsGroupChangePolicy Always, the kubelet would walk the volume at
+	// this mount: every directory |= 0770 and setgid, every file |= 0660.
+	// The supervisor then refuses its data directory (exit 2) — which is
+	// why the manifest says OnRootMismatch.
+	err = filepath.WalkDir(vol, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := os.Lstat(path)
+		if err != nil || fi.Mode()&fs.ModeSymlink != 0 || fi.Mode()&fs.ModeSocket != 0 {
+			return err
+		}
+		mask := fs.FileMode(0o660)
+		if d.IsDir() {
+			mask |= 0o110 | fs.ModeSetgid
+		}
+		return os.Chmod(path, fi.Mode()&(fs.ModePerm|fs.ModeSetgid)|mask)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = start()
+	code, stderr := p.wait(t, 30*time.Second)
+	if code != 2 || !strings.Contains(stderr, "writable by group") {
+		t.Errorf("after a recursive fsGroup change: exit %d, want 2 with \"writable by group\"; stderr:\n%s", code, stderr)
+	}
+}
+
+type supervisorProc struct {
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	done   chan struct{}
+	code   int
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func startProc(t *testing.T, cmd *exec.Cmd) *supervisorProc {
+	t.Helper()
+	p := &supervisorProc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout = p.stderr
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		err := cmd.Wait()
+		p.code = 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			p.code = ee.ExitCode()
+		}
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+// waitStatus polls url until it answers want; it fails if the supervisor
+// exits first, or after 30 s.
+func (p *supervisorProc) waitStatus(t *testing.T, url string, want int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	last := "no answer"
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			t.Fatalf("the supervisor exited (%d) while waiting for %s; its output:\n%s", p.code, url, p.stderr)
+		default:
+		}
+		resp, err := httpClient.Get(url)
+		if err == nil {
+			b, _ := readAll(resp)
+			if resp.StatusCode == want {
+				return
+			}
+			if resp.StatusCode == http.StatusNotFound {
+				t.Fatalf("%s: 404, the supervisor has no such endpoint", url)
+			}
+			last = fmt.Sprintf("%d %s", resp.StatusCode, b)
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: no %d within 30 s (last: %s); output:\n%s", url, want, last, p.stderr)
+}
+
+var httpClient = &http.Client{Timeout: 5 * time.Second}
+
+func readAll(resp *http.Response) (string, error) {
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, err := b.ReadFrom(resp.Body)
+	return b.String(), err
+}
+
+func (p *supervisorProc) get(t *testing.T, url string, want int) string {
+	t.Helper()
+	resp, err := httpClient.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := readAll(resp)
+	if resp.StatusCode != want {
+		t.Errorf("GET %s: %d, want %d: %s", url, resp.StatusCode, want, body)
+	}
+	return body
+}
+
+func (p *supervisorProc) post(t *testing.T, url, token string) int {
+	t.Helper()
+	req, err := http.NewRequest("POST", url, strings.NewReader(`{"message":"hello from the manifest test"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(resp)
+	return resp.StatusCode
+}
+
+// stop sends SIGTERM, as the kubelet does, and wants a clean exit within
+// the pod's grace period.
+func (p *supervisorProc) stop(t *testing.T, grace time.Duration) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	code, out := p.wait(t, grace)
+	if code != 0 {
+		t.Fatalf("after SIGTERM: exit %d, want 0; output:\n%s", code, out)
+	}
+	t.Logf("stopped cleanly %s after SIGTERM (grace period %s)", time.Since(began).Round(time.Millisecond), grace)
+}
+
+func (p *supervisorProc) wait(t *testing.T, limit time.Duration) (int, string) {
+	t.Helper()
+	select {
+	case <-p.done:
+		return p.code, p.stderr.String()
+	case <-time.After(limit):
+		t.Fatalf("the supervisor did not exit within %s; output:\n%s", limit, p.stderr)
+		return 0, ""
+	}
+}
+
+func mustChmod(t *testing.T, path string, mode fs.FileMode) {
+	t.Helper()
+	if err := os.Chmod(path, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustChown(t *testing.T, path string, uid, gid int) {
+	t.Helper()
+	if err := os.Chown(path, uid, gid); err != nil {
+		t.Fatal(err)
+	}
+}
+
