@@ -501,4 +501,3 @@ func mustChown(t *testing.T, path string, uid, gid int) {
 		t.Fatal(err)
 	}
 }
-

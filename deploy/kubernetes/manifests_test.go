@@ -441,7 +441,9 @@ func TestManifestsAgreeWithEachOther(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} {
-		if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == name && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil }) {
+		if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+			return e.Name == name && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil
+		}) {
 			t.Errorf("env %s: want it from a Secret (the replica's credentials)", name)
 		}
 	}
