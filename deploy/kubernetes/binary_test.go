@@ -198,6 +198,9 @@ func TestFSGroupVolume(t *testing.T) {
 	r := render(t)
 	c := supervisorContainer(t, r.sts)
 	psc := r.sts.Spec.Template.Spec.SecurityContext
+	if psc == nil || psc.RunAsUser == nil || psc.RunAsGroup == nil || psc.FSGroup == nil {
+		t.Fatalf("pod securityContext %+v: want runAsUser, runAsGroup and fsGroup (TestPodSecurity says more)", psc)
+	}
 	flags, order, agent := runArgs(t, c)
 	asPodUser := os.Geteuid() == 0
 	if !asPodUser {
@@ -258,6 +261,10 @@ func TestFSGroupVolume(t *testing.T) {
 			v = addr
 		case name == "http-token-file":
 			v = tokenFile
+		}
+		if v == "" && flags[name] == "" {
+			args = append(args, "--"+name) // a boolean flag given bare
+			continue
 		}
 		args = append(args, "--"+name+"="+v)
 	}

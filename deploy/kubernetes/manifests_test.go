@@ -474,13 +474,13 @@ func TestPodSecurity(t *testing.T) {
 		t.Errorf("runAsUser/runAsGroup: want 65532, the image's nonroot user (USER 65532:65532)")
 	}
 	if psc.FSGroup == nil || *psc.FSGroup != *psc.RunAsGroup {
-		t.Errorf("fsGroup %v: want the user's group, so the volume is writable for it", psc.FSGroup)
+		t.Errorf("fsGroup %s: want the user's group, so the volume is writable for it", deref(psc.FSGroup))
 	}
 	// The default (Always) re-applies g+rwx,setgid to every directory of
 	// the volume at each mount: the supervisor would then refuse its own
 	// data directory (TestFSGroupVolume shows it).
 	if psc.FSGroupChangePolicy == nil || *psc.FSGroupChangePolicy != corev1.FSGroupChangeOnRootMismatch {
-		t.Errorf("fsGroupChangePolicy %v: want OnRootMismatch", psc.FSGroupChangePolicy)
+		t.Errorf("fsGroupChangePolicy %s: want OnRootMismatch", deref(psc.FSGroupChangePolicy))
 	}
 	csc := c.SecurityContext
 	if csc == nil || csc.AllowPrivilegeEscalation == nil || *csc.AllowPrivilegeEscalation ||
@@ -504,6 +504,14 @@ func TestPodSecurity(t *testing.T) {
 	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
 		t.Errorf("--data-dir %q: want a subdirectory of the volume mounted at %s", dataDir, mount)
 	}
+}
+
+// deref prints what p points to, or "unset".
+func deref[T any](p *T) string {
+	if p == nil {
+		return "unset"
+	}
+	return fmt.Sprint(*p)
 }
 
 // mountOf returns where volume name is mounted in c.
