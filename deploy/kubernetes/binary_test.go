@@ -163,6 +163,24 @@ func tokenSecret(t *testing.T, r rendered, c corev1.Container, path string) stri
 	return ""
 }
 
+// secretMode is the mode the kubelet gives the files of the Secret volume
+// mounted at path's directory (0644 unless defaultMode says otherwise).
+func secretMode(t *testing.T, r rendered, c corev1.Container, path string) fs.FileMode {
+	t.Helper()
+	for _, m := range c.VolumeMounts {
+		for _, v := range r.sts.Spec.Template.Spec.Volumes {
+			if m.MountPath == filepath.Dir(path) && v.Name == m.Name && v.Secret != nil {
+				if v.Secret.DefaultMode == nil {
+					return 0o644
+				}
+				return fs.FileMode(*v.Secret.DefaultMode)
+			}
+		}
+	}
+	t.Fatalf("no Secret volume mounted at %s", filepath.Dir(path))
+	return 0
+}
+
 // On SIGTERM the agent gets --shutdown-timeout to checkpoint and exit, its
 // final checkpoint up to --shutdown-timeout again to be stored, and the HTTP
 // server up to 2 s to close (supervisor/supervisor.go): the kubelet must not
@@ -230,14 +248,15 @@ func TestFSGroupVolume(t *testing.T) {
 	rel, _ := filepath.Rel(mount, flags["data-dir"])
 	dataDir := filepath.Join(vol, rel)
 
-	// The token, as the Secret volume presents it (root:fsGroup, defaultMode).
+	// The token, as the Secret volume presents it: root:fsGroup, defaultMode.
 	token := tokenSecret(t, r, c, flags["http-token-file"])
 	tokenFile := filepath.Join(root, "token")
-	if err := os.WriteFile(tokenFile, []byte(token), 0o440); err != nil {
+	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if asPodUser {
 		mustChown(t, tokenFile, 0, fsGroup)
+		mustChmod(t, tokenFile, secretMode(t, r, c, flags["http-token-file"]))
 	}
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
