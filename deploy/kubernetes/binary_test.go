@@ -182,9 +182,10 @@ func secretMode(t *testing.T, r rendered, c corev1.Container, path string) fs.Fi
 }
 
 // On SIGTERM the agent gets --shutdown-timeout to checkpoint and exit, its
-// final checkpoint up to --shutdown-timeout again to be stored, and the HTTP
-// server up to 2 s to close (supervisor/supervisor.go): the kubelet must not
-// SIGKILL before that. 5 s of margin cover the close and the WAL's sync.
+// final checkpoint up to --shutdown-timeout again to be stored, the HTTP
+// server up to 2 s to close, and the replica a last upload of up to 5 s
+// (supervisor/supervisor.go, supervisor/replica.go): the kubelet must not
+// SIGKILL before that. 10 s cover the close, the upload and the WAL's sync.
 func TestGracePeriodAboveShutdownTimeout(t *testing.T) {
 	help := readRunHelp(t)
 	r := render(t)
@@ -201,8 +202,8 @@ func TestGracePeriodAboveShutdownTimeout(t *testing.T) {
 	if g == nil {
 		t.Fatal("terminationGracePeriodSeconds not set (the default, 30s, is not derived from --shutdown-timeout)")
 	}
-	if grace, need := time.Duration(*g)*time.Second, 2*d+5*time.Second; grace <= need {
-		t.Errorf("terminationGracePeriodSeconds %s, want more than 2 x --shutdown-timeout + 5s = %s", grace, need)
+	if grace, need := time.Duration(*g)*time.Second, 2*d+10*time.Second; grace <= need {
+		t.Errorf("terminationGracePeriodSeconds %s, want more than 2 x --shutdown-timeout + 10s = %s", grace, need)
 	}
 }
 
