@@ -207,145 +207,183 @@ func TestGracePeriodAboveShutdownTimeout(t *testing.T) {
 	}
 }
 
-// The probes' paths answer on a supervisor started with the StatefulSet's
-// own arguments, on a volume prepared as the kubelet prepares one for
-// fsGroup, as the pod's user (when the test runs as root and can switch
-// users); /metrics and the probes need no token, the request API does. It
-// then survives the pod's restart on the same volume, and shows why
-// fsGroupChangePolicy must be OnRootMismatch.
-func TestFSGroupVolume(t *testing.T) {
-	bin := supervisorBinary(t)
-	r := render(t)
-	c := supervisorContainer(t, r.sts)
-	psc := r.sts.Spec.Template.Spec.SecurityContext
+// pod is the StatefulSet's pod as this test can run it: the built binary
+// with the container's arguments, as the pod's user (when the test runs as
+// root and can switch users), on "nodes" whose volumes are prepared the way
+// the kubelet prepares one for fsGroup.
+type pod struct {
+	bin       string
+	r         rendered
+	c         corev1.Container
+	flags     map[string]string
+	order     []string
+	agent     []string
+	asPodUser bool
+	uid, gid  uint32
+	fsGroup   int
+	addr      string // loopback address for --http-addr
+	token     string
+	grace     time.Duration
+}
+
+func newPod(t *testing.T) *pod {
+	t.Helper()
+	p := &pod{bin: supervisorBinary(t), r: render(t)}
+	p.c = supervisorContainer(t, p.r.sts)
+	psc := p.r.sts.Spec.Template.Spec.SecurityContext
 	if psc == nil || psc.RunAsUser == nil || psc.RunAsGroup == nil || psc.FSGroup == nil {
 		t.Fatalf("pod securityContext %+v: want runAsUser, runAsGroup and fsGroup (TestPodSecurity says more)", psc)
 	}
-	flags, order, agent := runArgs(t, c)
-	asPodUser := os.Geteuid() == 0
-	if !asPodUser {
+	p.uid, p.gid, p.fsGroup = uint32(*psc.RunAsUser), uint32(*psc.RunAsGroup), int(*psc.FSGroup)
+	p.flags, p.order, p.agent = runArgs(t, p.c)
+	p.asPodUser = os.Geteuid() == 0
+	if !p.asPodUser {
 		t.Log("not root: the supervisor runs as this user, not as the pod's")
 	}
+	p.token = tokenSecret(t, p.r, p.c, p.flags["http-token-file"])
+	p.grace = time.Duration(*p.r.sts.Spec.Template.Spec.TerminationGracePeriodSeconds) * time.Second
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.addr = ln.Addr().String()
+	ln.Close()
+	return p
+}
 
-	// The volume root as the kubelet leaves a fresh volume with fsGroup:
-	// group fsGroup, mode |= 0770 and setgid.
-	root, err := os.MkdirTemp("", "k8s-fsgroup-")
+// node is one node's copy of the pod's volumes: the claim's volume and the
+// token Secret's file.
+type node struct {
+	vol, dataDir, tokenFile string
+}
+
+// newNode makes a node with a fresh volume, as the kubelet leaves one with
+// fsGroup: group fsGroup, mode |= 0770 and setgid.
+func (p *pod) newNode(t *testing.T) *node {
+	t.Helper()
+	root, err := os.MkdirTemp("", "k8s-node-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
 	mustChmod(t, root, 0o755)
-	claim := r.sts.Spec.VolumeClaimTemplates[0].Name
-	mount := mountOf(t, c, claim)
-	vol := filepath.Join(root, "volume")
-	if err := os.Mkdir(vol, 0o755); err != nil {
+	n := &node{vol: filepath.Join(root, "volume"), tokenFile: filepath.Join(root, "token")}
+	if err := os.Mkdir(n.vol, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	fsGroup := int(*psc.FSGroup)
-	if asPodUser {
-		mustChown(t, vol, 0, fsGroup)
+	if p.asPodUser {
+		mustChown(t, n.vol, 0, p.fsGroup)
 	}
-	mustChmod(t, vol, 0o775|fs.ModeSetgid)
-	rel, _ := filepath.Rel(mount, flags["data-dir"])
-	dataDir := filepath.Join(vol, rel)
-
+	mustChmod(t, n.vol, 0o775|fs.ModeSetgid)
+	rel, _ := filepath.Rel(mountOf(t, p.c, p.r.sts.Spec.VolumeClaimTemplates[0].Name), p.flags["data-dir"])
+	n.dataDir = filepath.Join(n.vol, rel)
 	// The token, as the Secret volume presents it: root:fsGroup, defaultMode.
-	token := tokenSecret(t, r, c, flags["http-token-file"])
-	tokenFile := filepath.Join(root, "token")
-	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+	if err := os.WriteFile(n.tokenFile, []byte(p.token), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if asPodUser {
-		mustChown(t, tokenFile, 0, fsGroup)
-		mustChmod(t, tokenFile, secretMode(t, r, c, flags["http-token-file"]))
+	if p.asPodUser {
+		mustChown(t, n.tokenFile, 0, p.fsGroup)
+		mustChmod(t, n.tokenFile, secretMode(t, p.r, p.c, p.flags["http-token-file"]))
 	}
+	return n
+}
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-
-	// The StatefulSet's arguments, with paths and the address moved into
-	// the test's reach. The --replica flags are left out: there is no
-	// bucket here (the replication tests run against a real S3 server).
+// start starts the pod on n: the StatefulSet's arguments with paths and the
+// address moved into the test's reach, $(VAR)s expanded from env as the
+// kubelet expands them, the --replica flags replaced by replica (none: left
+// out), and agentArgs appended to the agent's command.
+func (p *pod) start(t *testing.T, n *node, env map[string]string, replica []string, agentArgs ...string) *supervisorProc {
+	t.Helper()
 	args := []string{"run"}
-	for _, name := range order {
-		v := flags[name]
+	for _, name := range p.order {
+		v := p.flags[name]
 		switch {
 		case strings.HasPrefix(name, "replica"):
 			continue
 		case name == "data-dir":
-			v = dataDir
+			v = n.dataDir
 		case name == "http-addr":
-			v = addr
+			v = p.addr
 		case name == "http-token-file":
-			v = tokenFile
+			v = n.tokenFile
 		}
-		if v == "" && flags[name] == "" {
+		if v == "" && p.flags[name] == "" {
 			args = append(args, "--"+name) // a boolean flag given bare
 			continue
 		}
 		args = append(args, "--"+name+"="+v)
 	}
+	args = append(args, replica...)
 	args = append(args, "--")
-	for _, a := range agent {
-		if a == c.Command[0] {
-			a = bin // the built-in demo agent, as in the image
+	for _, a := range p.agent {
+		if a == p.c.Command[0] {
+			a = p.bin // the built-in demo agent, as in the image
 		}
 		args = append(args, a)
 	}
-	start := func() *supervisorProc {
-		cmd := exec.Command(bin, args...)
-		cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
-		if asPodUser {
-			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{
-				Uid: uint32(*psc.RunAsUser), Gid: uint32(*psc.RunAsGroup), Groups: []uint32{uint32(fsGroup)},
-			}}
-		}
-		return startProc(t, cmd)
+	args = append(args, agentArgs...)
+	cmd := exec.Command(p.bin, args...)
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	base := "http://" + addr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if p.asPodUser {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: p.uid, Gid: p.gid, Groups: []uint32{uint32(p.fsGroup)}}
+	}
+	return startProc(t, cmd)
+}
+
+func (p *pod) url(path string) string { return "http://" + p.addr + path }
+
+// The probes' paths answer on a supervisor started with the StatefulSet's
+// own arguments, as the pod's user, on a volume prepared as the kubelet
+// prepares one for fsGroup; /metrics and the probes need no token, the
+// request API does. It then survives the pod's restart on the same volume,
+// and shows why fsGroupChangePolicy must be OnRootMismatch. (The --replica
+// flags are left out: there is no bucket here; TestMoveToAnotherNode has one.)
+func TestFSGroupVolume(t *testing.T) {
+	p := newPod(t)
+	c := p.c
+	n := p.newNode(t)
 
 	// First start, on the fresh volume.
-	p := start()
-	p.waitStatus(t, base+c.StartupProbe.HTTPGet.Path, 200)
-	p.waitStatus(t, base+c.LivenessProbe.HTTPGet.Path, 200)
-	p.waitStatus(t, base+c.ReadinessProbe.HTTPGet.Path, 200)
-	if body := p.get(t, base+"/metrics", 200); !strings.Contains(body, "supervisor_build_info{") {
+	sp := p.start(t, n, nil, nil)
+	sp.waitStatus(t, p.url(c.StartupProbe.HTTPGet.Path), 200)
+	sp.waitStatus(t, p.url(c.LivenessProbe.HTTPGet.Path), 200)
+	sp.waitStatus(t, p.url(c.ReadinessProbe.HTTPGet.Path), 200)
+	if body := sp.get(t, p.url("/metrics"), 200); !strings.Contains(body, "supervisor_build_info{") {
 		t.Errorf("/metrics without a token: no supervisor_build_info in it")
 	}
-	if code := p.post(t, base+"/v1/requests", ""); code != http.StatusUnauthorized {
+	if code := sp.post(t, p.url("/v1/requests"), ""); code != http.StatusUnauthorized {
 		t.Errorf("POST /v1/requests without the token: %d, want 401", code)
 	}
-	if code := p.post(t, base+"/v1/requests", token); code != http.StatusAccepted && code != http.StatusOK {
+	if code := sp.post(t, p.url("/v1/requests"), p.token); code != http.StatusAccepted && code != http.StatusOK {
 		t.Errorf("POST /v1/requests with the Secret's token: %d, want 202 or 200", code)
 	}
-	fi, err := os.Stat(dataDir)
+	fi, err := os.Stat(n.dataDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if fi.Mode().Perm() != 0o700 {
-		t.Errorf("%s: mode %v, want 0700 (created by the supervisor)", dataDir, fi.Mode())
+		t.Errorf("%s: mode %v, want 0700 (created by the supervisor)", n.dataDir, fi.Mode())
 	}
-	if st := fi.Sys().(*syscall.Stat_t); asPodUser && int64(st.Uid) != *psc.RunAsUser {
-		t.Errorf("%s: owned by uid %d, want the pod's user %d", dataDir, st.Uid, *psc.RunAsUser)
+	if st := fi.Sys().(*syscall.Stat_t); p.asPodUser && st.Uid != p.uid {
+		t.Errorf("%s: owned by uid %d, want the pod's user %d", n.dataDir, st.Uid, p.uid)
 	}
-	grace := time.Duration(*r.sts.Spec.Template.Spec.TerminationGracePeriodSeconds) * time.Second
-	p.stop(t, grace)
+	sp.stop(t, p.grace)
 
 	// The pod restarts on the same volume. With OnRootMismatch the kubelet
 	// leaves it alone: the root is already group fsGroup and g+rwx.
-	p = start()
-	p.waitStatus(t, base+c.ReadinessProbe.HTTPGet.Path, 200)
-	p.stop(t, grace)
+	sp = p.start(t, n, nil, nil)
+	sp.waitStatus(t, p.url(c.ReadinessProbe.HTTPGet.Path), 200)
+	sp.stop(t, p.grace)
 
 	// With fsGroupChangePolicy Always, the kubelet would walk the volume at
 	// this mount: every directory |= 0770 and setgid, every file |= 0660.
 	// The supervisor then refuses its data directory (exit 2) — which is
 	// why the manifest says OnRootMismatch.
-	err = filepath.WalkDir(vol, func(path string, d fs.DirEntry, err error) error {
+	err = filepath.WalkDir(n.vol, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -362,8 +400,8 @@ func TestFSGroupVolume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p = start()
-	code, stderr := p.wait(t, 30*time.Second)
+	sp = p.start(t, n, nil, nil)
+	code, stderr := sp.wait(t, 30*time.Second)
 	if code != 2 || !strings.Contains(stderr, "writable by group") {
 		t.Errorf("after a recursive fsGroup change: exit %d, want 2 with \"writable by group\"; stderr:\n%s", code, stderr)
 	}
