@@ -5,6 +5,10 @@
 #   docker run --rm -p 9464:9464 supervisor       # supervises the built-in demo agent
 #
 # To supervise your own agent, build FROM this image and add it (see docs/operations.md).
+# On Kubernetes: deploy/kubernetes/ (its StatefulSet runs this binary with
+# --data-dir /data/supervisor on a PVC). deploy/kubernetes/dockerfile_test.go
+# checks what the manifests rely on here: the binary's path, USER 65532:65532,
+# a /data owned by that user before VOLUME, port 9464.
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
@@ -16,7 +20,7 @@ COPY . .
 ARG VERSION=
 ARG REVISION=
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/agent-sidecar/supervisor/supervisor.version=${VERSION} -X github.com/agent-sidecar/supervisor/supervisor.revision=${REVISION}" -o /out/supervisor ./cmd/supervisor \
- && mkdir -p /out/data
+ && mkdir -p -m 0700 /out/data
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/supervisor /usr/local/bin/supervisor
