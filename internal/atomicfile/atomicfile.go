@@ -89,9 +89,14 @@ func WriteFile(dir, name string, data []byte) error {
 }
 
 // createTemp creates the temporary file for name in dir and holds an
-// exclusive flock on it until it is closed.
+// exclusive flock on it until it is closed. Between its creation and the
+// lock a sweeper may take it; each try loses only if a sweep lands in that
+// window of a few microseconds, so many tries make losing them all
+// impossible in practice (three were lost under a tight Open loop on a
+// loaded machine).
 func createTemp(dir, name string) (*os.File, error) {
-	for range 3 {
+	const tries = 100
+	for range tries {
 		// os.CreateTemp opens with O_CREAT|O_EXCL, mode 0600, O_CLOEXEC.
 		f, err := os.CreateTemp(dir, name+".*"+TempSuffix)
 		if err != nil {
@@ -111,7 +116,7 @@ func createTemp(dir, name string) (*os.File, error) {
 		}
 		f.Close()
 	}
-	return nil, fmt.Errorf("create temporary file for %s in %s: removed by a concurrent sweep three times", name, dir)
+	return nil, fmt.Errorf("create temporary file for %s in %s: removed by a concurrent sweep %d times (is another process sweeping this directory in a loop?)", name, dir, tries)
 }
 
 // SyncDir fsyncs dir so that creations, renames and removals in it are
