@@ -45,7 +45,9 @@ func openDataDir(t testing.TB, dir string) *dataDir {
 	return d
 }
 
-func entryData(seq uint64) []byte { return []byte(fmt.Sprintf("entry-%d-%s", seq, strings.Repeat("x", int(seq%50)))) }
+func entryData(seq uint64) []byte {
+	return []byte(fmt.Sprintf("entry-%d-%s", seq, strings.Repeat("x", int(seq%50))))
+}
 
 func (d *dataDir) append(from, to uint64) {
 	d.t.Helper()
