@@ -358,3 +358,56 @@ func (g *Generation) plan(t Target, exclude map[string]bool) (Plan, error) {
 	}
 	return p, nil
 }
+
+// CheckpointSummary is one checkpoint as `supervisor replica list` shows it.
+type CheckpointSummary struct {
+	ID        string    `json:"id"`
+	Created   time.Time `json:"created"`
+	Watermark uint64    `json:"watermark"`
+	Bytes     int64     `json:"bytes"`
+}
+
+// GenerationSummary is one generation as `supervisor replica list` shows it.
+type GenerationSummary struct {
+	ID       string    `json:"id"`
+	Created  time.Time `json:"created,omitzero"`
+	Hostname string    `json:"hostname,omitempty"`
+	Updated  time.Time `json:"updated"`
+	// Default: the one a restore takes unless told otherwise (the most
+	// recently written).
+	Default     bool                `json:"default"`
+	Checkpoints []CheckpointSummary `json:"checkpoints"`
+	// The WAL held: entries in (WALAfter, WALThrough], in Chunks chunks
+	// (with gaps where local retention outran the uploads).
+	WALAfter   uint64 `json:"wal_after"`
+	WALThrough uint64 `json:"wal_through"`
+	Chunks     int    `json:"chunks"`
+	Bytes      int64  `json:"bytes"`
+	// RestorableTo is the newest sequence a restore reaches without a gap
+	// (absent: nothing restorable yet).
+	RestorableTo *uint64 `json:"restorable_to,omitempty"`
+	ForkAt       *uint64 `json:"fork_after_sequence,omitempty"`
+}
+
+// Summary describes every generation, the default one first.
+func (inv *Inventory) Summary() []GenerationSummary {
+	out := []GenerationSummary{}
+	for i, g := range inv.Generations {
+		s := GenerationSummary{ID: g.ID, Updated: g.Updated.UTC(), Default: i == 0, Chunks: len(g.Chunks), Bytes: g.Bytes,
+			ForkAt: g.ForkAt, Checkpoints: []CheckpointSummary{}}
+		if g.Info != nil {
+			s.Created, s.Hostname = g.Info.Created, g.Info.Hostname
+		}
+		for _, cp := range g.Checkpoints {
+			s.Checkpoints = append(s.Checkpoints, CheckpointSummary{ID: cp.ID, Created: cp.Time, Watermark: cp.Watermark, Bytes: cp.Size})
+		}
+		if len(g.Chunks) > 0 {
+			s.WALAfter, s.WALThrough = g.Chunks[0].After, g.head()
+		}
+		if last, ok := g.Restorable(); ok {
+			s.RestorableTo = &last
+		}
+		out = append(out, s)
+	}
+	return out
+}

@@ -65,6 +65,7 @@ type Supervisor struct {
 	bmet   *boundsMetrics
 	lock   *os.File
 	ledger *evolution.Ledger
+	rep    *replicaState // --replica (replica.go); nil when off
 
 	events  chan event
 	control chan controlCall
@@ -255,6 +256,9 @@ func (s *Supervisor) open() error {
 		return plantedLink(err)
 	}
 	s.lock = lock
+	if err := s.restoreFromReplica(); err != nil { // an empty data dir with --replica
+		return err
+	}
 	audit, err := openAudit(filepath.Join(dir, "audit.jsonl"))
 	if err != nil {
 		return plantedLink(err)
@@ -303,11 +307,13 @@ func (s *Supervisor) open() error {
 			}
 		}
 	}
+	s.startReplica()
 	return nil
 }
 
 func (s *Supervisor) close() error {
 	var errs []error
+	s.stopReplica() // a last bounded upload of what is durable
 	if s.st != nil {
 		if err := s.st.close(); err != nil {
 			errs = append(errs, fmt.Errorf("close WAL: %w", err))
