@@ -93,8 +93,11 @@ func decodeChunk(o object, b []byte, fn func(wal.Entry) error) error {
 	if count == 0 || rawLen > maxChunkRaw || rawLen < uint64(count)*12 {
 		return bad("header claims %d entries in %d bytes", count, rawLen)
 	}
+	// The window the frame may declare is capped (the encoder's is 8 MiB at
+	// most, or the data's size): a hostile header cannot make it reserve more.
+	window := min(max(rawLen, 8<<20), maxChunkRaw)
 	dec, err := zstd.NewReader(bytes.NewReader(b[chunkHeaderLen:]), zstd.WithDecoderConcurrency(1),
-		zstd.WithDecoderMaxMemory(rawLen+1), zstd.WithDecoderMaxWindow(max(rawLen, 1<<20)))
+		zstd.WithDecoderMaxMemory(window+1), zstd.WithDecoderMaxWindow(window))
 	if err != nil {
 		return bad("%v", err)
 	}
