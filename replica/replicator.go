@@ -212,11 +212,15 @@ func (r *Replicator) observe(now time.Time) {
 }
 
 func (r *Replicator) run() {
+	// observe samples the durable sequence for the lag in seconds; the
+	// passes run on their own timer, one sync interval after the previous
+	// pass began (or after a back-off).
 	poll := min(r.opts.SyncInterval/4, 250*time.Millisecond)
 	poll = max(poll, 5*time.Millisecond)
 	tick := time.NewTicker(poll)
 	defer tick.Stop()
-	next := time.Now()
+	passTimer := time.NewTimer(0)
+	defer passTimer.Stop()
 	delay := time.Duration(0)
 	for {
 		select {
@@ -231,9 +235,8 @@ func (r *Replicator) run() {
 			return
 		case now := <-tick.C:
 			r.observe(now)
-			if now.Before(next) {
-				continue
-			}
+		case began := <-passTimer.C:
+			r.observe(began)
 			if err := r.pass(r.ctx); err != nil {
 				r.failed(err)
 				if delay == 0 {
@@ -242,7 +245,7 @@ func (r *Replicator) run() {
 					delay = min(delay*2, maxBackoff)
 				}
 				// Jitter: a fleet that lost its server does not return in step.
-				next = time.Now().Add(delay/2 + rand.N(delay/2+1))
+				passTimer.Reset(delay/2 + rand.N(delay/2+1))
 				continue
 			}
 			if delay != 0 {
@@ -250,7 +253,7 @@ func (r *Replicator) run() {
 			}
 			delay = 0
 			r.succeeded()
-			next = now.Add(r.opts.SyncInterval)
+			passTimer.Reset(max(time.Until(began.Add(r.opts.SyncInterval)), 0))
 		}
 	}
 }
