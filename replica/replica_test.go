@@ -195,6 +195,20 @@ func TestReplicateAndRestore(t *testing.T) {
 	}
 	checkRestore(t, out, 40, 70)
 
+	// As the replica was at a time: before the next entries, the state at 100.
+	at := time.Now()
+	time.Sleep(5 * time.Millisecond) // chunk times are in milliseconds
+	d.append(101, 120)
+	waitUploaded(t, r, 120)
+	out = filepath.Join(t.TempDir(), "time")
+	if _, err := c.Restore(context.Background(), out, replica.Target{Time: at}, nil); err != nil {
+		t.Fatal(err)
+	}
+	checkRestore(t, out, 40, 100)
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Fatalf("metrics lint: %v %v", err, problems)
+	}
+
 	// An idle data directory costs no requests.
 	before := testutil.ToFloat64(counter(t, reg, "supervisor_replica_uploaded_objects_total"))
 	time.Sleep(300 * time.Millisecond) // six sync intervals with nothing new
@@ -203,7 +217,7 @@ func TestReplicateAndRestore(t *testing.T) {
 	}
 
 	// A busy one batches: 200 entries in a few chunks, not 200.
-	d.append(101, 300)
+	d.append(121, 300)
 	waitUploaded(t, r, 300)
 	chunks := 0
 	for _, k := range srv.Keys("bkt", "agents/a1/") {
@@ -404,5 +418,28 @@ func TestParseURL(t *testing.T) {
 		if err != nil || loc.Bucket != tc.bucket || loc.Prefix != tc.prefix {
 			t.Errorf("%s: %+v %v", tc.url, loc, err)
 		}
+	}
+}
+
+// A fresh volume mounted as the data directory has lost+found: it is still
+// empty, so a start with --replica restores it.
+func TestIsEmptyDataDir(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"LOCK", "lost+found", ".replica-restore"} {
+		if err := os.Mkdir(filepath.Join(dir, name), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := replica.IsEmptyDataDir(dir); !ok || err != nil {
+		t.Fatalf("LOCK, lost+found and a staging dir: empty %v %v", ok, err)
+	}
+	if ok, _ := replica.IsEmptyDataDir(filepath.Join(dir, "missing")); !ok {
+		t.Fatal("a missing directory is empty")
+	}
+	if err := os.Mkdir(filepath.Join(dir, "wal"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := replica.IsEmptyDataDir(dir); ok {
+		t.Fatal("a directory with a WAL is not empty")
 	}
 }

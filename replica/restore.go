@@ -38,8 +38,9 @@ type Result struct {
 const stagingDir = ".replica-restore"
 
 // IsEmptyDataDir reports whether dir holds nothing a supervisor wrote: it
-// does not exist, or holds at most the LOCK file and a restore's staging
-// directory left by a crash.
+// does not exist, or holds at most the LOCK file, a restore's staging
+// directory left by a crash, and lost+found (a fresh ext4 volume mounted as
+// the data directory has one).
 func IsEmptyDataDir(dir string) (bool, error) {
 	es, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -49,7 +50,7 @@ func IsEmptyDataDir(dir string) (bool, error) {
 		return false, err
 	}
 	for _, e := range es {
-		if e.Name() != "LOCK" && e.Name() != stagingDir {
+		if e.Name() != "LOCK" && e.Name() != stagingDir && e.Name() != "lost+found" {
 			return false, nil
 		}
 	}
