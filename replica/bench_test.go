@@ -18,7 +18,6 @@ import (
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/replica"
-	"github.com/agent-sidecar/supervisor/replica/miniotest"
 	"github.com/agent-sidecar/supervisor/wal"
 )
 
@@ -27,43 +26,15 @@ import (
 //	go test -run '^$' -bench . -benchtime 1x ./replica/          (restore, upload)
 //	go test -run '^$' -bench Lag -benchtime 5000x ./replica/     (5 s at 1,000 entries/s)
 
-func benchClient(b *testing.B, prefix string) (*miniotest.Server, *replica.Client) {
-	b.Helper()
-	srv := miniotest.Start(b)
-	srv.MakeBucket("bench")
-	for _, kv := range srv.Env() {
-		k, v, _ := strings.Cut(kv, "=")
-		b.Setenv(k, v)
-	}
-	loc, err := replica.ParseURL("s3://bench/"+prefix, srv.Endpoint(), "us-east-1")
-	if err != nil {
-		b.Fatal(err)
-	}
-	c, err := replica.Open(loc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return srv, c
-}
-
 // BenchmarkReplicationLag: an agent logging a steady 1,000 entries/s of
 // 200 bytes (group commit, as the supervisor runs it) with the default 1 s
 // sync interval. The lag of an entry is the time from its
 // durability to its chunk's upload; p50 and p99 over b.N entries.
 func BenchmarkReplicationLag(b *testing.B) {
-	_, c := benchClient(b, "lag")
-	dir := b.TempDir()
-	ck, err := checkpoint.Open(filepath.Join(dir, "checkpoints"), checkpoint.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	w, err := wal.Open(wal.Options{Dir: filepath.Join(dir, "wal"), NoPreallocate: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.Close()
-	r := replica.New(c, replica.Local{DataDir: dir, WAL: w, Checkpoints: ck, HoldTruncation: func() func() { return func() {} }},
-		replica.Options{SyncInterval: time.Second})
+	_, c := setup(b, "lag")
+	local := benchLocal(b)
+	w := local.WAL
+	r := replica.New(c, local, replica.Options{SyncInterval: time.Second})
 	r.Start()
 	defer r.Close(10 * time.Second)
 
@@ -133,16 +104,8 @@ func state100MiB() []byte {
 // entries after it.
 func prepared(b *testing.B) replica.Local {
 	b.Helper()
-	dir := b.TempDir()
-	ck, err := checkpoint.Open(filepath.Join(dir, "checkpoints"), checkpoint.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	w, err := wal.Open(wal.Options{Dir: filepath.Join(dir, "wal"), NoPreallocate: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { w.Close() })
+	local := benchLocal(b)
+	w, ck := local.WAL, local.Checkpoints
 	for i := 1; i <= 100; i++ {
 		if _, err := w.Append(wal.Entry{Sequence: uint64(i), Data: []byte(fmt.Sprint("early ", i))}); err != nil {
 			b.Fatal(err)
@@ -159,6 +122,22 @@ func prepared(b *testing.B) replica.Local {
 	if err := w.Sync(); err != nil {
 		b.Fatal(err)
 	}
+	return local
+}
+
+// benchLocal is an empty data directory with the stores' defaults.
+func benchLocal(b *testing.B) replica.Local {
+	b.Helper()
+	dir := b.TempDir()
+	ck, err := checkpoint.Open(filepath.Join(dir, "checkpoints"), checkpoint.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := wal.Open(wal.Options{Dir: filepath.Join(dir, "wal"), NoPreallocate: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { w.Close() })
 	return replica.Local{DataDir: dir, WAL: w, Checkpoints: ck, HoldTruncation: func() func() { return func() {} }}
 }
 
@@ -181,7 +160,7 @@ func replicate(b *testing.B, c *replica.Client, local replica.Local) float64 {
 // entries) from MinIO into an empty data directory, verified (SPEC §8:
 // under 3 s).
 func BenchmarkRestore100MiB(b *testing.B) {
-	_, c := benchClient(b, "restore")
+	_, c := setup(b, "restore")
 	replicate(b, c, prepared(b))
 	b.SetBytes(100 << 20)
 	b.ResetTimer()
@@ -201,7 +180,7 @@ func BenchmarkRestore100MiB(b *testing.B) {
 // generation (the checkpoint's stored bytes and the WAL in chunks): the
 // replicator's throughput against MinIO, in bytes sent.
 func BenchmarkUpload100MiB(b *testing.B) {
-	_, c := benchClient(b, "upload")
+	_, c := setup(b, "upload")
 	local := prepared(b)
 	var sent float64
 	b.ResetTimer()

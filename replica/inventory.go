@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -51,18 +52,40 @@ const maxIgnored = 20
 // List lists the replica. Generation files are fetched (small); nothing
 // else is downloaded.
 func (c *Client) List(ctx context.Context) (*Inventory, error) {
+	gens, ignored, err := c.listUnder(ctx, generationsDir)
+	if err != nil {
+		return nil, err
+	}
+	inv := &Inventory{Ignored: ignored}
+	for _, g := range gens {
+		inv.Generations = append(inv.Generations, g)
+	}
+	sort.Slice(inv.Generations, func(i, j int) bool {
+		a, b := inv.Generations[i], inv.Generations[j]
+		if !a.Updated.Equal(b.Updated) {
+			return a.Updated.After(b.Updated)
+		}
+		return a.ID > b.ID
+	})
+	return inv, nil
+}
+
+// listUnder lists the generations under rel (all of them, or one
+// generation's directory), each sorted; ignored holds keys this layout does
+// not name (at most maxIgnored).
+func (c *Client) listUnder(ctx context.Context, rel string) (map[string]*Generation, []string, error) {
 	gens := map[string]*Generation{}
-	inv := &Inventory{}
+	var ignored []string
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for obj := range c.mc.ListObjects(lctx, c.loc.Bucket, minio.ListObjectsOptions{Prefix: c.loc.key(generationsDir), Recursive: true}) {
+	for obj := range c.mc.ListObjects(lctx, c.loc.Bucket, minio.ListObjectsOptions{Prefix: c.loc.key(rel), Recursive: true}) {
 		if obj.Err != nil {
-			return nil, c.wrap("list", c.loc.String(), obj.Err)
+			return nil, nil, c.wrap("list", c.loc.String(), obj.Err)
 		}
 		o, ok := parseKey(c.loc.rel(obj.Key))
 		if !ok {
-			if len(inv.Ignored) < maxIgnored {
-				inv.Ignored = append(inv.Ignored, truncate(obj.Key, 200))
+			if len(ignored) < maxIgnored {
+				ignored = append(ignored, truncate(obj.Key, 200))
 			}
 			continue
 		}
@@ -91,30 +114,16 @@ func (c *Client) List(ctx context.Context) (*Inventory, error) {
 	}
 	for _, g := range gens {
 		g.sort()
-		inv.Generations = append(inv.Generations, g)
 	}
-	sort.Slice(inv.Generations, func(i, j int) bool {
-		a, b := inv.Generations[i], inv.Generations[j]
-		if !a.Updated.Equal(b.Updated) {
-			return a.Updated.After(b.Updated)
-		}
-		return a.ID > b.ID
-	})
-	return inv, nil
+	return gens, ignored, nil
 }
 
 func (g *Generation) sort() {
 	slices.SortFunc(g.Checkpoints, func(a, b object) int {
-		if a.Watermark != b.Watermark {
-			return cmpU(a.Watermark, b.Watermark)
-		}
-		return cmpS(a.ID, b.ID)
+		return cmp.Or(cmp.Compare(a.Watermark, b.Watermark), cmp.Compare(a.ID, b.ID))
 	})
 	slices.SortFunc(g.Chunks, func(a, b object) int {
-		if a.After != b.After {
-			return cmpU(a.After, b.After)
-		}
-		return cmpU(a.Last, b.Last)
+		return cmp.Or(cmp.Compare(a.After, b.After), cmp.Compare(a.Last, b.Last))
 	})
 	for _, fs := range g.Files {
 		slices.SortFunc(fs, func(a, b object) int { return a.Time.Compare(b.Time) })
@@ -127,26 +136,6 @@ func (g *Generation) sort() {
 			break
 		}
 	}
-}
-
-func cmpU(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-func cmpS(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (c *Client) generationInfo(ctx context.Context, o object) (*GenerationInfo, error) {

@@ -89,7 +89,8 @@ func (d *dataDir) local() replica.Local {
 		HoldTruncation: func() func() { d.mu.RLock(); return d.mu.RUnlock }}
 }
 
-func setup(t *testing.T) (*miniotest.Server, *replica.Client) {
+// setup starts MinIO with a bucket "bkt" and opens a client on prefix in it.
+func setup(t testing.TB, prefix string) (*miniotest.Server, *replica.Client) {
 	t.Helper()
 	srv := miniotest.Start(t)
 	srv.MakeBucket("bkt")
@@ -97,7 +98,7 @@ func setup(t *testing.T) (*miniotest.Server, *replica.Client) {
 		k, v, _ := strings.Cut(kv, "=")
 		t.Setenv(k, v)
 	}
-	loc, err := replica.ParseURL("s3://bkt/agents/a1", srv.Endpoint(), "us-east-1")
+	loc, err := replica.ParseURL("s3://bkt/"+prefix, srv.Endpoint(), "us-east-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +164,7 @@ func checkRestore(t testing.TB, dir string, wantWM, last uint64) {
 }
 
 func TestReplicateAndRestore(t *testing.T) {
-	srv, c := setup(t)
+	srv, c := setup(t, "agents/a1")
 	d := openDataDir(t, t.TempDir())
 	d.append(1, 40)
 	cp1 := d.checkpoint()
@@ -261,7 +262,7 @@ func (c constCollector) Collect(ch chan<- prometheus.Metric) {
 // A restart on the same data directory continues its generation without
 // uploading again what the bucket holds.
 func TestResumeSameGeneration(t *testing.T) {
-	_, c := setup(t)
+	_, c := setup(t, "agents/a1")
 	d := openDataDir(t, t.TempDir())
 	d.append(1, 30)
 	d.checkpoint()
@@ -305,7 +306,7 @@ func waitFor(t testing.TB, cond func() bool) {
 // was down): the replica continues from the newest checkpoint and never
 // offers a restore across the gap.
 func TestGapAfterLocalRetention(t *testing.T) {
-	srv, c := setup(t)
+	srv, c := setup(t, "agents/a1")
 	d := openDataDir(t, t.TempDir())
 	d.append(1, 20)
 	d.checkpoint()
@@ -349,7 +350,7 @@ func TestGapAfterLocalRetention(t *testing.T) {
 
 // A corrupted object is detected by its checksum and never served.
 func TestCorruptChunkNeverServed(t *testing.T) {
-	srv, c := setup(t)
+	srv, c := setup(t, "agents/a1")
 	d := openDataDir(t, t.TempDir())
 	d.append(1, 10)
 	d.checkpoint()
@@ -378,7 +379,7 @@ func TestCorruptChunkNeverServed(t *testing.T) {
 }
 
 func TestWrongCredentialsAndMissingBucket(t *testing.T) {
-	srv, _ := setup(t)
+	srv, _ := setup(t, "agents/a1")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
 	loc, _ := replica.ParseURL("s3://bkt/x", srv.Endpoint(), "")
 	c, _ := replica.Open(loc)

@@ -354,36 +354,18 @@ func (r *Replicator) begin(ctx context.Context, fresh bool) error {
 // resume reads generation gen back from the bucket; ok is false when this
 // directory cannot continue it.
 func (r *Replicator) resume(ctx context.Context, gen string) (ok bool, err error) {
-	lctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	g := &Generation{ID: gen, Files: map[string][]object{}}
-	for obj := range r.c.mc.ListObjects(lctx, r.c.loc.Bucket, minio.ListObjectsOptions{Prefix: r.c.loc.key(genDir(gen)), Recursive: true}) {
-		if obj.Err != nil {
-			return false, r.c.wrap("list", genDir(gen), obj.Err)
-		}
-		o, ok := parseKey(r.c.loc.rel(obj.Key))
-		if !ok || o.Gen != gen {
-			continue
-		}
-		o.Size, o.LastModified = obj.Size, obj.LastModified
-		switch o.Kind {
-		case "generation":
-			if info, err := r.c.generationInfo(ctx, o); err == nil {
-				g.Info = info
-			}
-		case "checkpoint":
-			g.Checkpoints = append(g.Checkpoints, o)
-		case "chunk":
-			g.Chunks = append(g.Chunks, o)
-		case "file":
-			g.Files[o.Name] = append(g.Files[o.Name], o)
-		}
+	gens, _, err := r.c.listUnder(ctx, genDir(gen))
+	if err != nil {
+		return false, err
+	}
+	g := gens[gen]
+	if g == nil {
+		g = &Generation{ID: gen}
 	}
 	if g.Info == nil {
 		r.log.Warn("replica: the generation this data directory wrote is gone from the replica; starting a new one", "generation", gen)
 		return false, nil
 	}
-	g.sort()
 	head := g.Info.Base
 	for _, ch := range g.Chunks {
 		head = max(head, ch.Last)
