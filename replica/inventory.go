@@ -385,7 +385,7 @@ func (inv *Inventory) Summary() []GenerationSummary {
 		s := GenerationSummary{ID: g.ID, Updated: g.Updated.UTC(), Default: i == 0, Chunks: len(g.Chunks), Bytes: g.Bytes,
 			ForkAt: g.ForkAt, Checkpoints: []CheckpointSummary{}}
 		if g.Info != nil {
-			s.Created, s.Hostname = g.Info.Created, g.Info.Hostname
+			s.Created, s.Hostname = g.Info.Created, truncate(g.Info.Hostname, 64) // the bucket's text
 		}
 		for _, cp := range g.Checkpoints {
 			s.Checkpoints = append(s.Checkpoints, CheckpointSummary{ID: cp.ID, Created: cp.Time, Watermark: cp.Watermark, Bytes: cp.Size})
