@@ -386,7 +386,25 @@ func TestWrongCredentialsAndMissingBucket(t *testing.T) {
 	if err := c.Check(context.Background()); !errors.Is(err, replica.ErrAuth) || replica.Kind(err) != "auth" {
 		t.Fatalf("wrong secret: %v", err)
 	}
-	t.Setenv("AWS_SECRET_ACCESS_KEY", miniotest.SecretKey)
+	// No credentials anywhere: unsigned requests, refused, and the error
+	// says where credentials come from (the EC2 metadata endpoint is never
+	// asked, so this does not wait for it).
+	t.Setenv("AWS_ACCESS_KEY_ID", "")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(t.TempDir(), "missing"))
+	c, _ = replica.Open(loc)
+	if err := c.Check(context.Background()); !errors.Is(err, replica.ErrAuth) || !strings.Contains(err.Error(), "no credentials were found") {
+		t.Fatalf("no credentials: %v", err)
+	}
+	// The shared credentials file, profile AWS_PROFILE.
+	file := filepath.Join(t.TempDir(), "credentials")
+	os.WriteFile(file, []byte("[other]\naws_access_key_id = "+miniotest.AccessKey+"\naws_secret_access_key = "+miniotest.SecretKey+"\n"), 0o600)
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", file)
+	t.Setenv("AWS_PROFILE", "other")
+	c, _ = replica.Open(loc)
+	if err := c.Check(context.Background()); err != nil {
+		t.Fatalf("credentials from the shared file: %v", err)
+	}
 	loc, _ = replica.ParseURL("s3://nobucket/x", srv.Endpoint(), "")
 	c, _ = replica.Open(loc)
 	if err := c.Check(context.Background()); !errors.Is(err, replica.ErrBucket) || !strings.Contains(err.Error(), "nobucket") {
