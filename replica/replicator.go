@@ -98,6 +98,7 @@ type Replicator struct {
 	bad      map[string]bool   // local checkpoints that could not be read
 
 	rewound atomic.Bool // a rollback: start a new generation
+	started atomic.Bool
 
 	mu     sync.Mutex
 	status Status
@@ -138,8 +139,11 @@ func New(c *Client, local Local, opts Options) *Replicator {
 	return r
 }
 
-// Start starts the replicator's goroutine.
+// Start starts the replicator's goroutine (once).
 func (r *Replicator) Start() {
+	if r.started.Swap(true) {
+		return
+	}
 	go func() {
 		defer close(r.done)
 		r.run()
@@ -151,6 +155,10 @@ func (r *Replicator) Start() {
 // second Close is harmless.
 func (r *Replicator) Close(flush time.Duration) {
 	r.stopOnce.Do(func() {
+		if !r.started.Load() {
+			r.cancel()
+			return
+		}
 		t := time.AfterFunc(flush, r.cancel)
 		defer t.Stop()
 		close(r.stop)
