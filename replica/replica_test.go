@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -330,6 +331,25 @@ func TestGapAfterLocalRetention(t *testing.T) {
 	waitFor(t, func() bool { return r.Status().LastErrorKind == "network" })
 	srv.Restart()
 	waitUploaded(t, r, last)
+	// The bucket follows local retention: the checkpoints pruned locally
+	// (Retain 2) are gone from it, and so are the chunks no kept one needs.
+	local, _ := d.ckpt.List()
+	oldest := local[len(local)-1].Watermark
+	waitFor(t, func() bool {
+		var ckpts, stale int
+		for _, k := range srv.Keys("bkt", "agents/a1/") {
+			switch {
+			case strings.HasSuffix(k, ".ckpt"):
+				ckpts++
+			case strings.HasSuffix(k, ".chunk") && strings.Contains(k, "/wal/"):
+				parts := strings.Split(k[strings.LastIndex(k, "/")+1:], "-")
+				if last, _ := strconv.ParseUint(parts[1], 16, 64); last <= oldest {
+					stale++
+				}
+			}
+		}
+		return ckpts == len(local) && stale == 0
+	})
 
 	// The newest restore: a retained checkpoint and everything after it.
 	out := filepath.Join(t.TempDir(), "r")
