@@ -7,9 +7,11 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -188,4 +190,28 @@ func BenchmarkUpload100MiB(b *testing.B) {
 		sent += replicate(b, c, local)
 	}
 	b.ReportMetric(sent/b.Elapsed().Seconds()/(1<<20), "MiB/s-uploaded")
+}
+
+// BenchmarkRestore100MiBCommand: the same restore through the built binary,
+// `supervisor replica restore`, reporting the process's peak resident
+// memory (VmHWM, from wait4's rusage).
+func BenchmarkRestore100MiBCommand(b *testing.B) {
+	srv, c := setup(b, "restore-cmd")
+	replicate(b, c, prepared(b))
+	bin := filepath.Join(b.TempDir(), "supervisor")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/supervisor").CombinedOutput(); err != nil {
+		b.Fatalf("build: %v\n%s", err, out)
+	}
+	var hwm int64
+	b.ResetTimer()
+	for b.Loop() {
+		cmd := exec.Command(bin, "replica", "restore", "--replica", "s3://bkt/restore-cmd", "--replica-endpoint", srv.Endpoint(),
+			"--data-dir", filepath.Join(b.TempDir(), "data"))
+		cmd.Env = append(os.Environ(), srv.Env()...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("replica restore: %v\n%s", err, out)
+		}
+		hwm = max(hwm, cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss)
+	}
+	b.ReportMetric(float64(hwm)/1024, "MiB-VmHWM")
 }
