@@ -428,3 +428,51 @@ func TestReplicaTwoSupervisorsOnePrefix(t *testing.T) {
 		t.Fatalf("default generation %s, want B's %s (the most recently written)", list.Generations[0].ID, rb.Generation)
 	}
 }
+
+// TestReplicaFollowsRollback: an operator rolls the agent back to an older
+// checkpoint without its WAL (`supervisor restore --no-wal`). The history
+// after it is abandoned locally, so the replica must not offer it either:
+// the supervisor starts a new generation, and a restore from the replica
+// gives the rolled-back state and what came after it — never the
+// abandoned entries.
+func TestReplicaFollowsRollback(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.MakeBucket("state")
+	flags := replicaFlags(srv, "state", "rollback")
+	dir := filepath.Join(t.TempDir(), "data")
+	s := startSup(t, scripted(t, dir, flags, append(srv.Env(), "AGENT_NO_FINAL_CHECKPOINT=1"),
+		plan{{"log": 100}, {"checkpoint": true}, {"log": 100}, {"checkpoint": true}, {"log": 50}},
+		plan{{"log": 20, "tag": "after"}}))
+	waitFor(t, 60*time.Second, "250 entries replicated", func() bool {
+		_, rs := statusOf(t, dir)
+		return rs.UploadedSequence == 250
+	})
+	_, before := statusOf(t, dir)
+	acks := ackedIDs(s.allEvents())
+	if len(acks) != 2 {
+		t.Fatalf("acks %v", acks)
+	}
+	if code, out, stderr := cli(t, "restore", "--data-dir", dir, "--checkpoint", acks[0], "--no-wal"); code != 0 {
+		t.Fatalf("restore --no-wal: exit %d %s%s", code, out, stderr)
+	}
+	s.waitEvents("plan_done", 2, 60*time.Second)
+	var after replicaStatus
+	waitFor(t, 60*time.Second, "the rolled-back history replicated", func() bool {
+		_, after = statusOf(t, dir)
+		return after.Generation != before.Generation && after.UploadedSequence == 120 && after.LagEntries == 0
+	})
+	out := filepath.Join(t.TempDir(), "restored")
+	code, stdout, stderr := cliEnv(t, srv.Env(), append([]string{"replica", "restore", "--data-dir", out}, flags[:4]...)...)
+	if code != 0 {
+		t.Fatalf("replica restore: exit %d\n%s%s", code, stdout, stderr)
+	}
+	r := readRestored(t, out)
+	if r.checkpointID != acks[0] || !slices.Equal(r.seqs, seqRange(101, 120)) {
+		t.Fatalf("restored checkpoint %s with %s; want %s (the rollback's) with 101..120", r.checkpointID, summary(r.seqs), acks[0])
+	}
+	for _, seq := range r.seqs {
+		if r.tags[seq] != "after" {
+			t.Fatalf("entry %d of the abandoned history restored", seq)
+		}
+	}
+}
