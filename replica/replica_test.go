@@ -482,3 +482,55 @@ func TestIsEmptyDataDir(t *testing.T) {
 		t.Fatal("a directory with a WAL is not empty")
 	}
 }
+
+// A corrupted checkpoint is passed over for an older one that reaches as
+// far (its WAL tail is in the replica), and it is never served.
+func TestCorruptCheckpointPassedOver(t *testing.T) {
+	srv, c := setup(t, "agents/a1")
+	d := openDataDir(t, t.TempDir())
+	d.append(1, 10)
+	older := d.checkpoint()
+	d.append(11, 20)
+	newer := d.checkpoint()
+	d.append(21, 30)
+	r := replica.New(c, d.local(), replica.Options{SyncInterval: 50 * time.Millisecond})
+	r.Start()
+	waitUploaded(t, r, 30)
+	waitFor(t, func() bool { return r.Status().Checkpoints == 2 })
+	r.Close(5 * time.Second)
+	corrupt := func(id string) string {
+		for _, k := range srv.Keys("bkt", "agents/a1/") {
+			if strings.Contains(k, id) {
+				b := srv.Get("bkt", k)
+				b[len(b)-3] ^= 0x10
+				srv.Put("bkt", k, b)
+				return k
+			}
+		}
+		t.Fatalf("no object for checkpoint %s", id)
+		return ""
+	}
+	corrupt(newer.ID)
+	out := filepath.Join(t.TempDir(), "r")
+	res, err := c.Restore(context.Background(), out, replica.Target{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.CheckpointID != older.ID || res.LastSequence != 30 || len(res.Skipped) != 1 || res.Skipped[0] != newer.ID {
+		t.Fatalf("restore %+v; want the older checkpoint through 30, the newer skipped", res)
+	}
+	checkRestore(t, out, 10, 30)
+
+	// Both corrupt: this generation's WAL still starts at the beginning, so
+	// the complete history without a checkpoint is a restore too.
+	corrupt(older.ID)
+	out = filepath.Join(t.TempDir(), "r2")
+	res, err = c.Restore(context.Background(), out, replica.Target{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.CheckpointID != "" || res.LastSequence != 30 || len(res.Skipped) != 2 {
+		t.Fatalf("restore %+v; want no checkpoint and every entry through 30", res)
+	}
+	checkRestore(t, out, 0, 30)
+}
