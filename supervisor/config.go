@@ -82,6 +82,16 @@ type Config struct {
 	// of the primary and the shadow during a trial. 1.
 	EvolutionMinReports int
 
+	// Replica is s3://BUCKET/PREFIX: the data directory is replicated there
+	// continuously, and an empty one is restored from it first (SPEC §11;
+	// replica.go). "" turns replication off. ReplicaEndpoint is the URL of an
+	// S3-compatible server ("" = AWS S3), ReplicaSyncInterval how long a
+	// durable WAL entry may wait for its upload (1s).
+	Replica             string
+	ReplicaEndpoint     string
+	ReplicaRegion       string
+	ReplicaSyncInterval time.Duration
+
 	Logger *slog.Logger
 	// LogDropped, when set, reports how many log records the logger dropped
 	// (logging.Async.Dropped); exported as supervisor_log_dropped_total.
@@ -114,6 +124,8 @@ func DefaultConfig() Config {
 		MaxFrameSize:     128 << 20,
 		ShadowDuration:   30 * time.Second,
 		RequestRetention: 10 * time.Minute,
+
+		ReplicaSyncInterval: time.Second,
 
 		EvolutionThresholds: evolution.DefaultThresholds(),
 		EvolutionMinReports: 1,
@@ -196,6 +208,9 @@ func (c *Config) Validate() error {
 		return bad("--http-addr %s is not a loopback address and no --http-token-file protects /v1/requests: "+
 			"anyone who can reach it could send work to the agent. Give --http-token-file FILE (a bearer token), "+
 			"or --http-allow-remote to expose it without one (e.g. behind an authenticating proxy or a network policy)", c.HTTPAddr)
+	}
+	if err := c.validateReplica(); err != nil {
+		return bad("%v", err)
 	}
 	if c.WALSegmentSize < 4096 {
 		return bad("--wal-segment-size must be at least 4096 bytes, got %d", c.WALSegmentSize)

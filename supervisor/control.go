@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/replica"
 )
 
 // The control socket DATA_DIR/supervisor.sock speaks one JSON request line and
@@ -90,6 +91,8 @@ type Status struct {
 	// Diagnosis explains the last framing error, when it has a known cause
 	// (the agent wrote text to its protocol stream).
 	Diagnosis string `json:"diagnosis,omitempty"`
+	// Replica is the replica's state (--replica), nil when off.
+	Replica *replica.Status `json:"replica,omitempty"`
 }
 
 // PendingRestore is a restore point not yet delivered.

@@ -95,6 +95,13 @@ type stores struct {
 	snapCost atomic.Int64
 	newest   atomic.Pointer[checkpoint.Meta] // newest good checkpoint, nil: none
 
+	// trunc is held (read) by the replicator while it reads the WAL, so no
+	// truncation moves the floor under it (replica.go); written around
+	// TruncateBefore and TruncateAfter. onRewind, when set, hears of a
+	// rollback.
+	trunc    sync.RWMutex
+	onRewind func()
+
 	version atomic.Int32 // highest protocol version the agent has spoken (persisted)
 	infoMu  sync.Mutex   // serialises writes of agent.json
 }
@@ -280,7 +287,9 @@ func (st *stores) saveCheckpoint(data, zdata []byte, watermark uint64, at int64)
 	// The WAL keeps every entry above the oldest checkpoint a restore could
 	// still use (retained and not marked bad; see the invariant above).
 	if wm, ok := st.ckpt.OldestRetainedWatermark(); ok {
+		st.trunc.Lock()
 		n, terr := st.wal.TruncateBefore(min(wm, watermark))
+		st.trunc.Unlock()
 		if terr != nil {
 			st.log.Warn("WAL truncation failed; old segments kept", "err", terr)
 		}
@@ -502,7 +511,12 @@ func (st *stores) rewind(cp checkpoint.Meta) (abandoned []string, removed int, p
 		abandoned = append(abandoned, m.ID)
 	}
 	prevLast = st.wal.LastSequence()
+	st.trunc.Lock()
 	removed, err = st.wal.TruncateAfter(cp.Watermark)
+	st.trunc.Unlock()
+	if st.onRewind != nil {
+		st.onRewind() // the replica's history is no longer ours
+	}
 	if err != nil {
 		return abandoned, removed, prevLast, fmt.Errorf("remove WAL entries after sequence %d: %w", cp.Watermark, err)
 	}

@@ -65,6 +65,7 @@ type Supervisor struct {
 	bmet   *boundsMetrics
 	lock   *os.File
 	ledger *evolution.Ledger
+	rep    *replicaState // --replica (replica.go); nil when off
 
 	events  chan event
 	control chan controlCall
@@ -261,6 +262,9 @@ func (s *Supervisor) open() error {
 		return plantedLink(err)
 	}
 	s.lock = lock
+	if err := s.restoreFromReplica(); err != nil { // an empty data dir with --replica
+		return err
+	}
 	audit, err := openAudit(filepath.Join(dir, "audit.jsonl"), s.bmet.auditDropped.Inc, func(err error) {
 		s.log.Error("cannot write the audit log; the records of this batch are lost (check the disk under --data-dir)", "err", err)
 	})
@@ -302,11 +306,13 @@ func (s *Supervisor) open() error {
 		s.pendingPoint = &restorePoint{checkpointID: id, noWAL: noWAL}
 		s.log.Info("restore point recorded by an operator will be used", "checkpoint_id", id, "no_wal", noWAL)
 	}
+	s.startReplica()
 	return nil
 }
 
 func (s *Supervisor) close() error {
 	var errs []error
+	s.stopReplica() // a last bounded upload of what is durable
 	if s.st != nil {
 		if err := s.st.close(); err != nil {
 			errs = append(errs, fmt.Errorf("close WAL: %w", err))

@@ -53,5 +53,6 @@ func (s *Supervisor) Status() Status {
 		st.LastWALSequence = s.st.wal.LastSequence()
 		st.DurableWALSequence = s.st.wal.DurableSequence()
 	}
+	st.Replica = s.replicaStatus()
 	return st
 }

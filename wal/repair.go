@@ -123,10 +123,14 @@ func (l *Log) recover() error {
 		if len(idx) > 0 {
 			index = idx[start] // everything was set aside: start again at the same place
 		}
-		if err := l.createFirst(index); err != nil {
+		var after uint64
+		if len(idx) == 0 {
+			after = l.opts.StartAfter // a new log: it starts where it is told
+		}
+		if err := l.createFirst(index, after); err != nil {
 			return err
 		}
-		scans = append(scans, segmentScan{name: segmentName(index), index: index, end: segmentHeaderSize})
+		scans = append(scans, segmentScan{name: segmentName(index), index: index, prevLast: after, end: segmentHeaderSize})
 	}
 	last := &scans[len(scans)-1]
 	if err := l.repairTail(last); err != nil {
@@ -211,7 +215,7 @@ func (l *Log) repairTail(sc *segmentScan) error {
 }
 
 // createFirst creates segment index as the log's only segment.
-func (l *Log) createFirst(index uint64) error {
+func (l *Log) createFirst(index, prevLast uint64) error {
 	var pf *os.File
 	var ppath string
 	if !l.opts.NoPreallocate {
@@ -221,7 +225,7 @@ func (l *Log) createFirst(index uint64) error {
 			pf = nil
 		}
 	}
-	f, _, err := l.installSegment(index, 0, pf, ppath)
+	f, _, err := l.installSegment(index, prevLast, pf, ppath)
 	if err != nil {
 		return fmt.Errorf("wal: create the first segment: %w", err)
 	}

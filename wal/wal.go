@@ -54,6 +54,13 @@ type Options struct {
 	// intact segments after it are kept. Damage above it cuts the log at the
 	// damage, as always. 0 means every entry may be needed.
 	CoveredThrough uint64
+	// StartAfter applies only when Open creates the log (the directory
+	// holds no segment): the log starts after this sequence, as if the
+	// entries up to it had been let go. Its Floor and LastSequence are
+	// StartAfter, so the first entry may be StartAfter+1 without a gap. A
+	// restore from a replica uses it to write a checkpoint's WAL tail whose
+	// log honestly holds nothing at or below the watermark.
+	StartAfter uint64
 
 	ops        fileOps // tests inject faults here; nil means the real file system
 	maxPending int     // tests shrink the back-pressure bound; 0 means maxPendingBytes

@@ -304,6 +304,17 @@ the stores and says "not running".`)
 	if st.Running {
 		row("durable WAL sequence", st.DurableWALSequence)
 	}
+	if r := st.Replica; r != nil {
+		row("replica", fmt.Sprintf("%s (%s)", r.URL, r.State))
+		row("replica generation", orDash(r.Generation))
+		row("replica uploaded through", fmt.Sprintf("sequence %d (lag %d entries, %.1fs)", r.UploadedSequence, r.LagEntries, r.LagSeconds))
+		if !r.LastSuccess.IsZero() {
+			row("replica last upload", r.LastSuccess.Format(time.RFC3339))
+		}
+		if r.LastError != "" {
+			row("replica last error", fmt.Sprintf("[%s] %s", r.LastErrorKind, r.LastError))
+		}
+	}
 	return tw.Flush()
 }
 

@@ -10,6 +10,8 @@
 //	supervisor status [--data-dir DIR] [--json]
 //	supervisor wal dump [--data-dir DIR] [--from SEQ] [--json]
 //	supervisor audit [--data-dir DIR] [--since D] [--json]
+//	supervisor replica restore --replica URL --data-dir DIR [--to-sequence N | --to-time T]
+//	supervisor replica list --replica URL [--json]
 //	supervisor version [--json]
 //
 // Flags and arguments may come in any order. Every flag of run may also be

@@ -37,6 +37,8 @@ Usage:
   supervisor status [--data-dir DIR] [--json]
   supervisor wal dump [--data-dir DIR] [--from SEQ] [--json]
   supervisor audit [--data-dir DIR] [--since D] [--json]
+  supervisor replica restore --replica URL --data-dir DIR [--to-sequence N | --to-time T]
+  supervisor replica list --replica URL [--json]
   supervisor version [--json]
 
 Without an agent command, "run" supervises the built-in demo agent
@@ -103,6 +105,7 @@ func commands(e env) map[string]command {
 		"status":      &statusCmd{env: e},
 		"wal":         &walCmd{env: e},
 		"audit":       &auditCmd{env: e},
+		"replica":     &replicaCmd{env: e},
 		"version":     &versionCmd{env: e},
 		"demo-agent":  demoAgent{},
 	}

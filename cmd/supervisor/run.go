@@ -60,9 +60,14 @@ func runFlags(e env, cfg *supervisor.Config) (f *flagSet, restart, ops, logForma
 	f.Float64Var(&cfg.EvolutionThresholds.MaxErrorRateIncrease, "evolution-max-error-rate-increase", cfg.EvolutionThresholds.MaxErrorRateIncrease, "promote only if shadow error rate − primary error rate is at most this")
 	f.Float64Var(&cfg.EvolutionThresholds.MaxMemoryIncrease, "evolution-max-memory-increase", cfg.EvolutionThresholds.MaxMemoryIncrease, "promote only if shadow memory ÷ primary − 1 is at most this")
 	f.IntVar(&cfg.EvolutionMinReports, "evolution-min-reports", cfg.EvolutionMinReports, "metrics reports needed from each of the primary and the shadow during a trial")
+	f.StringVar(&cfg.Replica, "replica", cfg.Replica, "replicate the data directory to s3://BUCKET/PREFIX, and restore an empty one from it first (docs/replication.md)")
+	f.StringVar(&cfg.ReplicaEndpoint, "replica-endpoint", cfg.ReplicaEndpoint, "URL of an S3-compatible server for --replica (http:// for no TLS); default AWS S3")
+	f.StringVar(&cfg.ReplicaRegion, "replica-region", cfg.ReplicaRegion, "the --replica bucket's region")
+	f.duration(&cfg.ReplicaSyncInterval, "replica-sync-interval", cfg.ReplicaSyncInterval, "longest time a durable WAL entry waits for its upload to the replica (one upload per interval)")
 	logFormat = f.String("log-format", "text", "log format on stderr: text or json")
 	for name, m := range map[string]string{"data-dir": "DIR", "http-addr": "ADDR", "http-token-file": "FILE", "restart": "POLICY", "wal-sync": "POLICY",
 		"wal-segment-size": "BYTES", "wal-operations": "LIST", "max-frame-size": "BYTES", "log-format": "FORMAT",
+		"replica": "URL", "replica-endpoint": "URL", "replica-region": "REGION",
 		"evolution-max-latency-increase": "X", "evolution-max-error-rate-increase": "X", "evolution-max-memory-increase": "X"} {
 		f.meta[name] = m
 	}

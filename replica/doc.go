@@ -1,0 +1,47 @@
+// Package replica keeps a copy of a supervisor's data directory in
+// S3-compatible object storage and rebuilds a data directory from it (SPEC
+// §11; docs/replication.md is the operator's guide).
+//
+// A [Replicator] uploads, on one goroutine of its own: every stored
+// checkpoint file as it is, the WAL's durable entries in immutable chunks
+// (one per sync interval at most, none while nothing changes), and the
+// small files (the evolution ledger, the agent's protocol version). It
+// retries with back-off and never holds anything the supervisor waits on,
+// except Local.HoldTruncation during one bounded WAL read. [Client.Restore]
+// plans from one listing and rebuilds a data directory; [Client.List]
+// describes the replica.
+//
+// # Layout
+//
+// Under PREFIX/generations/GEN/ (GEN a version 7 UUID):
+//
+//	generation-SHA.json            who started the generation (GenerationInfo)
+//	checkpoints/WM-ID-SHA.ckpt     a checkpoint file, byte for byte
+//	wal/AFTER-LAST-MS-SHA.chunk    the WAL entries with sequences in (AFTER, LAST]
+//	files/NAME/NANOS-SHA           a version of evolution.json or agent.json
+//
+// Numbers are 16 hex digits, so lexical order is numeric order; SHA is the
+// SHA-256 of the object, verified on every download: a corrupt object is
+// [ErrCorrupt], named, and never served. The chunk format is in chunk.go.
+//
+// # Generations
+//
+// A generation is one line of history written by one data directory
+// (DATA_DIR/replica.json names it). A restart continues it when the local
+// WAL reaches at least its newest chunk; anything else — a restored or
+// rolled-back directory ([Replicator.Rewound]), a second supervisor on the
+// prefix — starts a new one. A restore takes one generation whole: the most
+// recently written unless [Target] names another.
+//
+// # The restore invariant
+//
+// A restore is one checkpoint plus every entry after its watermark up to
+// the last uploaded one, without a gap. Chunks form chains: each starts
+// where the previous ended. When local retention deleted entries before
+// they were uploaded, the chain restarts at the WAL's floor only once a
+// checkpoint at or above it is in the replica, and a restore follows chains,
+// never gaps ([ErrNoTarget] for a point inside one). A restored WAL starts
+// after the checkpoint's watermark (wal.Options.StartAfter), so its floor
+// says it holds nothing below: should the checkpoint later fail to load,
+// the supervisor refuses to start rather than restore a partial state.
+package replica

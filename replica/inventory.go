@@ -1,0 +1,402 @@
+package replica
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+)
+
+// GenerationInfo is what generation-SHA.json says: who started it.
+type GenerationInfo struct {
+	ID       string    `json:"id"`
+	Created  time.Time `json:"created"`
+	Hostname string    `json:"hostname,omitempty"`
+	PID      int       `json:"pid,omitempty"`
+	Version  string    `json:"version,omitempty"`
+	// Base: the chain of WAL chunks starts after this sequence (the local
+	// WAL's floor when the generation began).
+	Base uint64 `json:"base"`
+}
+
+// Generation is one generation as listed.
+type Generation struct {
+	ID          string
+	Info        *GenerationInfo // nil when generation-SHA.json is missing or unreadable
+	Checkpoints []object        // by watermark, then id
+	Chunks      []object        // by After
+	Files       map[string][]object
+	Updated     time.Time // the newest object's upload time (server clock)
+	// ForkAt is set when two writers' chunks overlap (a copied data
+	// directory resumed the same generation): only history up to it is
+	// trusted.
+	ForkAt *uint64
+	Bytes  int64
+}
+
+// Inventory is everything under the replica's prefix.
+type Inventory struct {
+	Generations []*Generation // the one to restore by default first: the most recently written
+	Ignored     []string      // keys this layout does not name
+}
+
+// maxIgnored caps the ignored keys kept for a report.
+const maxIgnored = 20
+
+// List lists the replica. Generation files are fetched (small); nothing
+// else is downloaded.
+func (c *Client) List(ctx context.Context) (*Inventory, error) {
+	gens, ignored, err := c.listUnder(ctx, generationsDir)
+	if err != nil {
+		return nil, err
+	}
+	inv := &Inventory{Ignored: ignored}
+	for _, g := range gens {
+		inv.Generations = append(inv.Generations, g)
+	}
+	sort.Slice(inv.Generations, func(i, j int) bool {
+		a, b := inv.Generations[i], inv.Generations[j]
+		if !a.Updated.Equal(b.Updated) {
+			return a.Updated.After(b.Updated)
+		}
+		return a.ID > b.ID
+	})
+	return inv, nil
+}
+
+// listUnder lists the generations under rel (all of them, or one
+// generation's directory), each sorted; ignored holds keys this layout does
+// not name (at most maxIgnored).
+func (c *Client) listUnder(ctx context.Context, rel string) (map[string]*Generation, []string, error) {
+	gens := map[string]*Generation{}
+	var ignored []string
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for obj := range c.mc.ListObjects(lctx, c.loc.Bucket, minio.ListObjectsOptions{Prefix: c.loc.key(rel), Recursive: true}) {
+		if obj.Err != nil {
+			return nil, nil, c.wrap("list", c.loc.String(), obj.Err)
+		}
+		o, ok := parseKey(c.loc.rel(obj.Key))
+		if !ok {
+			if len(ignored) < maxIgnored {
+				ignored = append(ignored, truncate(obj.Key, 200))
+			}
+			continue
+		}
+		o.Size, o.LastModified = obj.Size, obj.LastModified
+		g := gens[o.Gen]
+		if g == nil {
+			g = &Generation{ID: o.Gen, Files: map[string][]object{}}
+			gens[o.Gen] = g
+		}
+		g.Bytes += o.Size
+		if o.LastModified.After(g.Updated) {
+			g.Updated = o.LastModified
+		}
+		switch o.Kind {
+		case "generation":
+			if info, err := c.generationInfo(ctx, o); err == nil {
+				g.Info = info
+			}
+		case "checkpoint":
+			g.Checkpoints = append(g.Checkpoints, o)
+		case "chunk":
+			g.Chunks = append(g.Chunks, o)
+		case "file":
+			g.Files[o.Name] = append(g.Files[o.Name], o)
+		}
+	}
+	for _, g := range gens {
+		g.sort()
+	}
+	return gens, ignored, nil
+}
+
+func (g *Generation) sort() {
+	slices.SortFunc(g.Checkpoints, func(a, b object) int {
+		return cmp.Or(cmp.Compare(a.Watermark, b.Watermark), cmp.Compare(a.ID, b.ID))
+	})
+	slices.SortFunc(g.Chunks, func(a, b object) int {
+		return cmp.Or(cmp.Compare(a.After, b.After), cmp.Compare(a.Last, b.Last))
+	})
+	for _, fs := range g.Files {
+		slices.SortFunc(fs, func(a, b object) int { return a.Time.Compare(b.Time) })
+	}
+	// Chunks of one writer never overlap; overlapping ones mean two writers.
+	for i := 1; i < len(g.Chunks); i++ {
+		if g.Chunks[i].After < g.Chunks[i-1].Last {
+			at := g.Chunks[i].After
+			g.ForkAt = &at
+			break
+		}
+	}
+}
+
+func (c *Client) generationInfo(ctx context.Context, o object) (*GenerationInfo, error) {
+	b, err := c.get(ctx, o, 1<<20)
+	if err != nil {
+		return nil, err
+	}
+	var info GenerationInfo
+	if err := json.Unmarshal(b, &info); err != nil || info.ID != o.Gen {
+		return nil, fmt.Errorf("%w: %s: not this generation's description", ErrCorrupt, o.Key)
+	}
+	return &info, nil
+}
+
+// get downloads a whole object of at most limit bytes and verifies its
+// SHA-256 against its name.
+func (c *Client) get(ctx context.Context, o object, limit int64) ([]byte, error) {
+	if o.Size > limit {
+		return nil, fmt.Errorf("%w: %s is %d bytes, more than the %d such an object may hold", ErrCorrupt, o.Key, o.Size, limit)
+	}
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout+time.Duration(o.Size>>20)*time.Second)
+	defer cancel()
+	r, err := c.mc.GetObject(ctx, c.loc.Bucket, c.loc.key(o.Key), minio.GetObjectOptions{})
+	if err != nil {
+		return nil, c.wrap("download", o.Key, err)
+	}
+	defer r.Close()
+	b, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, c.wrap("download", o.Key, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%w: %s is more than %d bytes", ErrCorrupt, o.Key, limit)
+	}
+	if got := sum(b); got != o.SHA {
+		return nil, fmt.Errorf("%w: %s: SHA-256 is %s…, its name says %s…; the object was changed or damaged in the bucket and is not used",
+			ErrCorrupt, o.Key, got[:16], o.SHA[:16])
+	}
+	return b, nil
+}
+
+// reach is the highest sequence a restore from a checkpoint with watermark
+// wm (0 and none: from the start) can include without a gap: the end of the
+// chain of chunks starting at or below it. limit caps it (fork).
+func (g *Generation) reach(wm uint64, fromStart bool, limit uint64) uint64 {
+	p := wm
+	if fromStart {
+		p = 0
+	}
+	for _, ch := range g.Chunks { // by After: a chain is followed in one pass
+		if ch.Last > limit {
+			break
+		}
+		if ch.After <= p && ch.Last > p {
+			p = ch.Last
+		}
+	}
+	return p
+}
+
+// head is the highest sequence any chunk holds (trusted part only).
+func (g *Generation) head() uint64 {
+	var h uint64
+	for _, ch := range g.Chunks {
+		if ch.Last <= g.limit() {
+			h = max(h, ch.Last)
+		}
+	}
+	return h
+}
+
+func (g *Generation) limit() uint64 {
+	if g.ForkAt != nil {
+		return *g.ForkAt
+	}
+	return ^uint64(0)
+}
+
+// Restorable is the highest sequence this generation can be restored to
+// (0 with ok false: nothing).
+func (g *Generation) Restorable() (uint64, bool) {
+	p, err := g.plan(Target{}, nil)
+	if err != nil {
+		return 0, false
+	}
+	return p.Last, true
+}
+
+// Target says what to restore: the newest state (zero value), the state
+// at a WAL sequence, or the replica as it was at a time.
+type Target struct {
+	Generation string    // "" = the most recently written one
+	Sequence   uint64    // > 0: the state right after this sequence
+	Time       time.Time // non-zero: the state the replica held at this time
+}
+
+// Plan is a restore worked out from a listing.
+type Plan struct {
+	Generation string
+	Checkpoint *object // nil: no checkpoint, entries from the start
+	Chunks     []object
+	Last       uint64 // the restore ends at this sequence (≥ the checkpoint's watermark)
+	Files      []object
+}
+
+// Plan chooses what to restore for t.
+func (inv *Inventory) Plan(t Target) (Plan, error) {
+	if len(inv.Generations) == 0 {
+		return Plan{}, ErrEmpty
+	}
+	g := inv.Generations[0]
+	if t.Generation != "" {
+		g = nil
+		for _, x := range inv.Generations {
+			if x.ID == t.Generation {
+				g = x
+			}
+		}
+		if g == nil {
+			return Plan{}, fmt.Errorf("%w: no generation %q (see `supervisor replica list`)", ErrNoTarget, truncate(t.Generation, 64))
+		}
+	}
+	return g.plan(t, nil)
+}
+
+// plan works out a restore from g; exclude lists checkpoint keys not to use
+// (found corrupt).
+func (g *Generation) plan(t Target, exclude map[string]bool) (Plan, error) {
+	limit := g.limit()
+	n := limit // the sequence to restore up to
+	if t.Sequence > 0 {
+		n = min(t.Sequence, limit)
+	}
+	if !t.Time.IsZero() {
+		var nt uint64
+		found := false
+		for _, ch := range g.Chunks {
+			if !ch.Time.After(t.Time) && ch.Last <= limit {
+				nt, found = max(nt, ch.Last), true
+			}
+		}
+		for _, cp := range g.Checkpoints {
+			if !cp.Time.After(t.Time) && cp.Watermark <= limit {
+				nt, found = max(nt, cp.Watermark), true
+			}
+		}
+		if !found {
+			return Plan{}, fmt.Errorf("%w: generation %s holds nothing from before %s", ErrNoTarget, g.ID, t.Time.UTC().Format(time.RFC3339))
+		}
+		n = min(n, nt)
+	}
+	var best *object
+	bestEnd, have := uint64(0), false
+	// Without a checkpoint: only when the chain starts at the beginning.
+	if r := g.reach(0, true, limit); len(g.Chunks) > 0 && g.Chunks[0].After == 0 {
+		bestEnd, have = min(r, n), true
+	}
+	for i := range g.Checkpoints {
+		cp := &g.Checkpoints[i]
+		if cp.Watermark > n || exclude[cp.Key] {
+			continue
+		}
+		end := min(g.reach(cp.Watermark, false, limit), n)
+		// The newest checkpoint reaching furthest: the shortest replay.
+		if !have || end > bestEnd || (end == bestEnd && (best == nil || cp.Watermark >= best.Watermark)) {
+			best, bestEnd, have = cp, end, true
+		}
+	}
+	if !have {
+		if len(g.Checkpoints) == 0 && len(g.Chunks) == 0 {
+			return Plan{}, fmt.Errorf("%w: generation %s holds no checkpoint and no WAL yet", ErrEmpty, g.ID)
+		}
+		return Plan{}, fmt.Errorf("%w: generation %s holds no checkpoint at or below sequence %d with its WAL after it", ErrNoTarget, g.ID, n)
+	}
+	// Entries the replica holds at or below n that this restore cannot
+	// include would make it a restore with a gap: refuse.
+	if bestEnd < n && (n != limit || t.Sequence > 0) {
+		for _, ch := range g.Chunks {
+			if ch.Last <= limit && ch.After < n && ch.Last > bestEnd {
+				return Plan{}, fmt.Errorf("%w: generation %s can be restored without a gap only up to sequence %d, not %d "+
+					"(its WAL from %d on follows a gap: local retention pruned entries before they were uploaded)", ErrNoTarget, g.ID, bestEnd, n, ch.After+1)
+			}
+		}
+	}
+	p := Plan{Generation: g.ID, Checkpoint: best, Last: bestEnd}
+	from := uint64(0)
+	if best != nil {
+		from = best.Watermark
+		p.Last = max(p.Last, best.Watermark)
+	}
+	pos := from
+	for _, ch := range g.Chunks {
+		if pos >= p.Last {
+			break
+		}
+		if ch.After <= pos && ch.Last > pos && ch.Last <= limit {
+			p.Chunks = append(p.Chunks, ch)
+			pos = ch.Last
+		}
+	}
+	for _, name := range replicatedFiles {
+		vs := g.Files[name]
+		for i := len(vs) - 1; i >= 0; i-- {
+			if t.Time.IsZero() || !vs[i].Time.After(t.Time) {
+				p.Files = append(p.Files, vs[i])
+				break
+			}
+		}
+	}
+	return p, nil
+}
+
+// CheckpointSummary is one checkpoint as `supervisor replica list` shows it.
+type CheckpointSummary struct {
+	ID        string    `json:"id"`
+	Created   time.Time `json:"created"`
+	Watermark uint64    `json:"watermark"`
+	Bytes     int64     `json:"bytes"`
+}
+
+// GenerationSummary is one generation as `supervisor replica list` shows it.
+type GenerationSummary struct {
+	ID       string    `json:"id"`
+	Created  time.Time `json:"created,omitzero"`
+	Hostname string    `json:"hostname,omitempty"`
+	Updated  time.Time `json:"updated"`
+	// Default: the one a restore takes unless told otherwise (the most
+	// recently written).
+	Default     bool                `json:"default"`
+	Checkpoints []CheckpointSummary `json:"checkpoints"`
+	// The WAL held: entries in (WALAfter, WALThrough], in Chunks chunks
+	// (with gaps where local retention outran the uploads).
+	WALAfter   uint64 `json:"wal_after"`
+	WALThrough uint64 `json:"wal_through"`
+	Chunks     int    `json:"chunks"`
+	Bytes      int64  `json:"bytes"`
+	// RestorableTo is the newest sequence a restore reaches without a gap
+	// (absent: nothing restorable yet).
+	RestorableTo *uint64 `json:"restorable_to,omitempty"`
+	ForkAt       *uint64 `json:"fork_after_sequence,omitempty"`
+}
+
+// Summary describes every generation, the default one first.
+func (inv *Inventory) Summary() []GenerationSummary {
+	out := []GenerationSummary{}
+	for i, g := range inv.Generations {
+		s := GenerationSummary{ID: g.ID, Updated: g.Updated.UTC(), Default: i == 0, Chunks: len(g.Chunks), Bytes: g.Bytes,
+			ForkAt: g.ForkAt, Checkpoints: []CheckpointSummary{}}
+		if g.Info != nil {
+			s.Created, s.Hostname = g.Info.Created, truncate(g.Info.Hostname, 64) // the bucket's text
+		}
+		for _, cp := range g.Checkpoints {
+			s.Checkpoints = append(s.Checkpoints, CheckpointSummary{ID: cp.ID, Created: cp.Time, Watermark: cp.Watermark, Bytes: cp.Size})
+		}
+		if len(g.Chunks) > 0 {
+			s.WALAfter, s.WALThrough = g.Chunks[0].After, g.head()
+		}
+		if last, ok := g.Restorable(); ok {
+			s.RestorableTo = &last
+		}
+		out = append(out, s)
+	}
+	return out
+}

@@ -1,0 +1,696 @@
+package replica
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/wal"
+)
+
+// Local is the data directory a Replicator reads.
+type Local struct {
+	DataDir     string
+	WAL         *wal.Log
+	Checkpoints *checkpoint.Store
+	// HoldTruncation keeps the WAL from being truncated (retention, a
+	// rollback) until the returned func is called: while it is held,
+	// Floor is stable, so a read that starts at or above it is complete.
+	HoldTruncation func() (release func())
+}
+
+// Options configure a Replicator.
+type Options struct {
+	// SyncInterval: durable WAL entries are uploaded at most this long after
+	// they became durable (one chunk per interval, however many entries).
+	// Default 1s.
+	SyncInterval time.Duration
+	Logger       *slog.Logger
+	// Registerer, when set, receives the supervisor_replica_* metrics.
+	Registerer prometheus.Registerer
+	Version    string // the supervisor's, recorded in each generation
+}
+
+// stateFile, in the data directory, names the generation this directory
+// writes, so a restart continues it.
+const stateFile = "replica.json"
+
+type localState struct {
+	Generation string `json:"generation"`
+	Replica    string `json:"replica"` // the location it was written to
+}
+
+// maxBackoff caps the wait between attempts after a failure.
+const maxBackoff = 30 * time.Second
+
+// Status is the replica's state, for `supervisor status`.
+type Status struct {
+	URL              string    `json:"url"`
+	State            string    `json:"state"` // starting, ok, retrying, stopped
+	Generation       string    `json:"generation,omitempty"`
+	UploadedSequence uint64    `json:"uploaded_sequence"`
+	DurableSequence  uint64    `json:"durable_sequence"`
+	LagEntries       uint64    `json:"lag_entries"`
+	LagSeconds       float64   `json:"lag_seconds"`
+	Checkpoints      int       `json:"checkpoints"` // in the generation
+	LastSuccess      time.Time `json:"last_success,omitzero"`
+	LastError        string    `json:"last_error,omitempty"`
+	LastErrorKind    string    `json:"last_error_kind,omitempty"`
+}
+
+// Replicator uploads a data directory to a replica continuously: stored
+// checkpoints, durable WAL entries in chunks, the small files. One
+// goroutine (started by Start, stopped by Close) does everything; it never
+// holds anything the supervisor waits on except HoldTruncation during a
+// bounded WAL read.
+type Replicator struct {
+	c     *Client
+	local Local
+	opts  Options
+	log   *slog.Logger
+	met   *metrics
+
+	// Owned by the run goroutine.
+	gen      string
+	head     uint64            // the chunk chain ends here: entries up to it are uploaded
+	ckpts    map[string]object // checkpoint id → its object in the generation
+	chunks   []object          // the generation's chunks, by After
+	files    map[string]object // newest version of each file
+	pending  *pendingChunk     // a chunk whose upload failed: sent again as is
+	retained string            // local checkpoint ids at the last retention pass
+	bad      map[string]bool   // local checkpoints that could not be read
+
+	rewound atomic.Bool // a rollback: start a new generation
+	started atomic.Bool
+
+	mu     sync.Mutex
+	status Status
+	marks  []mark // durable sequences as first seen, for the lag in seconds
+
+	stop     chan struct{}
+	done     chan struct{}
+	cancel   context.CancelFunc
+	ctx      context.Context
+	stopOnce sync.Once
+}
+
+type mark struct {
+	seq uint64
+	at  time.Time
+}
+
+type pendingChunk struct {
+	obj  object
+	data []byte
+}
+
+// New makes a Replicator; Start starts it.
+func New(c *Client, local Local, opts Options) *Replicator {
+	if opts.SyncInterval <= 0 {
+		opts.SyncInterval = time.Second
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Replicator{c: c, local: local, opts: opts, log: log.With("component", "replica", "replica", c.loc.String()),
+		ckpts: map[string]object{}, files: map[string]object{}, bad: map[string]bool{},
+		stop: make(chan struct{}), done: make(chan struct{}), ctx: ctx, cancel: cancel}
+	r.status = Status{URL: c.loc.String(), State: "starting"}
+	r.met = newMetrics(opts.Registerer, r)
+	return r
+}
+
+// Start starts the replicator's goroutine (once).
+func (r *Replicator) Start() {
+	if r.started.Swap(true) {
+		return
+	}
+	go func() {
+		defer close(r.done)
+		r.run()
+	}()
+}
+
+// Close stops the replicator after a final pass that uploads what is
+// durable, bounded by flush (then in-flight requests are cancelled). A
+// second Close is harmless.
+func (r *Replicator) Close(flush time.Duration) {
+	r.stopOnce.Do(func() {
+		if !r.started.Load() {
+			r.cancel()
+			return
+		}
+		t := time.AfterFunc(flush, r.cancel)
+		defer t.Stop()
+		close(r.stop)
+		<-r.done
+		r.cancel()
+		r.mu.Lock()
+		r.status.State = "stopped"
+		r.mu.Unlock()
+	})
+}
+
+// Rewound tells the replicator that the local history was rolled back (an
+// operator's --no-wal restore): what it uploaded is no longer this
+// directory's history, so it starts a new generation.
+func (r *Replicator) Rewound() { r.rewound.Store(true) }
+
+// Status is the replica's current state. Safe from any goroutine.
+func (r *Replicator) Status() Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.status
+	st.DurableSequence = r.local.WAL.DurableSequence()
+	if st.DurableSequence > st.UploadedSequence {
+		st.LagEntries = st.DurableSequence - st.UploadedSequence
+	}
+	st.LagSeconds = r.lagLocked(time.Now())
+	return st
+}
+
+func (r *Replicator) lagLocked(now time.Time) float64 {
+	for _, m := range r.marks {
+		if m.seq > r.status.UploadedSequence {
+			return now.Sub(m.at).Seconds()
+		}
+	}
+	return 0
+}
+
+// observe records when the durable sequence moved, for the lag in seconds.
+func (r *Replicator) observe(now time.Time) {
+	d := r.local.WAL.DurableSequence()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := 0
+	for i < len(r.marks) && r.marks[i].seq <= r.status.UploadedSequence {
+		i++
+	}
+	r.marks = r.marks[i:]
+	if n := len(r.marks); d > r.status.UploadedSequence && (n == 0 || d > r.marks[n-1].seq) {
+		if n >= 4096 { // a long outage: keep the oldest, thin the rest
+			kept := r.marks[:1]
+			for j := 1; j < n; j += 2 {
+				kept = append(kept, r.marks[j])
+			}
+			r.marks = kept
+		}
+		r.marks = append(r.marks, mark{seq: d, at: now})
+	}
+}
+
+func (r *Replicator) run() {
+	// observe samples the durable sequence for the lag in seconds; the
+	// passes run on their own timer, one sync interval after the previous
+	// pass began (or after a back-off).
+	poll := min(r.opts.SyncInterval/4, 250*time.Millisecond)
+	poll = max(poll, 5*time.Millisecond)
+	tick := time.NewTicker(poll)
+	defer tick.Stop()
+	passTimer := time.NewTimer(0)
+	defer passTimer.Stop()
+	delay := time.Duration(0)
+	for {
+		select {
+		case <-r.stop:
+			r.observe(time.Now())
+			if err := r.pass(r.ctx); err != nil {
+				r.failed(err)
+				r.log.Warn("final replica upload incomplete; the replica lags the data directory", "err", err, "lag_entries", r.Status().LagEntries)
+			} else {
+				r.succeeded()
+			}
+			return
+		case now := <-tick.C:
+			r.observe(now)
+		case began := <-passTimer.C:
+			r.observe(began)
+			if err := r.pass(r.ctx); err != nil {
+				r.failed(err)
+				if delay == 0 {
+					delay = r.opts.SyncInterval
+				} else {
+					delay = min(delay*2, maxBackoff)
+				}
+				// Jitter: a fleet that lost its server does not return in step.
+				passTimer.Reset(delay/2 + rand.N(delay/2+1))
+				continue
+			}
+			if delay != 0 {
+				r.log.Info("replica uploads resumed", "uploaded_sequence", r.head)
+			}
+			delay = 0
+			r.succeeded()
+			passTimer.Reset(max(time.Until(began.Add(r.opts.SyncInterval)), 0))
+		}
+	}
+}
+
+func (r *Replicator) failed(err error) {
+	kind := Kind(err)
+	r.met.errors.WithLabelValues(kind).Inc()
+	r.mu.Lock()
+	first := r.status.LastError == ""
+	r.status.State, r.status.LastError, r.status.LastErrorKind = "retrying", truncate(err.Error(), 500), kind
+	r.mu.Unlock()
+	if first || kind != "network" {
+		r.log.Error("replica upload failed; retrying with back-off (the agent and the local WAL are not affected)", "kind", kind, "err", err)
+	}
+}
+
+func (r *Replicator) succeeded() {
+	r.mu.Lock()
+	r.status.State, r.status.LastError, r.status.LastErrorKind = "ok", "", ""
+	r.mu.Unlock()
+}
+
+// uploaded records a successful PUT.
+func (r *Replicator) uploaded(n int64) {
+	now := time.Now()
+	r.met.bytes.Add(float64(n))
+	r.met.objects.Inc()
+	r.met.lastSuccess.Set(float64(now.UnixNano()) / 1e9)
+	r.mu.Lock()
+	r.status.LastSuccess = now.UTC()
+	r.mu.Unlock()
+}
+
+// pass uploads everything not yet in the replica. It returns the first
+// failure; the next pass starts over from what was done.
+func (r *Replicator) pass(ctx context.Context) error {
+	if r.gen == "" || r.rewound.Load() {
+		fresh := r.rewound.Swap(false)
+		if err := r.begin(ctx, fresh); err != nil {
+			if fresh {
+				r.rewound.Store(true)
+			}
+			return err
+		}
+	}
+	if err := r.syncFiles(ctx); err != nil {
+		return err
+	}
+	if err := r.syncCheckpoints(ctx); err != nil {
+		return err
+	}
+	if err := r.syncWAL(ctx); err != nil {
+		return err
+	}
+	return r.retain(ctx)
+}
+
+// begin continues the generation this data directory wrote, when the
+// replica still has it and the local history has not fallen behind it, or
+// starts a new one.
+func (r *Replicator) begin(ctx context.Context, fresh bool) error {
+	var st localState
+	if b, err := os.ReadFile(filepath.Join(r.local.DataDir, stateFile)); err == nil {
+		_ = json.Unmarshal(b, &st)
+	}
+	r.gen, r.head, r.ckpts, r.chunks, r.files, r.pending = "", 0, map[string]object{}, nil, map[string]object{}, nil
+	r.retained = ""
+	if !fresh && st.Generation != "" && st.Replica == r.c.loc.String() && validGeneration(st.Generation) {
+		ok, err := r.resume(ctx, st.Generation)
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+	}
+	id, err := newGenerationID()
+	if err != nil {
+		return err
+	}
+	host, _ := os.Hostname()
+	base := r.local.WAL.Floor()
+	info := GenerationInfo{ID: id, Created: time.Now().UTC(), Hostname: host, PID: os.Getpid(), Version: r.opts.Version, Base: base}
+	b, _ := json.Marshal(info)
+	if _, err := r.put(ctx, generationKey(id, sum(b)), b); err != nil {
+		return err
+	}
+	sb, _ := json.Marshal(localState{Generation: id, Replica: r.c.loc.String()})
+	if err := writeFileAtomic(filepath.Join(r.local.DataDir, stateFile), sb); err != nil {
+		return fmt.Errorf("replica: record the generation in %s: %w", stateFile, err)
+	}
+	r.gen, r.head = id, base
+	r.setGen(id)
+	r.log.Info("replica: new generation", "generation", id, "wal_from_sequence", base, "fresh_history", fresh)
+	return nil
+}
+
+// resume reads generation gen back from the bucket; ok is false when this
+// directory cannot continue it.
+func (r *Replicator) resume(ctx context.Context, gen string) (ok bool, err error) {
+	gens, _, err := r.c.listUnder(ctx, genDir(gen))
+	if err != nil {
+		return false, err
+	}
+	g := gens[gen]
+	if g == nil {
+		g = &Generation{ID: gen}
+	}
+	if g.Info == nil {
+		r.log.Warn("replica: the generation this data directory wrote is gone from the replica; starting a new one", "generation", gen)
+		return false, nil
+	}
+	head := g.Info.Base
+	for _, ch := range g.Chunks {
+		head = max(head, ch.Last)
+	}
+	if last := r.local.WAL.LastSequence(); last < head || g.ForkAt != nil {
+		r.log.Warn("replica: the local history does not continue the generation this data directory wrote (rolled back, restored from a backup, or written by a copy); starting a new one",
+			"generation", gen, "replica_head", head, "local_last_sequence", last)
+		return false, nil
+	}
+	r.gen, r.head, r.chunks = gen, head, g.Chunks
+	for _, cp := range g.Checkpoints {
+		r.ckpts[cp.ID] = cp
+	}
+	for name, vs := range g.Files {
+		r.files[name] = vs[len(vs)-1]
+	}
+	r.setGen(gen)
+	r.mu.Lock()
+	r.status.UploadedSequence, r.status.Checkpoints = head, len(r.ckpts)
+	r.mu.Unlock()
+	r.log.Info("replica: continuing this data directory's generation", "generation", gen, "uploaded_sequence", head, "checkpoints", len(r.ckpts))
+	return true, nil
+}
+
+func (r *Replicator) setGen(gen string) {
+	r.mu.Lock()
+	r.status.Generation, r.status.Checkpoints = gen, 0
+	r.status.UploadedSequence = r.head
+	r.mu.Unlock()
+}
+
+// put uploads b under rel (relative to the prefix).
+func (r *Replicator) put(ctx context.Context, rel string, b []byte) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout+time.Duration(len(b)>>20)*time.Second)
+	defer cancel()
+	if _, err := r.c.mc.PutObject(ctx, r.c.loc.Bucket, r.c.loc.key(rel), bytesReader(b), int64(len(b)),
+		minio.PutObjectOptions{ContentType: "application/octet-stream", DisableMultipart: true}); err != nil {
+		return 0, r.c.wrap("upload", rel, err)
+	}
+	r.uploaded(int64(len(b)))
+	return int64(len(b)), nil
+}
+
+// syncFiles uploads a new version of each small file whose content
+// changed, and deletes the version it replaces.
+func (r *Replicator) syncFiles(ctx context.Context) error {
+	for _, name := range replicatedFiles {
+		b, err := readNoFollow(filepath.Join(r.local.DataDir, name), 16<<20)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("replica: read %s: %w", name, err)
+		}
+		s := sum(b)
+		old, had := r.files[name]
+		if had && old.SHA == s {
+			continue
+		}
+		now := time.Now()
+		key := fileKey(r.gen, name, now, s)
+		if _, err := r.put(ctx, key, b); err != nil {
+			return err
+		}
+		r.files[name] = object{Key: key, Kind: "file", Name: name, SHA: s, Time: now}
+		if had {
+			r.remove(ctx, []string{old.Key})
+		}
+	}
+	return nil
+}
+
+// syncCheckpoints uploads every stored checkpoint not yet in the
+// generation, newest first (the newest makes the replica restorable
+// soonest), each file as it is stored.
+func (r *Replicator) syncCheckpoints(ctx context.Context) error {
+	metas, err := r.local.Checkpoints.List()
+	if err != nil {
+		return fmt.Errorf("replica: list checkpoints: %w", err)
+	}
+	for _, m := range metas {
+		if m.Bad || r.bad[m.ID] {
+			continue
+		}
+		if _, ok := r.ckpts[m.ID]; ok {
+			continue
+		}
+		obj, err := r.uploadCheckpoint(ctx, m)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // pruned meanwhile
+		}
+		if err != nil {
+			return err
+		}
+		r.ckpts[m.ID] = obj
+		r.mu.Lock()
+		r.status.Checkpoints = len(r.ckpts)
+		r.mu.Unlock()
+	}
+	return nil
+}
+
+func (r *Replicator) uploadCheckpoint(ctx context.Context, m checkpoint.Meta) (object, error) {
+	path := filepath.Join(r.local.Checkpoints.Dir(), m.ID+".ckpt")
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return object{}, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return object{}, err
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, io.NewSectionReader(f, 0, fi.Size())); err != nil {
+		r.bad[m.ID] = true
+		return object{}, fmt.Errorf("replica: read checkpoint %s: %w", m.ID, err)
+	}
+	s := hex.EncodeToString(h.Sum(nil))
+	key := checkpointKey(r.gen, m.Watermark, m.ID, s)
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout+time.Duration(fi.Size()>>20)*time.Second)
+	defer cancel()
+	// The file is immutable once stored: the SHA-256 of the first read is
+	// the one of the bytes sent (a restore checks it anyway).
+	if _, err := r.c.mc.PutObject(ctx, r.c.loc.Bucket, r.c.loc.key(key), io.NewSectionReader(f, 0, fi.Size()), fi.Size(),
+		minio.PutObjectOptions{ContentType: "application/octet-stream", PartSize: 16 << 20, NumThreads: 2}); err != nil {
+		return object{}, r.c.wrap("upload", key, err)
+	}
+	r.uploaded(fi.Size())
+	r.log.Info("replica: checkpoint uploaded", "checkpoint_id", m.ID, "watermark", m.Watermark, "bytes", fi.Size())
+	return object{Key: key, Kind: "checkpoint", Gen: r.gen, ID: m.ID, Watermark: m.Watermark, SHA: s, Size: fi.Size()}, nil
+}
+
+var errChunkFull = errors.New("chunk full")
+
+// syncWAL uploads the durable entries after the chain's head in chunks.
+// When local retention has let entries after the head go before they were
+// uploaded, the chain restarts at the WAL's floor — only once a checkpoint
+// at or above the floor is in the replica, so that every entry uploaded
+// from then on belongs to a restore without a gap.
+func (r *Replicator) syncWAL(ctx context.Context) error {
+	if p := r.pending; p != nil {
+		if _, err := r.put(ctx, p.obj.Key, p.data); err != nil {
+			return err
+		}
+		r.chunkDone(p.obj)
+	}
+	durable := r.local.WAL.DurableSequence()
+	for r.head < durable {
+		release := r.local.HoldTruncation()
+		if floor := r.local.WAL.Floor(); floor > r.head {
+			release()
+			if !r.haveCheckpointFrom(floor) {
+				return nil // the next pass uploads the checkpoints first
+			}
+			r.log.Warn("replica: local retention deleted WAL entries before they were uploaded; the replica's WAL continues from the newest checkpoints (no restore from the replica spans the gap)",
+				"uploaded_sequence", r.head, "wal_floor", floor)
+			r.head = floor
+			continue
+		}
+		b := &chunkBuilder{after: r.head}
+		err := r.local.WAL.ReadAfter(r.head, func(e wal.Entry) error {
+			if e.Sequence > durable {
+				return errChunkFull
+			}
+			b.add(e)
+			if b.raw.Len() >= chunkTarget {
+				return errChunkFull
+			}
+			return nil
+		})
+		release()
+		if err != nil && !errors.Is(err, errChunkFull) {
+			return fmt.Errorf("replica: read the local WAL after sequence %d: %w", r.head, err)
+		}
+		if b.count == 0 {
+			return nil // rolled back meanwhile: Rewound starts a new generation
+		}
+		now := time.Now()
+		data := b.encode(now)
+		obj := object{Key: chunkKey(r.gen, b.after, b.last, now, sum(data)), Kind: "chunk", Gen: r.gen, After: b.after, Last: b.last, Time: now.UTC(), Size: int64(len(data))}
+		if _, err := r.put(ctx, obj.Key, data); err != nil {
+			// Sent again as is: one chunk per position, even when the
+			// failed PUT did land.
+			r.pending = &pendingChunk{obj: obj, data: data}
+			return err
+		}
+		r.chunkDone(obj)
+	}
+	return nil
+}
+
+func (r *Replicator) chunkDone(obj object) {
+	r.pending = nil
+	r.head = obj.Last
+	r.chunks = append(r.chunks, obj)
+	r.mu.Lock()
+	r.status.UploadedSequence = obj.Last
+	r.mu.Unlock()
+}
+
+func (r *Replicator) haveCheckpointFrom(seq uint64) bool {
+	for _, cp := range r.ckpts {
+		if cp.Watermark >= seq {
+			return true
+		}
+	}
+	return false
+}
+
+// retain makes the bucket follow local retention: checkpoints the store
+// pruned are deleted, and chunks that end at or below the oldest kept
+// checkpoint's watermark (no kept checkpoint needs them). It runs when the
+// local set of checkpoints changed, and never deletes the generation's last
+// checkpoint.
+func (r *Replicator) retain(ctx context.Context) error {
+	metas, err := r.local.Checkpoints.List()
+	if err != nil {
+		return nil // listing failed: nothing is deleted on a guess
+	}
+	local := map[string]bool{}
+	ids := ""
+	for _, m := range metas {
+		local[m.ID] = true
+		ids += m.ID
+	}
+	if ids == r.retained {
+		return nil
+	}
+	var keep, drop []object
+	for id, cp := range r.ckpts {
+		if local[id] && !r.bad[id] {
+			keep = append(keep, cp)
+		} else {
+			drop = append(drop, cp)
+		}
+	}
+	if len(keep) == 0 {
+		return nil
+	}
+	minWM := keep[0].Watermark
+	for _, cp := range keep {
+		minWM = min(minWM, cp.Watermark)
+	}
+	var keys []string
+	for _, cp := range drop {
+		keys = append(keys, cp.Key)
+	}
+	var chunks []object
+	for _, ch := range r.chunks {
+		if ch.Last <= minWM {
+			keys = append(keys, ch.Key)
+		} else {
+			chunks = append(chunks, ch)
+		}
+	}
+	if len(keys) > 0 {
+		if err := r.remove(ctx, keys); err != nil {
+			return err
+		}
+		r.log.Info("replica: retention deleted objects local retention no longer needs", "objects", len(keys), "oldest_kept_watermark", minWM)
+	}
+	for _, cp := range drop {
+		delete(r.ckpts, cp.ID)
+	}
+	r.chunks = chunks
+	r.retained = ids
+	r.mu.Lock()
+	r.status.Checkpoints = len(r.ckpts)
+	r.mu.Unlock()
+	return nil
+}
+
+// remove deletes objects (one multi-object request per 1,000).
+func (r *Replicator) remove(ctx context.Context, keys []string) error {
+	ch := make(chan minio.ObjectInfo, len(keys))
+	for _, k := range keys {
+		ch <- minio.ObjectInfo{Key: r.c.loc.key(k)}
+	}
+	close(ch)
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	for e := range r.c.mc.RemoveObjects(ctx, r.c.loc.Bucket, ch, minio.RemoveObjectsOptions{}) {
+		if e.Err != nil {
+			return r.c.wrap("delete", e.ObjectName, e.Err)
+		}
+	}
+	return nil
+}
+
+func readNoFollow(path string, limit int64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
+	}
+	return b, nil
+}
+
+// writeFileAtomic replaces path with b: temporary file, fsync, rename,
+// fsync of the directory.
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := writeFile(tmp, b); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}

@@ -1,0 +1,277 @@
+package replica
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+
+	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/wal"
+)
+
+// Result says what a restore wrote.
+type Result struct {
+	Generation   string `json:"generation"`
+	CheckpointID string `json:"checkpoint_id,omitempty"`
+	Watermark    uint64 `json:"watermark"`
+	Entries      int    `json:"wal_entries"`
+	LastSequence uint64 `json:"last_sequence"`
+	Bytes        int64  `json:"bytes_downloaded"`
+	// Skipped lists checkpoints found corrupt and passed over (the restore
+	// then came from an older one reaching as far).
+	Skipped []string `json:"skipped,omitempty"`
+}
+
+// stagingDir is where a restore is assembled inside the data directory
+// before it is moved into place; one left by a crash is removed.
+const stagingDir = ".replica-restore"
+
+// IsEmptyDataDir reports whether dir holds nothing a supervisor wrote: it
+// does not exist, or holds at most the LOCK file, a restore's staging
+// directory left by a crash, and lost+found (a fresh ext4 volume mounted as
+// the data directory has one).
+func IsEmptyDataDir(dir string) (bool, error) {
+	es, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	for _, e := range es {
+		if e.Name() != "LOCK" && e.Name() != stagingDir && e.Name() != "lost+found" {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// Restore rebuilds dataDir (empty: see IsEmptyDataDir) from the replica: t
+// selects the generation and the point. The checkpoint is verified (its
+// SHA-256, then the checkpoint store's own checksum) and a corrupt one is
+// passed over for an older one only when that reaches as far; a corrupt
+// WAL chunk the restore needs fails it (ErrCorrupt naming the object) —
+// never a restore with a gap. The data directory is assembled in a staging
+// directory and moved into place, the WAL before the checkpoint: a crash
+// part-way leaves a directory the supervisor refuses to start from, not a
+// partial state.
+func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slog.Logger) (Result, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if ok, err := IsEmptyDataDir(dataDir); err != nil {
+		return Result{}, fmt.Errorf("replica restore: read %s: %w", dataDir, err)
+	} else if !ok {
+		return Result{}, fmt.Errorf("replica restore: %s is not empty; restore into a new directory (a restore never overwrites a data directory)", dataDir)
+	}
+	inv, err := c.List(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	plan, err := inv.Plan(t)
+	if err != nil {
+		return Result{}, err
+	}
+	var g *Generation
+	for _, x := range inv.Generations {
+		if x.ID == plan.Generation {
+			g = x
+		}
+	}
+	if g.ForkAt != nil {
+		log.Warn("the replica's generation was written by two supervisors (a copied data directory); only its history up to the fork is used",
+			"generation", g.ID, "fork_after_sequence", *g.ForkAt)
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return Result{}, fmt.Errorf("replica restore: create %s: %w", dataDir, err)
+	}
+	stage := filepath.Join(dataDir, stagingDir)
+	if err := os.RemoveAll(stage); err != nil {
+		return Result{}, fmt.Errorf("replica restore: remove the staging directory left by an earlier attempt: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(stage, "checkpoints"), 0o700); err != nil {
+		return Result{}, fmt.Errorf("replica restore: %w", err)
+	}
+	defer os.RemoveAll(stage)
+	res := Result{Generation: g.ID}
+	want := plan.Last
+	exclude := map[string]bool{}
+	for plan.Checkpoint != nil {
+		n, err := c.fetchCheckpoint(ctx, *plan.Checkpoint, filepath.Join(stage, "checkpoints"))
+		res.Bytes += n
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrCorrupt) {
+			return res, err
+		}
+		log.Error("checkpoint in the replica is corrupt; it is not used", "object", plan.Checkpoint.Key, "err", err)
+		res.Skipped = append(res.Skipped, plan.Checkpoint.ID)
+		exclude[plan.Checkpoint.Key] = true
+		corrupt := err
+		if plan, err = g.plan(t, exclude); err != nil || plan.Last < want {
+			return res, fmt.Errorf("%w; no other checkpoint of generation %s reaches sequence %d without a gap "+
+				"(restore an earlier point with --to-sequence, or another generation with --generation)", corrupt, g.ID, want)
+		}
+	}
+	after := uint64(0)
+	if cp := plan.Checkpoint; cp != nil {
+		after, res.CheckpointID, res.Watermark = cp.Watermark, cp.ID, cp.Watermark
+	}
+	w, err := wal.Open(wal.Options{Dir: filepath.Join(stage, "wal"), Sync: wal.SyncNone, NoPreallocate: true, StartAfter: after})
+	if err != nil {
+		return res, fmt.Errorf("replica restore: create the WAL: %w", err)
+	}
+	last := after
+	for _, ch := range plan.Chunks {
+		b, err := c.get(ctx, ch, maxChunkRaw)
+		res.Bytes += int64(len(b))
+		if err != nil {
+			w.Close()
+			return res, err
+		}
+		err = decodeChunk(ch, b, func(e wal.Entry) error {
+			if e.Sequence <= last || e.Sequence > plan.Last {
+				return nil
+			}
+			if _, err := w.Append(e); err != nil {
+				return fmt.Errorf("replica restore: append sequence %d: %w", e.Sequence, err)
+			}
+			last = e.Sequence
+			res.Entries++
+			return nil
+		})
+		if err != nil {
+			w.Close()
+			return res, err
+		}
+	}
+	if err := w.Close(); err != nil {
+		return res, fmt.Errorf("replica restore: write the WAL: %w", err)
+	}
+	res.LastSequence = max(last, after)
+	for _, f := range plan.Files {
+		b, err := c.get(ctx, f, 16<<20)
+		res.Bytes += int64(len(b))
+		if err != nil {
+			return res, err
+		}
+		if err := writeFile(filepath.Join(stage, f.Name), b); err != nil {
+			return res, fmt.Errorf("replica restore: write %s: %w", f.Name, err)
+		}
+	}
+	// Into place: the WAL (whose floor is the watermark) before the
+	// checkpoint that covers it, the small files last.
+	for _, name := range append([]string{"wal", "checkpoints"}, fileNames(plan.Files)...) {
+		if err := os.Rename(filepath.Join(stage, name), filepath.Join(dataDir, name)); err != nil {
+			return res, fmt.Errorf("replica restore: move %s into %s: %w", name, dataDir, err)
+		}
+		if err := syncDir(dataDir); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+func fileNames(fs []object) []string {
+	var out []string
+	for _, f := range fs {
+		out = append(out, f.Name)
+	}
+	return out
+}
+
+// fetchCheckpoint downloads checkpoint o into dir as ID.ckpt, checking its
+// SHA-256 as it streams, then loads it through the checkpoint store, which
+// verifies its own checksum. A mismatch is ErrCorrupt and leaves nothing.
+func (c *Client) fetchCheckpoint(ctx context.Context, o object, dir string) (int64, error) {
+	r, err := c.mc.GetObject(ctx, c.loc.Bucket, c.loc.key(o.Key), minio.GetObjectOptions{})
+	if err != nil {
+		return 0, c.wrap("download", o.Key, err)
+	}
+	defer r.Close()
+	path := filepath.Join(dir, o.ID+".ckpt")
+	f, err := os.OpenFile(path+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("replica restore: %w", err)
+	}
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(r, o.Size+1))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path + ".tmp")
+		return n, c.wrap("download", o.Key, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != o.SHA || n != o.Size {
+		os.Remove(path + ".tmp")
+		return n, fmt.Errorf("%w: %s: SHA-256 is %s… (%d bytes), its name says %s…; the object was changed or damaged in the bucket and is not used",
+			ErrCorrupt, o.Key, got[:16], n, o.SHA[:16])
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		return n, fmt.Errorf("replica restore: %w", err)
+	}
+	st, err := checkpoint.Open(dir, checkpoint.Options{})
+	if err != nil {
+		return n, fmt.Errorf("replica restore: open the checkpoint store: %w", err)
+	}
+	m, _, err := st.LoadCompressed(o.ID)
+	if errors.Is(err, checkpoint.ErrNoContentSize) {
+		m, _, err = st.Load(o.ID)
+	}
+	if err == nil && m.Watermark != o.Watermark {
+		err = fmt.Errorf("its header says watermark %d, its name %d", m.Watermark, o.Watermark)
+	}
+	if err != nil {
+		os.Remove(path)
+		return n, fmt.Errorf("%w: %s: %v", ErrCorrupt, o.Key, err)
+	}
+	return n, syncDir(dir)
+}
+
+func writeFile(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// RestoreTimeout bounds a restore at a supervisor's start (a 100 MiB state
+// takes seconds).
+const RestoreTimeout = 10 * time.Minute
