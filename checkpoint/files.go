@@ -1,29 +1,22 @@
 package checkpoint
 
 import (
+	"errors"
 	"fmt"
-	"io"
 	"os"
 	"syscall"
+
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 )
 
-// readLimited reads the file at path, failing with an error wrapping
-// ErrCorrupt if it is longer than limit. It guards reads of small marker
-// files against a hostile size.
+// readLimited reads a small marker file, failing with an error wrapping
+// ErrCorrupt if it is longer than limit (a hostile size).
 func readLimited(path string, limit int64) ([]byte, error) {
-	f, err := openNoFollow(path)
-	if err != nil {
-		return nil, err
+	b, err := atomicfile.ReadLimited(path, limit)
+	if errors.Is(err, atomicfile.ErrTooLarge) {
+		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%w: %s is longer than %d bytes", ErrCorrupt, path, limit)
-	}
-	return b, nil
+	return b, err
 }
 
 // openNoFollow opens path for reading without following a symlink in its

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 	"github.com/agent-sidecar/supervisor/wal"
 )
 
@@ -421,7 +422,7 @@ func (r *Replicator) put(ctx context.Context, rel string, b []byte) (int64, erro
 // changed, and deletes the version it replaces.
 func (r *Replicator) syncFiles(ctx context.Context) error {
 	for _, name := range replicatedFiles {
-		b, err := readNoFollow(filepath.Join(r.local.DataDir, name), 16<<20)
+		b, err := atomicfile.ReadLimited(filepath.Join(r.local.DataDir, name), 16<<20)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
@@ -662,22 +663,6 @@ func (r *Replicator) remove(ctx context.Context, keys []string) error {
 		}
 	}
 	return nil
-}
-
-func readNoFollow(path string, limit int64) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
-	}
-	return b, nil
 }
 
 // writeFileAtomic replaces path with b: temporary file, fsync, rename,

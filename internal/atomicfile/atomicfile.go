@@ -14,6 +14,7 @@ package atomicfile
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -200,4 +201,27 @@ func flock(f *os.File, how int) error {
 			return err
 		}
 	}
+}
+
+// ErrTooLarge: ReadLimited found a file longer than its limit.
+var ErrTooLarge = errors.New("atomicfile: file larger than its limit")
+
+// ReadLimited reads the small file at path without following a symlink in
+// its last component (a planted link is refused, never read through), and
+// fails with an error wrapping ErrTooLarge when it holds more than limit
+// bytes: a hostile size never makes the caller allocate more.
+func ReadLimited(path string, limit int64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%w: %s is longer than %d bytes", ErrTooLarge, path, limit)
+	}
+	return b, nil
 }
