@@ -224,3 +224,26 @@ func TestSweep(t *testing.T) {
 		}
 	}
 }
+
+func TestReadLimited(t *testing.T) {
+	dir := t.TempDir()
+	small, big, link := filepath.Join(dir, "small"), filepath.Join(dir, "big"), filepath.Join(dir, "link")
+	if err := os.WriteFile(small, []byte("0123456789"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(big, make([]byte, 11), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(small, link); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := ReadLimited(small, 10); err != nil || string(b) != "0123456789" {
+		t.Fatalf("a file of exactly the limit: %q, %v", b, err)
+	}
+	if _, err := ReadLimited(big, 10); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a file over the limit: %v, want ErrTooLarge", err)
+	}
+	if _, err := ReadLimited(link, 10); err == nil {
+		t.Fatal("a symlink was read through")
+	}
+}
