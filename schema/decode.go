@@ -884,29 +884,19 @@ func (s *decodeState) metrics(top *[nTop][]byte, h Header) (Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, k := range knownMetrics {
-		v, ok := m[k.name]
+	for _, k := range KnownMetrics {
+		v, ok := m[k.Name]
 		if !ok {
 			continue
 		}
-		if v < 0 || (k.max > 0 && v > k.max) {
-			if k.max > 0 {
-				return nil, s.fail("data."+k.name, RuleFieldValue, "must be between 0 and %g, got %g", k.max, v)
+		if v < 0 || (k.Max > 0 && v > k.Max) {
+			if k.Max > 0 {
+				return nil, s.fail("data."+k.Name, RuleFieldValue, "must be between 0 and %g, got %g", k.Max, v)
 			}
-			return nil, s.fail("data."+k.name, RuleFieldValue, "must not be negative, got %g", v)
+			return nil, s.fail("data."+k.Name, RuleFieldValue, "must not be negative, got %g", v)
 		}
 	}
 	return &Metrics{Header: h, Data: m}, nil
-}
-
-// The seed's metric keys, all non-negative; max > 0 bounds them above.
-var knownMetrics = []struct {
-	name string
-	max  float64
-}{
-	{"avg_latency", 0}, {"p50_latency", 0}, {"p95_latency", 0}, {"p99_latency", 0},
-	{"error_rate", 1}, {"memory_usage", 0}, {"throughput", 0}, {"active_tools", 0},
-	{"memory_blocks", 0},
 }
 
 func (s *decodeState) errorMsg(top *[nTop][]byte, h Header) (Message, error) {
