@@ -58,7 +58,7 @@ func (l *Log) pendingBytes() int { return l.pendingN }
 // memory a flood leaves behind).
 const (
 	batchBufSize = 512 << 10
-	maxFreeBufs  = 8
+	maxFreeBufs  = 16
 )
 
 // addPendingLocked encodes entries as one record at the end of the pending
