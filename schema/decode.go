@@ -303,6 +303,45 @@ func (s *decodeState) str(v []byte, field string) (string, error) {
 	return string(content(v)), nil
 }
 
+// A string field's rule.
+type strRule uint8
+
+const (
+	optional strRule = iota // absent or nil reads as ""
+	required
+	nonEmpty // required, and not ""
+)
+
+// strField is one string field: its value (nil when absent), its path, where
+// it goes, its rule, and for nonEmpty what it must hold ("name the error").
+type strField struct {
+	v    []byte
+	name string
+	dst  *string
+	rule strRule
+	must string
+}
+
+// strs reads string fields in order; the first one that breaks its rule is
+// the error.
+func (s *decodeState) strs(fields ...strField) error {
+	for _, f := range fields {
+		var err error
+		if f.rule == optional {
+			*f.dst, err = s.optStr(f.v, f.name)
+		} else {
+			*f.dst, err = s.reqStr(f.v, f.name)
+		}
+		if err != nil {
+			return err
+		}
+		if f.rule == nonEmpty && *f.dst == "" {
+			return s.fail(f.name, RuleFieldValue, "must %s, got an empty string", f.must)
+		}
+	}
+	return nil
+}
+
 // optStr returns "" for an absent or nil field.
 func (s *decodeState) optStr(v []byte, field string) (string, error) {
 	if !present(v) {
@@ -849,20 +888,12 @@ func (s *decodeState) evolutionIntent(top *[nTop][]byte, h Header) (Message, err
 	}
 	m := &EvolutionIntent{Header: h}
 	hy := &m.Hypothesis
-	if hy.Reason, err = s.reqStr(f[0], "hypothesis.reason"); err != nil {
+	if err := s.strs(
+		strField{f[0], "hypothesis.reason", &hy.Reason, required, ""},
+		strField{f[1], "hypothesis.target", &hy.Target, nonEmpty, "name the module to change"},
+		strField{f[2], "hypothesis.new_code", &hy.NewCode, nonEmpty, "hold the code to try"},
+	); err != nil {
 		return nil, err
-	}
-	if hy.Target, err = s.reqStr(f[1], "hypothesis.target"); err != nil {
-		return nil, err
-	}
-	if hy.Target == "" {
-		return nil, s.fail("hypothesis.target", RuleFieldValue, "must name the module to change, got an empty string")
-	}
-	if hy.NewCode, err = s.reqStr(f[2], "hypothesis.new_code"); err != nil {
-		return nil, err
-	}
-	if hy.NewCode == "" {
-		return nil, s.fail("hypothesis.new_code", RuleFieldValue, "must hold the code to try, got an empty string")
 	}
 	if present(f[3]) {
 		if hy.ExpectedImprovement, err = s.numberMap(f[3], "hypothesis.expected_improvement"); err != nil {
@@ -913,16 +944,11 @@ func (s *decodeState) errorMsg(top *[nTop][]byte, h Header) (Message, error) {
 	}
 	m := &Error{Header: h}
 	b := &m.Error
-	if b.Code, err = s.reqStr(f[0], "error.code"); err != nil {
-		return nil, err
-	}
-	if b.Code == "" {
-		return nil, s.fail("error.code", RuleFieldValue, "must name the error, got an empty string")
-	}
-	if b.Message, err = s.reqStr(f[1], "error.message"); err != nil {
-		return nil, err
-	}
-	if b.StackTrace, err = s.optStr(f[2], "error.stack_trace"); err != nil {
+	if err := s.strs(
+		strField{f[0], "error.code", &b.Code, nonEmpty, "name the error"},
+		strField{f[1], "error.message", &b.Message, required, ""},
+		strField{f[2], "error.stack_trace", &b.StackTrace, optional, ""},
+	); err != nil {
 		return nil, err
 	}
 	if b.Details, err = s.optMap(f[3], "error.details"); err != nil {
@@ -1011,14 +1037,11 @@ func (s *decodeState) hotReload(top *[nTop][]byte, h Header) (Message, error) {
 		return nil, err
 	}
 	m := &HotReload{Header: h}
-	var err error
-	if m.Code, err = s.reqStr(top[fCode], "code"); err != nil {
-		return nil, err
-	}
-	if m.Module, err = s.reqStr(top[fModule], "module"); err != nil {
-		return nil, err
-	}
-	if m.BackupCheckpointID, err = s.optStr(top[fBackupCheckpointID], "backup_checkpoint_id"); err != nil {
+	if err := s.strs(
+		strField{top[fCode], "code", &m.Code, required, ""},
+		strField{top[fModule], "module", &m.Module, required, ""},
+		strField{top[fBackupCheckpointID], "backup_checkpoint_id", &m.BackupCheckpointID, optional, ""},
+	); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -1090,13 +1113,13 @@ func (s *decodeState) processRequest(top *[nTop][]byte, h Header) (Message, erro
 	if err := s.fields(dv, "data", requestNames, f[:], true); err != nil {
 		return nil, err
 	}
-	if m.Data.Message, err = s.reqStr(f[0], "data.message"); err != nil {
+	if err := s.strs(strField{f[0], "data.message", &m.Data.Message, required, ""}); err != nil {
 		return nil, err
 	}
 	if m.Data.Context, err = s.optMap(f[1], "data.context"); err != nil {
 		return nil, err
 	}
-	if m.Data.UserID, err = s.optStr(f[2], "data.user_id"); err != nil {
+	if err := s.strs(strField{f[2], "data.user_id", &m.Data.UserID, optional, ""}); err != nil {
 		return nil, err
 	}
 	return m, nil
