@@ -1,9 +1,7 @@
 package agent
 
 import (
-	"bytes"
 	"fmt"
-	"sync"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -159,19 +157,16 @@ func (c *Conn) writeFrame(payload []byte) error {
 }
 
 // encodeMap encodes v as a MessagePack map with compact integers and sorted
-// keys, so the same value always gives the same bytes.
+// keys (schema.MarshalMap), so the same value always gives the same bytes;
+// nil is {} and a msgpack.RawMessage is used as is.
 func encodeMap(v any, what string) (msgpack.RawMessage, error) {
-	var raw []byte
-	switch v := v.(type) {
-	case nil:
-		return msgpack.RawMessage{msgpcode.FixedMapLow}, nil
-	case msgpack.RawMessage:
-		raw = v
-	default:
-		var err error
-		if raw, err = marshalCompact(v); err != nil {
-			return nil, fmt.Errorf("%w: encode %s: %v", ErrBadMessage, what, err)
+	raw, ok := v.(msgpack.RawMessage)
+	if !ok {
+		m, err := schema.MarshalMap(v)
+		if err != nil {
+			return nil, fmt.Errorf("%w: encode %s: %w", ErrBadMessage, what, err)
 		}
+		return m, nil
 	}
 	if len(raw) == 0 || raw[0] == msgpcode.Nil {
 		return msgpack.RawMessage{msgpcode.FixedMapLow}, nil
@@ -180,34 +175,4 @@ func encodeMap(v any, what string) (msgpack.RawMessage, error) {
 		return nil, fmt.Errorf("%w: %s must encode to a MessagePack map, got type byte 0x%02x", ErrBadMessage, what, c)
 	}
 	return raw, nil
-}
-
-type compactEncoder struct {
-	buf bytes.Buffer
-	enc *msgpack.Encoder
-}
-
-var compactPool = sync.Pool{New: func() any {
-	e := &compactEncoder{}
-	e.enc = msgpack.NewEncoder(&e.buf)
-	e.enc.UseCompactInts(true)
-	e.enc.SetSortMapKeys(true)
-	return e
-}}
-
-// maxPooledBuffer keeps checkpoint-sized buffers out of the pool.
-const maxPooledBuffer = 64 << 10
-
-func marshalCompact(v any) ([]byte, error) {
-	e := compactPool.Get().(*compactEncoder)
-	e.buf.Reset()
-	err := e.enc.Encode(v)
-	out := bytes.Clone(e.buf.Bytes())
-	if e.buf.Cap() <= maxPooledBuffer {
-		compactPool.Put(e)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
 }

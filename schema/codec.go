@@ -7,11 +7,10 @@ import (
 	"sync"
 
 	"github.com/klauspost/compress/zstd"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // Codec decodes, validates and encodes messages under one set of [Options].
-// It is safe for concurrent use; decoder state and zstd decoders are pooled.
+// It is safe for concurrent use; zstd decoders are pooled.
 type Codec struct {
 	limits  Limits
 	ops     map[string]string // allowed WAL operation → its canonical string
@@ -21,8 +20,7 @@ type Codec struct {
 	maxTo   int               // largest frame to the agent
 	stream  bool              // Options.StreamCheckpoints
 
-	states sync.Pool // *decodeState
-	zstds  sync.Pool // *zstd.Decoder
+	zstds sync.Pool // *zstd.Decoder
 }
 
 // NewCodec returns a Codec for opts. Zero limits take their defaults; empty
@@ -60,7 +58,6 @@ func NewCodec(opts Options) *Codec {
 			c.maxTo = max(c.maxTo, c.limits.frame(t))
 		}
 	}
-	c.states.New = func() any { return &decodeState{c: c, d: msgpack.NewDecoder(nil)} }
 	return c
 }
 

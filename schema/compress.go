@@ -55,9 +55,9 @@ func compress(dst, src []byte) ([]byte, error) {
 func (s *decodeState) compressedBytes(v []byte) ([]byte, bool) {
 	switch c := v[0]; {
 	case isBinCode(c):
-		return s.tail(v), true
+		return content(v), true
 	case isStrCode(c):
-		text := s.tail(v)
+		text := content(v)
 		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
 			out := make([]byte, enc.DecodedLen(len(text)))
 			if n, err := enc.Decode(out, text); err == nil {

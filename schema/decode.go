@@ -2,9 +2,9 @@ package schema
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"strconv"
 
@@ -12,7 +12,16 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// Top-level field names, indexed by the f* constants.
+// The decoder reads a payload in one bounds-checked pass over its bytes,
+// the mirror of the appending encoder (append.go): [Codec.Decode] walks the
+// message map once, checking every value (walk) and keeping the span of
+// each known key; the type's fields are then read from those spans, which
+// are exactly one checked value each. No length is trusted before readHead
+// has checked it against the bytes that remain, and msgpack/v5 never sees
+// the payload.
+
+// Top-level fields, indexed by the f* constants; topNames is the one list
+// of their keys.
 const (
 	fType = iota
 	fTimestamp
@@ -42,7 +51,7 @@ const (
 	nTop
 )
 
-var topNames = []string{
+var topNames = [nTop]string{
 	fType: "type", fTimestamp: "timestamp", fVersion: "version", fMetadata: "metadata",
 	fCompressed: "compressed", fCompression: "compression", fData: "data",
 	fHypothesis: "hypothesis", fError: "error", fCheckpointID: "checkpoint_id", fSize: "size",
@@ -52,59 +61,24 @@ var topNames = []string{
 	fCreateCheckpoint: "create_checkpoint", fLastSequence: "last_sequence", fAck: "ack", fSequence: "sequence",
 }
 
+// topByLen lists, for each key length, the top-level fields of that length:
+// a lookup compares a key with one or two names.
+var topByLen = func() (t [21][]int8) {
+	for i, n := range topNames {
+		t[len(n)] = append(t[len(n)], int8(i))
+	}
+	return t
+}()
+
 // topIndex returns the f* index of a message-level key, or -1.
 func topIndex(key []byte) int {
-	switch string(key) {
-	case "type":
-		return fType
-	case "timestamp":
-		return fTimestamp
-	case "version":
-		return fVersion
-	case "metadata":
-		return fMetadata
-	case "compressed":
-		return fCompressed
-	case "compression":
-		return fCompression
-	case "data":
-		return fData
-	case "hypothesis":
-		return fHypothesis
-	case "error":
-		return fError
-	case "checkpoint_id":
-		return fCheckpointID
-	case "size":
-		return fSize
-	case "snapshot":
-		return fSnapshot
-	case "wal_entries":
-		return fWALEntries
-	case "code":
-		return fCode
-	case "module":
-		return fModule
-	case "backup_checkpoint_id":
-		return fBackupCheckpointID
-	case "success":
-		return fSuccess
-	case "decision":
-		return fDecision
-	case "metrics":
-		return fMetrics
-	case "reason":
-		return fReason
-	case "request_id":
-		return fRequestID
-	case "create_checkpoint":
-		return fCreateCheckpoint
-	case "last_sequence":
-		return fLastSequence
-	case "ack":
-		return fAck
-	case "sequence":
-		return fSequence
+	if len(key) >= len(topByLen) {
+		return -1
+	}
+	for _, i := range topByLen[len(key)] {
+		if string(key) == topNames[i] {
+			return int(i)
+		}
 	}
 	return -1
 }
@@ -118,26 +92,10 @@ var (
 	statusNames     = []string{"status"}
 )
 
-// decodeState is the per-call scratch of Decode, pooled by the Codec. The
-// msgpack decoder reads from br, which is reset over one walked value at a
-// time, so the library only ever sees bytes whose lengths walk has checked.
+// decodeState is the scratch of one Decode call; it lives on the stack.
 type decodeState struct {
 	c   *Codec
-	d   *msgpack.Decoder
-	br  bytes.Reader
 	typ string // message type once known, for errors
-}
-
-func (c *Codec) getState() *decodeState {
-	s := c.states.Get().(*decodeState)
-	s.typ = ""
-	return s
-}
-
-func (c *Codec) putState(s *decodeState) {
-	s.br.Reset(nil)
-	s.d.ResetReader(nil)
-	c.states.Put(s)
 }
 
 // Decode checks and decodes one payload that travelled in direction dir:
@@ -158,16 +116,9 @@ func (c *Codec) Decode(dir Direction, payload []byte) (Message, error) {
 	if max := c.MaxFrameSizeFor(dir); len(payload) > max {
 		return nil, &ValidationError{Rule: RuleTooLarge, Reason: fmt.Sprintf("payload of %d bytes is above the largest accepted frame (%d bytes)", len(payload), max)}
 	}
-	if err := checkValue(payload, MaxDepth); err != nil {
-		return nil, &ValidationError{Rule: RuleMalformed, Reason: "payload is not valid MessagePack: " + err.Error()}
-	}
-	if !isMapCode(payload[0]) {
-		return nil, &ValidationError{Rule: RuleNotMap, Reason: "payload must be a map, got " + describe(payload)}
-	}
-	s := c.getState()
-	defer c.putState(s)
+	s := &decodeState{c: c}
 	var top [nTop][]byte
-	if err := s.fields(payload, "", nil, top[:], true); err != nil {
+	if err := s.message(payload, &top); err != nil {
 		return nil, err
 	}
 	typ, err := s.messageType(top[fType], dir)
@@ -218,6 +169,62 @@ func (c *Codec) Decode(dir Direction, payload []byte) (Message, error) {
 		return s.walAck(&top, h)
 	}
 	return nil, s.fail("type", RuleUnknownType, "unknown message type %q", typ) // unreachable: messageType knows all types
+}
+
+// malformed reports a structural fault of the payload.
+func malformed(err *walkError) *ValidationError {
+	return &ValidationError{Rule: RuleMalformed, Reason: "payload is not valid MessagePack: " + err.Error()}
+}
+
+// message is the one pass over the payload: it walks every key and value of
+// the message map (bounds and depth) and keeps the value of each known key
+// in top. A structural fault anywhere wins over a key that is not a string
+// or occurs twice, so those are reported only once the whole payload has
+// been walked.
+func (s *decodeState) message(p []byte, top *[nTop][]byte) error {
+	if len(p) == 0 || !isMapCode(p[0]) {
+		if err := checkValue(p, MaxDepth); err != nil {
+			return malformed(err)
+		}
+		return &ValidationError{Rule: RuleNotMap, Reason: "payload must be a map, got " + describe(p)}
+	}
+	h, werr := readHead(p, 0)
+	if werr != nil {
+		return malformed(werr)
+	}
+	var later *ValidationError
+	off := h.pos
+	for range int(h.n) {
+		k := off
+		if off, werr = walk(p, k, 2, MaxDepth); werr != nil {
+			return malformed(werr)
+		}
+		v := off
+		if off, werr = walk(p, v, 2, MaxDepth); werr != nil {
+			return malformed(werr)
+		}
+		switch i := -1; {
+		case later != nil:
+		case !isStrCode(p[k]):
+			later = s.fail("", RuleNotMap, "payload must be a map with string keys, found a key that is %s", describe(p[k:]))
+		default:
+			if i = topIndex(content(p[k:v])); i < 0 {
+				break
+			}
+			if top[i] != nil {
+				later = s.fail(topNames[i], RuleMalformed, "key %q occurs more than once", topNames[i])
+				break
+			}
+			top[i] = p[v:off]
+		}
+	}
+	if off != len(p) {
+		return malformed(&walkError{off, fmt.Sprintf("%d trailing bytes after the value", len(p)-off)})
+	}
+	if later != nil {
+		return later
+	}
+	return nil
 }
 
 // ---- errors and paths
@@ -282,36 +289,8 @@ func (s *decodeState) missing(field, what string) *ValidationError {
 	return s.fail(field, RuleMissingField, "required field is missing (%s)", what)
 }
 
-// libraryErr reports a failure of msgpack/v5 on walked bytes; only a bug
-// (here or in the library) can produce one.
-func (s *decodeState) libraryErr(field string, err error) *ValidationError {
-	return s.fail(field, RuleMalformed, "undecodable value: %v", err)
-}
-
-// ---- primitive readers; every v is exactly one walked value
-
-// load points the msgpack decoder at v.
-func (s *decodeState) load(v []byte) {
-	s.br.Reset(v)
-	s.d.ResetReader(&s.br)
-}
-
-// pos is the decoder's offset in the value last loaded.
-func (s *decodeState) pos() int { return int(s.br.Size()) - s.br.Len() }
-
-// seek moves the decoder to offset off of the value last loaded.
-func (s *decodeState) seek(off int) { _, _ = s.br.Seek(int64(off), io.SeekStart) }
-
-// tail returns the content bytes of the str or bin value v (aliasing v).
-// v is exactly one walked value, so its content is its last n bytes.
-func (s *decodeState) tail(v []byte) []byte {
-	s.load(v)
-	n, err := s.d.DecodeBytesLen()
-	if err != nil || n < 0 || n > len(v) {
-		return nil // unreachable for walked str/bin values
-	}
-	return v[len(v)-n:]
-}
+// ---- readers of one walked value v (exactly one value: its header was
+// checked by readHead, so its content is all of v after the header)
 
 // present reports whether a field is there and not nil: optional fields
 // sent as nil count as absent.
@@ -321,10 +300,46 @@ func (s *decodeState) str(v []byte, field string) (string, error) {
 	if !isStrCode(v[0]) {
 		return "", s.typeErr(field, "a string", v)
 	}
-	// The header is read by the library; the bytes are copied straight out
-	// of v (DecodeString would first copy them into a buffer the pooled
-	// decoder keeps, as large as the largest string ever decoded).
-	return string(s.tail(v)), nil
+	return string(content(v)), nil
+}
+
+// A string field's rule.
+type strRule uint8
+
+const (
+	optional strRule = iota // absent or nil reads as ""
+	required
+	nonEmpty // required, and not ""
+)
+
+// strField is one string field: its value (nil when absent), its path, where
+// it goes, its rule, and for nonEmpty what it must hold ("name the error").
+type strField struct {
+	v    []byte
+	name string
+	dst  *string
+	rule strRule
+	must string
+}
+
+// strs reads string fields in order; the first one that breaks its rule is
+// the error.
+func (s *decodeState) strs(fields ...strField) error {
+	for _, f := range fields {
+		var err error
+		if f.rule == optional {
+			*f.dst, err = s.optStr(f.v, f.name)
+		} else {
+			*f.dst, err = s.reqStr(f.v, f.name)
+		}
+		if err != nil {
+			return err
+		}
+		if f.rule == nonEmpty && *f.dst == "" {
+			return s.fail(f.name, RuleFieldValue, "must %s, got an empty string", f.must)
+		}
+	}
+	return nil
 }
 
 // optStr returns "" for an absent or nil field.
@@ -344,58 +359,53 @@ func (s *decodeState) reqStr(v []byte, field string) (string, error) {
 
 // int reads any MessagePack integer encoding that fits an int64.
 func (s *decodeState) int(v []byte, field string) (int64, error) {
-	c := v[0]
-	if !isIntCode(c) {
-		return 0, s.typeErr(field, "an integer", v)
-	}
-	s.load(v)
-	if c == 0xcf { // uint64: may exceed int64
-		u, err := s.d.DecodeUint64()
-		if err != nil {
-			return 0, s.libraryErr(field, err)
-		}
+	switch c := v[0]; {
+	case c <= 0x7f:
+		return int64(c), nil
+	case c >= 0xe0:
+		return int64(int8(c)), nil
+	case c == 0xcc:
+		return int64(v[1]), nil
+	case c == 0xcd:
+		return int64(binary.BigEndian.Uint16(v[1:])), nil
+	case c == 0xce:
+		return int64(binary.BigEndian.Uint32(v[1:])), nil
+	case c == 0xcf: // uint64: may exceed int64
+		u := binary.BigEndian.Uint64(v[1:])
 		if u > math.MaxInt64 {
 			return 0, s.fail(field, RuleFieldValue, "integer %d is out of range (at most %d)", u, int64(math.MaxInt64))
 		}
 		return int64(u), nil
+	case c == 0xd0:
+		return int64(int8(v[1])), nil
+	case c == 0xd1:
+		return int64(int16(binary.BigEndian.Uint16(v[1:]))), nil
+	case c == 0xd2:
+		return int64(int32(binary.BigEndian.Uint32(v[1:]))), nil
+	case c == 0xd3:
+		return int64(binary.BigEndian.Uint64(v[1:])), nil
 	}
-	n, err := s.d.DecodeInt64()
-	if err != nil {
-		return 0, s.libraryErr(field, err)
-	}
-	return n, nil
+	return 0, s.typeErr(field, "an integer", v)
 }
 
 // number reads any integer or float encoding as a finite float64.
 func (s *decodeState) number(v []byte, field string) (float64, error) {
-	c := v[0]
 	var f float64
-	switch {
-	case isFloatCode(c):
-		s.load(v)
-		var err error
-		if f, err = s.d.DecodeFloat64(); err != nil {
-			return 0, s.libraryErr(field, err)
-		}
-		if math.IsNaN(f) || math.IsInf(f, 0) {
-			return 0, s.fail(field, RuleFieldValue, "must be a finite number, got %v", f)
-		}
+	switch c := v[0]; {
+	case c == 0xca:
+		f = float64(math.Float32frombits(binary.BigEndian.Uint32(v[1:])))
+	case c == 0xcb:
+		f = math.Float64frombits(binary.BigEndian.Uint64(v[1:]))
 	case c == 0xcf:
-		s.load(v)
-		u, err := s.d.DecodeUint64()
-		if err != nil {
-			return 0, s.libraryErr(field, err)
-		}
-		f = float64(u)
+		return float64(binary.BigEndian.Uint64(v[1:])), nil
 	case isIntCode(c):
-		s.load(v)
-		n, err := s.d.DecodeInt64()
-		if err != nil {
-			return 0, s.libraryErr(field, err)
-		}
-		f = float64(n)
+		n, err := s.int(v, field)
+		return float64(n), err
 	default:
 		return 0, s.typeErr(field, "a number", v)
+	}
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return 0, s.fail(field, RuleFieldValue, "must be a finite number, got %v", f)
 	}
 	return f, nil
 }
@@ -428,69 +438,66 @@ func (s *decodeState) reqMap(v []byte, field string) (msgpack.RawMessage, error)
 	return msgpack.RawMessage(v), nil
 }
 
-// fields finds the values of names in the map v (already known to be a map)
-// and stores them in out, by index; absent names stay nil. names nil means
-// the message map itself: out has nTop slots indexed by topIndex. With
-// strict, every key must be a string; otherwise other keys are skipped. A
-// name that occurs twice is malformed: two readers of the same bytes must
-// not disagree about which value counts.
-func (s *decodeState) fields(v []byte, field string, names []string, out [][]byte, strict bool) error {
-	s.load(v)
-	n, err := s.d.DecodeMapLen()
+// mustHead is the header of the walked value v.
+func mustHead(v []byte) head {
+	h, err := readHead(v, 0)
 	if err != nil {
-		return s.libraryErr(field, err)
+		// Only reachable if a caller reads bytes walk never checked.
+		panic("schema: header of unchecked bytes: " + err.Error())
 	}
-	for i := 0; i < n; i++ {
-		p := s.pos()
-		if !isStrCode(v[p]) {
-			if strict {
-				if names == nil {
-					return s.fail("", RuleNotMap, "payload must be a map with string keys, found a key that is %s", describe(v[p:]))
-				}
-				return s.fail(field, RuleFieldType, "keys must be strings, found a key that is %s", describe(v[p:]))
-			}
-			s.seek(skip(v, skip(v, p)))
-			continue
+	return h
+}
+
+// elems calls fn with each element of the walked array or map v (for a map,
+// keys and values alternate: element 2i is a key, 2i+1 its value), until fn
+// fails. Elements are found with skip: v was walked, so their headers are
+// known to fit.
+func elems(v []byte, fn func(i int, e []byte) error) error {
+	h := mustHead(v)
+	off := h.pos
+	for i := range int(h.n) * int(h.per) {
+		end := skip(v, off)
+		if err := fn(i, v[off:end]); err != nil {
+			return err
 		}
-		kl, err := s.d.DecodeBytesLen()
-		if err != nil {
-			return s.libraryErr(field, err)
-		}
-		ks := s.pos()
-		key := v[ks : ks+kl]
-		ve := skip(v, ks+kl)
-		s.seek(ve)
-		if names == nil { // the message map: a switch beats a scan
-			if j := topIndex(key); j >= 0 {
-				if out[j] != nil {
-					return s.fail(topNames[j], RuleMalformed, "key %q occurs more than once", topNames[j])
-				}
-				out[j] = v[ks+kl : ve]
-			}
-			continue
-		}
-		for j, name := range names {
-			if string(key) == name {
-				if out[j] != nil {
-					return s.fail(path(field, -1, name), RuleMalformed, "key %q occurs more than once", name)
-				}
-				out[j] = v[ks+kl : ve]
-				break
-			}
-		}
+		off = end
 	}
 	return nil
 }
 
-// arrayLen returns the number of elements of the array v (known to be an
-// array) and the offset of the first; skip finds each one's end.
-func (s *decodeState) arrayLen(v []byte, field string) (n, first int, err error) {
-	s.load(v)
-	n, err = s.d.DecodeArrayLen()
-	if err != nil {
-		return 0, 0, s.libraryErr(field, err)
-	}
-	return n, s.pos(), nil
+// fields finds the values of names in the map v (already known to be a map)
+// and stores them in out, by index; absent names stay nil. With strict,
+// every key must be a string; otherwise other keys are skipped. A name that
+// occurs twice is malformed: two readers of the same bytes must not disagree
+// about which value counts.
+func (s *decodeState) fields(v []byte, field string, names []string, out [][]byte, strict bool) error {
+	j := -1 // index in names of the key just read; -1 for a key not wanted
+	return elems(v, func(i int, e []byte) error {
+		if i%2 == 1 {
+			if j >= 0 {
+				out[j] = e
+			}
+			return nil
+		}
+		j = -1
+		if !isStrCode(e[0]) {
+			if strict {
+				return s.fail(field, RuleFieldType, "keys must be strings, found a key that is %s", describe(e))
+			}
+			return nil
+		}
+		key := content(e)
+		for k, name := range names {
+			if string(key) == name {
+				if out[k] != nil {
+					return s.fail(path(field, -1, name), RuleMalformed, "key %q occurs more than once", name)
+				}
+				j = k
+				break
+			}
+		}
+		return nil
+	})
 }
 
 // numberMap decodes a map of string keys to numbers.
@@ -498,38 +505,29 @@ func (s *decodeState) numberMap(v []byte, field string) (map[string]float64, err
 	if !isMapCode(v[0]) {
 		return nil, s.typeErr(field, "a map of numbers", v)
 	}
-	s.load(v)
-	n, err := s.d.DecodeMapLen()
+	out := make(map[string]float64, mustHead(v).n)
+	var key []byte
+	err := elems(v, func(i int, e []byte) error {
+		if i%2 == 0 {
+			if !isStrCode(e[0]) {
+				return s.fail(field, RuleFieldType, "keys must be strings, found a key that is %s", describe(e))
+			}
+			key = content(e)
+			return nil
+		}
+		f, err := s.number(e, "")
+		if err != nil {
+			err.(*ValidationError).Field = clip(path(field, -1, string(key)), maxErrField)
+			return err
+		}
+		if _, dup := out[string(key)]; dup {
+			return s.fail(path(field, -1, string(key)), RuleMalformed, "key %q occurs more than once", key)
+		}
+		out[string(key)] = f
+		return nil
+	})
 	if err != nil {
-		return nil, s.libraryErr(field, err)
-	}
-	// Collect spans first: number() reloads the decoder.
-	type kv struct{ k, v []byte }
-	spans := make([]kv, 0, n)
-	for i := 0; i < n; i++ {
-		p := s.pos()
-		if !isStrCode(v[p]) {
-			return nil, s.fail(field, RuleFieldType, "keys must be strings, found a key that is %s", describe(v[p:]))
-		}
-		kl, err := s.d.DecodeBytesLen()
-		if err != nil {
-			return nil, s.libraryErr(field, err)
-		}
-		ks := s.pos()
-		ve := skip(v, ks+kl)
-		spans = append(spans, kv{v[ks : ks+kl], v[ks+kl : ve]})
-		s.seek(ve)
-	}
-	out := make(map[string]float64, n)
-	for _, e := range spans {
-		f, err := s.number(e.v, path(field, -1, string(e.k)))
-		if err != nil {
-			return nil, err
-		}
-		if _, dup := out[string(e.k)]; dup {
-			return nil, s.fail(path(field, -1, string(e.k)), RuleMalformed, "key %q occurs more than once", e.k)
-		}
-		out[string(e.k)] = f
+		return nil, err
 	}
 	return out, nil
 }
@@ -543,7 +541,7 @@ func (s *decodeState) messageType(v []byte, dir Direction) (string, error) {
 	if !isStrCode(v[0]) {
 		return "", s.typeErr("type", "a string", v)
 	}
-	name := s.tail(v)
+	name := content(v)
 	if len(name) == 0 {
 		return "", s.fail("type", RuleUnknownType, "message type is empty")
 	}
@@ -647,7 +645,7 @@ func (s *decodeState) compressedBody(top *[nTop][]byte, idx int, field string) (
 	if !isStrCode(algo[0]) {
 		return nil, false, s.fail("compression", RuleCompression, "must be the string %q, got %s", CompressionZstd, describe(algo))
 	}
-	if name := s.tail(algo); string(name) != CompressionZstd {
+	if name := content(algo); string(name) != CompressionZstd {
 		return nil, false, s.fail("compression", RuleCompression, "unsupported compression %q; only %q is supported", truncate(name, 32), CompressionZstd)
 	}
 	raw := top[idx]
@@ -738,7 +736,7 @@ func (s *decodeState) checkpointStatus(data []byte) (string, error) {
 	if !isStrCode(st[0][0]) {
 		return "", s.typeErr("data.agent_state.status", "a string", st[0])
 	}
-	switch v := s.tail(st[0]); string(v) {
+	switch v := content(st[0]); string(v) {
 	case StatusIdle:
 		return StatusIdle, nil
 	case StatusThinking:
@@ -752,13 +750,20 @@ func (s *decodeState) checkpointStatus(data []byte) (string, error) {
 	}
 }
 
-// walRecord decodes {operation, params, sequence}. checkOp limits operation
-// to the codec's set (agent input); restore entries were checked by the
-// supervisor that stored them, whose set the agent need not know. parent and
-// idx locate the record ("data", -1 or "data", 3); paths are only built for
-// errors, so the happy path allocates nothing for them.
-func (s *decodeState) walRecord(v []byte, parent string, idx int, checkOp bool) (WALRecord, error) {
-	r, err := s.walRecordAt(v, checkOp)
+// Whose WAL records are read: the agent's own (operation limited to the
+// codec's set) or ones a supervisor stored and now sends back in a restore
+// (already checked by that supervisor, whose set the agent need not know).
+const (
+	fromAgent = true
+	stored    = false
+)
+
+// walRecord decodes {operation, params, sequence}; agent is fromAgent or
+// stored. parent and idx locate the record ("data", -1 or "data", 3);
+// paths are only built for errors, so the happy path allocates nothing for
+// them.
+func (s *decodeState) walRecord(v []byte, parent string, idx int, agent bool) (WALRecord, error) {
+	r, err := s.walRecordAt(v, agent)
 	if err != nil {
 		var ve *ValidationError
 		if errors.As(err, &ve) {
@@ -768,8 +773,10 @@ func (s *decodeState) walRecord(v []byte, parent string, idx int, checkOp bool) 
 	return r, err
 }
 
-// walRecordAt is walRecord with fields named relative to the record.
-func (s *decodeState) walRecordAt(v []byte, checkOp bool) (WALRecord, error) {
+// walRecordAt is walRecord with fields named relative to the record. A
+// stored record's operation is not kept (Operation is empty): only its raw
+// bytes travel on.
+func (s *decodeState) walRecordAt(v []byte, agent bool) (WALRecord, error) {
 	if !isMapCode(v[0]) {
 		return WALRecord{}, s.typeErr("", "a map {operation, params, sequence}", v)
 	}
@@ -785,14 +792,12 @@ func (s *decodeState) walRecordAt(v []byte, checkOp bool) (WALRecord, error) {
 	case !isStrCode(op[0]):
 		return r, s.typeErr("operation", "a string", op)
 	}
-	name := s.tail(op)
+	name := content(op)
 	if canon, ok := s.c.ops[string(name)]; ok {
 		r.Operation = canon
-	} else if checkOp || len(name) == 0 {
+	} else if agent || len(name) == 0 {
 		return r, s.fail("operation", RuleFieldValue,
 			"%q is not an accepted WAL operation (accepted: %s); to accept it, add it to the supervisor's --wal-operations", truncate(name, 64), s.c.opNames)
-	} else {
-		r.Operation = string(name)
 	}
 	var err error
 	if r.Params, err = s.reqMap(f[1], "params"); err != nil {
@@ -820,7 +825,7 @@ func (s *decodeState) walEntry(top *[nTop][]byte, h Header) (Message, error) {
 	if data == nil {
 		return nil, s.missing("data", "a map {operation, params, sequence}")
 	}
-	r, err := s.walRecord(data, "data", -1, true)
+	r, err := s.walRecord(data, "data", -1, fromAgent)
 	if err != nil {
 		return nil, err
 	}
@@ -843,10 +848,7 @@ func (s *decodeState) walBatch(top *[nTop][]byte, h Header) (Message, error) {
 	if !isArrayCode(data[0]) {
 		return nil, s.typeErr("data", "an array of WAL entries", data)
 	}
-	n, off, err := s.arrayLen(data, "data")
-	if err != nil {
-		return nil, err
-	}
+	n := int(mustHead(data).n)
 	if n == 0 {
 		return nil, s.fail("data", RuleFieldValue, "a wal_batch must hold at least one entry")
 	}
@@ -854,16 +856,16 @@ func (s *decodeState) walBatch(top *[nTop][]byte, h Header) (Message, error) {
 		return nil, s.fail("data", RuleTooLarge, "a wal_batch holds at most %d entries, got %d; split it", lim.BatchEntries, n)
 	}
 	entries := make([]WALRecord, n)
-	for i := range entries {
-		end := skip(data, off)
-		e := data[off:end]
+	err = elems(data, func(i int, e []byte) error {
 		if len(e) > lim.WALEntry {
-			return nil, s.fail(path("data", i, ""), RuleTooLarge, "entry of %d bytes is over the %d-byte wal_entry limit", len(e), lim.WALEntry)
+			return s.fail(path("data", i, ""), RuleTooLarge, "entry of %d bytes is over the %d-byte wal_entry limit", len(e), lim.WALEntry)
 		}
-		if entries[i], err = s.walRecord(e, "data", i, true); err != nil {
-			return nil, err
-		}
-		off = end
+		var err error
+		entries[i], err = s.walRecord(e, "data", i, fromAgent)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	ack, err := s.ackFlag(top)
 	if err != nil {
@@ -886,20 +888,12 @@ func (s *decodeState) evolutionIntent(top *[nTop][]byte, h Header) (Message, err
 	}
 	m := &EvolutionIntent{Header: h}
 	hy := &m.Hypothesis
-	if hy.Reason, err = s.reqStr(f[0], "hypothesis.reason"); err != nil {
+	if err := s.strs(
+		strField{f[0], "hypothesis.reason", &hy.Reason, required, ""},
+		strField{f[1], "hypothesis.target", &hy.Target, nonEmpty, "name the module to change"},
+		strField{f[2], "hypothesis.new_code", &hy.NewCode, nonEmpty, "hold the code to try"},
+	); err != nil {
 		return nil, err
-	}
-	if hy.Target, err = s.reqStr(f[1], "hypothesis.target"); err != nil {
-		return nil, err
-	}
-	if hy.Target == "" {
-		return nil, s.fail("hypothesis.target", RuleFieldValue, "must name the module to change, got an empty string")
-	}
-	if hy.NewCode, err = s.reqStr(f[2], "hypothesis.new_code"); err != nil {
-		return nil, err
-	}
-	if hy.NewCode == "" {
-		return nil, s.fail("hypothesis.new_code", RuleFieldValue, "must hold the code to try, got an empty string")
 	}
 	if present(f[3]) {
 		if hy.ExpectedImprovement, err = s.numberMap(f[3], "hypothesis.expected_improvement"); err != nil {
@@ -921,29 +915,19 @@ func (s *decodeState) metrics(top *[nTop][]byte, h Header) (Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, k := range knownMetrics {
-		v, ok := m[k.name]
+	for _, k := range KnownMetrics {
+		v, ok := m[k.Name]
 		if !ok {
 			continue
 		}
-		if v < 0 || (k.max > 0 && v > k.max) {
-			if k.max > 0 {
-				return nil, s.fail("data."+k.name, RuleFieldValue, "must be between 0 and %g, got %g", k.max, v)
+		if v < 0 || (k.Max > 0 && v > k.Max) {
+			if k.Max > 0 {
+				return nil, s.fail("data."+k.Name, RuleFieldValue, "must be between 0 and %g, got %g", k.Max, v)
 			}
-			return nil, s.fail("data."+k.name, RuleFieldValue, "must not be negative, got %g", v)
+			return nil, s.fail("data."+k.Name, RuleFieldValue, "must not be negative, got %g", v)
 		}
 	}
 	return &Metrics{Header: h, Data: m}, nil
-}
-
-// The seed's metric keys, all non-negative; max > 0 bounds them above.
-var knownMetrics = []struct {
-	name string
-	max  float64
-}{
-	{"avg_latency", 0}, {"p50_latency", 0}, {"p95_latency", 0}, {"p99_latency", 0},
-	{"error_rate", 1}, {"memory_usage", 0}, {"throughput", 0}, {"active_tools", 0},
-	{"memory_blocks", 0},
 }
 
 func (s *decodeState) errorMsg(top *[nTop][]byte, h Header) (Message, error) {
@@ -960,16 +944,11 @@ func (s *decodeState) errorMsg(top *[nTop][]byte, h Header) (Message, error) {
 	}
 	m := &Error{Header: h}
 	b := &m.Error
-	if b.Code, err = s.reqStr(f[0], "error.code"); err != nil {
-		return nil, err
-	}
-	if b.Code == "" {
-		return nil, s.fail("error.code", RuleFieldValue, "must name the error, got an empty string")
-	}
-	if b.Message, err = s.reqStr(f[1], "error.message"); err != nil {
-		return nil, err
-	}
-	if b.StackTrace, err = s.optStr(f[2], "error.stack_trace"); err != nil {
+	if err := s.strs(
+		strField{f[0], "error.code", &b.Code, nonEmpty, "name the error"},
+		strField{f[1], "error.message", &b.Message, required, ""},
+		strField{f[2], "error.stack_trace", &b.StackTrace, optional, ""},
+	); err != nil {
 		return nil, err
 	}
 	if b.Details, err = s.optMap(f[3], "error.details"); err != nil {
@@ -1037,18 +1016,18 @@ func (s *decodeState) restore(top *[nTop][]byte, h Header) (Message, error) {
 	if !isArrayCode(wv[0]) {
 		return nil, s.typeErr("wal_entries", "an array of WAL entries", wv)
 	}
-	n, off, err := s.arrayLen(wv, "wal_entries")
+	// The records are checked and kept as the raw bytes the agent once sent;
+	// nothing decoded from them is kept.
+	m.WALEntries = make([]msgpack.RawMessage, mustHead(wv).n)
+	err = elems(wv, func(i int, e []byte) error {
+		if _, err := s.walRecord(e, "wal_entries", i, stored); err != nil {
+			return err
+		}
+		m.WALEntries[i] = msgpack.RawMessage(e)
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	m.WALEntries = make([]msgpack.RawMessage, n)
-	for i := range m.WALEntries {
-		end := skip(wv, off)
-		if _, err := s.walRecord(wv[off:end], "wal_entries", i, false); err != nil {
-			return nil, err
-		}
-		m.WALEntries[i] = msgpack.RawMessage(wv[off:end])
-		off = end
 	}
 	return m, nil
 }
@@ -1058,14 +1037,11 @@ func (s *decodeState) hotReload(top *[nTop][]byte, h Header) (Message, error) {
 		return nil, err
 	}
 	m := &HotReload{Header: h}
-	var err error
-	if m.Code, err = s.reqStr(top[fCode], "code"); err != nil {
-		return nil, err
-	}
-	if m.Module, err = s.reqStr(top[fModule], "module"); err != nil {
-		return nil, err
-	}
-	if m.BackupCheckpointID, err = s.optStr(top[fBackupCheckpointID], "backup_checkpoint_id"); err != nil {
+	if err := s.strs(
+		strField{top[fCode], "code", &m.Code, required, ""},
+		strField{top[fModule], "module", &m.Module, required, ""},
+		strField{top[fBackupCheckpointID], "backup_checkpoint_id", &m.BackupCheckpointID, optional, ""},
+	); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -1137,13 +1113,13 @@ func (s *decodeState) processRequest(top *[nTop][]byte, h Header) (Message, erro
 	if err := s.fields(dv, "data", requestNames, f[:], true); err != nil {
 		return nil, err
 	}
-	if m.Data.Message, err = s.reqStr(f[0], "data.message"); err != nil {
+	if err := s.strs(strField{f[0], "data.message", &m.Data.Message, required, ""}); err != nil {
 		return nil, err
 	}
 	if m.Data.Context, err = s.optMap(f[1], "data.context"); err != nil {
 		return nil, err
 	}
-	if m.Data.UserID, err = s.optStr(f[2], "data.user_id"); err != nil {
+	if err := s.strs(strField{f[2], "data.user_id", &m.Data.UserID, optional, ""}); err != nil {
 		return nil, err
 	}
 	return m, nil

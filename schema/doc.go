@@ -6,13 +6,17 @@
 // [Codec.Decode] takes one frame's payload and the direction it travelled
 // ([FromAgent] or [ToAgent]) and, in this order:
 //
-//  1. walks the bytes without allocating: the payload must be exactly one
+//  1. walks the bytes once, without allocating, keeping the span of each
+//     known key of the message map: the payload must be exactly one
 //     well-formed MessagePack value, every declared length must fit in the
 //     bytes that remain (an array element needs at least 1 byte, a map pair
 //     2), maps and arrays nest at most [MaxDepth] levels, and nothing may
-//     follow the value. Only then does msgpack/v5 see any of it: that
-//     library allocates from declared lengths, so a 5-byte payload claiming
-//     a 4-GiB array would otherwise be a fatal out-of-memory;
+//     follow the value. The fields are then read from those checked spans
+//     by the package's own readers, the mirror of its appending encoder;
+//     msgpack/v5, which allocates from declared lengths (a 5-byte payload
+//     claiming a 4-GiB array), never sees a payload. [Unmarshal] puts the
+//     same walk in front of msgpack/v5 for other bytes (a WAL entry read
+//     back from disk);
 //  2. requires a map with string keys, a string "type" naming one of the
 //     15 types (the seed's 13 and the extensions wal_ack and
 //     request_result), valid in that direction;

@@ -341,6 +341,13 @@ func TestMarshalMap(t *testing.T) {
 	if !bytes.Equal(schema.RawMap(nil), []byte{0x80}) {
 		t.Fatal("RawMap(nil) is not {}")
 	}
+	// A value that encodes as nil is the empty map, as the agent package
+	// sends nil params (it encodes through MarshalMap).
+	for _, v := range []any{nil, map[string]any(nil), (*struct{ A int })(nil)} {
+		if b, err := schema.MarshalMap(v); err != nil || !bytes.Equal(b, []byte{0x80}) {
+			t.Errorf("MarshalMap(%#v) = % x, %v; want 80", v, b, err)
+		}
+	}
 }
 
 func TestCodecLimits(t *testing.T) {

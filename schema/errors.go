@@ -113,7 +113,10 @@ func NewError(code, message string, details map[string]any) *Error {
 
 // MarshalMap encodes v (a map or a struct) as a MessagePack map with sorted
 // keys and compact integers, for use as a RawMessage field (metadata,
-// params, context, snapshot...). It fails if v does not encode to a map.
+// params, context, snapshot...): the one compact encoder of the project, so
+// the same value always gives the same bytes. A value that encodes as nil
+// (a nil map or pointer) gives the empty map {}. It fails if v does not
+// encode to a map.
 func MarshalMap(v any) (msgpack.RawMessage, error) {
 	enc := msgpack.GetEncoder()
 	defer msgpack.PutEncoder(enc)
@@ -123,6 +126,9 @@ func MarshalMap(v any) (msgpack.RawMessage, error) {
 	enc.UseCompactInts(true)
 	if err := enc.Encode(v); err != nil {
 		return nil, fmt.Errorf("schema: encoding %T as a MessagePack map: %w", v, err)
+	}
+	if len(buf) == 1 && buf[0] == 0xc0 {
+		return msgpack.RawMessage{0x80}, nil
 	}
 	if len(buf) == 0 || !isMapCode(buf[0]) {
 		return nil, fmt.Errorf("schema: %T does not encode to a MessagePack map", v)

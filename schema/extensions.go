@@ -78,12 +78,9 @@ func (s *decodeState) requestResult(top *[nTop][]byte, h Header) (Message, error
 		return nil, err
 	}
 	m := &RequestResult{Header: h}
-	var err error
-	if m.RequestID, err = s.reqStr(top[fRequestID], "request_id"); err != nil {
+	err := s.strs(strField{top[fRequestID], "request_id", &m.RequestID, nonEmpty, "be the request_id of the process_request answered"})
+	if err != nil {
 		return nil, err
-	}
-	if m.RequestID == "" {
-		return nil, s.fail("request_id", RuleFieldValue, "must be the request_id of the process_request answered, got an empty string")
 	}
 	data, ev := top[fData], top[fError]
 	switch {
@@ -105,13 +102,10 @@ func (s *decodeState) requestResult(top *[nTop][]byte, h Header) (Message, error
 		return nil, err
 	}
 	b := &ErrorBody{}
-	if b.Code, err = s.reqStr(f[0], "error.code"); err != nil {
-		return nil, err
-	}
-	if b.Code == "" {
-		return nil, s.fail("error.code", RuleFieldValue, "must name the error, got an empty string")
-	}
-	if b.Message, err = s.reqStr(f[1], "error.message"); err != nil {
+	if err := s.strs(
+		strField{f[0], "error.code", &b.Code, nonEmpty, "name the error"},
+		strField{f[1], "error.message", &b.Message, required, ""},
+	); err != nil {
 		return nil, err
 	}
 	m.Error = b

@@ -191,6 +191,35 @@ type Metrics struct {
 	Data map[string]float64
 }
 
+// The metric keys the seed defines.
+const (
+	MetricAvgLatency   = "avg_latency"   // milliseconds
+	MetricP50Latency   = "p50_latency"   // milliseconds
+	MetricP95Latency   = "p95_latency"   // milliseconds
+	MetricP99Latency   = "p99_latency"   // milliseconds
+	MetricErrorRate    = "error_rate"    // 0..1
+	MetricMemoryUsage  = "memory_usage"  // bytes
+	MetricThroughput   = "throughput"    // per second
+	MetricActiveTools  = "active_tools"  // count
+	MetricMemoryBlocks = "memory_blocks" // count
+)
+
+// KnownMetric is one of the seed's metric keys: its value is never
+// negative, and at most Max when Max > 0.
+type KnownMetric struct {
+	Name string
+	Max  float64
+}
+
+// KnownMetrics is the one list of the seed's metric keys: Decode checks
+// their ranges, and the supervisor exports each as its own gauge (any other
+// key becomes a generic one).
+var KnownMetrics = []KnownMetric{
+	{MetricAvgLatency, 0}, {MetricP50Latency, 0}, {MetricP95Latency, 0}, {MetricP99Latency, 0},
+	{MetricErrorRate, 1}, {MetricMemoryUsage, 0}, {MetricThroughput, 0}, {MetricActiveTools, 0},
+	{MetricMemoryBlocks, 0},
+}
+
 // ErrorBody is an error message's error map. Agents send stack_trace and
 // context; the supervisor sends details.
 type ErrorBody struct {

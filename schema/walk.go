@@ -3,6 +3,8 @@ package schema
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // The bounds walk.
@@ -39,108 +41,137 @@ func checkValue(b []byte, maxDepth int) *walkError {
 	return nil
 }
 
-// walk checks the value starting at b[off], at nesting depth depth, and
-// returns the offset just past it.
-func walk(b []byte, off, depth, maxDepth int) (int, *walkError) {
+// head is the header of one value: where its content starts and how much
+// content it declares.
+type head struct {
+	pos int    // offset of the content, after the code and any length header
+	n   uint64 // content bytes; elements of an array; pairs of a map
+	per uint64 // least bytes per declared unit: 0 for bytes, 1 array, 2 map
+}
+
+// readHead reads the header of the value at b[off] and checks it against b:
+// the header is complete, a byte count fits in the bytes that remain, and
+// an element count could (each array element needs at least one byte, each
+// map pair two). It is the only code that reads a declared length.
+func readHead(b []byte, off int) (head, *walkError) {
 	if off >= len(b) {
-		return 0, &walkError{off, "value expected, input ended"}
+		return head{}, &walkError{off, "value expected, input ended"}
 	}
 	c := b[off]
 	var (
-		hdr     int    // header bytes after the code
-		n       uint64 // payload bytes, or elements for containers
-		elemMin uint64 // 0: bytes; 1: array; 2: map
+		hdr int // length-header bytes after the code
+		h   head
 	)
 	switch {
 	case c <= 0x7f || c >= 0xe0: // positive and negative fixint
-		return off + 1, nil
+		return head{pos: off + 1}, nil
 	case c <= 0x8f: // fixmap
-		n, elemMin = uint64(c&0x0f), 2
+		h.n, h.per = uint64(c&0x0f), 2
 	case c <= 0x9f: // fixarray
-		n, elemMin = uint64(c&0x0f), 1
+		h.n, h.per = uint64(c&0x0f), 1
 	case c <= 0xbf: // fixstr
-		n = uint64(c & 0x1f)
+		h.n = uint64(c & 0x1f)
 	default:
 		switch c {
 		case 0xc0, 0xc2, 0xc3: // nil, false, true
-			return off + 1, nil
+			return head{pos: off + 1}, nil
 		case 0xc1:
-			return 0, &walkError{off, "reserved code 0xc1"}
+			return head{}, &walkError{off, "reserved code 0xc1"}
 		case 0xcc, 0xd0: // uint8, int8
-			n = 1
+			h.n = 1
 		case 0xcd, 0xd1: // uint16, int16
-			n = 2
+			h.n = 2
 		case 0xca, 0xce, 0xd2: // float32, uint32, int32
-			n = 4
+			h.n = 4
 		case 0xcb, 0xcf, 0xd3: // float64, uint64, int64
-			n = 8
+			h.n = 8
 		case 0xd4, 0xd5, 0xd6, 0xd7, 0xd8: // fixext 1, 2, 4, 8, 16: type byte + data
-			n = 1 + 1<<(c-0xd4)
-		case 0xc4, 0xd9: // bin8, str8
+			h.n = 1 + 1<<(c-0xd4)
+		case 0xc4, 0xd9, 0xc7: // bin8, str8, ext8 (len, type)
 			hdr = 1
-		case 0xc5, 0xda: // bin16, str16
+		case 0xc5, 0xda, 0xc8: // bin16, str16, ext16
 			hdr = 2
-		case 0xc6, 0xdb: // bin32, str32
-			hdr = 4
-		case 0xc7: // ext8: len, type
-			hdr = 1
-		case 0xc8: // ext16
-			hdr = 2
-		case 0xc9: // ext32
+		case 0xc6, 0xdb, 0xc9: // bin32, str32, ext32
 			hdr = 4
 		case 0xdc: // array16
-			hdr, elemMin = 2, 1
+			hdr, h.per = 2, 1
 		case 0xdd: // array32
-			hdr, elemMin = 4, 1
+			hdr, h.per = 4, 1
 		case 0xde: // map16
-			hdr, elemMin = 2, 2
+			hdr, h.per = 2, 2
 		case 0xdf: // map32
-			hdr, elemMin = 4, 2
+			hdr, h.per = 4, 2
 		}
 	}
-	pos := off + 1
+	h.pos = off + 1
 	if hdr > 0 {
-		if len(b)-pos < hdr {
-			return 0, &walkError{off, fmt.Sprintf("length header of code 0x%02x cut short", c)}
+		if len(b)-h.pos < hdr {
+			return head{}, &walkError{off, fmt.Sprintf("length header of code 0x%02x cut short", c)}
 		}
 		switch hdr {
 		case 1:
-			n = uint64(b[pos])
+			h.n = uint64(b[h.pos])
 		case 2:
-			n = uint64(binary.BigEndian.Uint16(b[pos:]))
+			h.n = uint64(binary.BigEndian.Uint16(b[h.pos:]))
 		case 4:
-			n = uint64(binary.BigEndian.Uint32(b[pos:]))
+			h.n = uint64(binary.BigEndian.Uint32(b[h.pos:]))
 		}
-		pos += hdr
+		h.pos += hdr
 		if c >= 0xc7 && c <= 0xc9 { // ext: the type byte follows the length
-			n++
+			h.n++
 		}
 	}
-	rest := uint64(len(b) - pos)
-	if elemMin == 0 {
-		if n > rest {
-			return 0, &walkError{off, fmt.Sprintf("code 0x%02x declares %d bytes but only %d remain", c, n, rest)}
+	rest := uint64(len(b) - h.pos)
+	if h.per == 0 {
+		if h.n > rest {
+			return head{}, &walkError{off, fmt.Sprintf("code 0x%02x declares %d bytes but only %d remain", c, h.n, rest)}
 		}
-		return pos + int(n), nil
+		return h, nil
 	}
-	if n*elemMin > rest { // n < 2^32, so no overflow
+	if h.n*h.per > rest { // n < 2^32, so no overflow
 		kind := "array"
-		if elemMin == 2 {
+		if h.per == 2 {
 			kind = "map"
 		}
-		return 0, &walkError{off, fmt.Sprintf("%s declares %d elements but only %d bytes remain", kind, n, rest)}
+		return head{}, &walkError{off, fmt.Sprintf("%s declares %d elements but only %d bytes remain", kind, h.n, rest)}
+	}
+	return h, nil
+}
+
+// walk checks the value starting at b[off], at nesting depth depth, and
+// returns the offset just past it.
+func walk(b []byte, off, depth, maxDepth int) (int, *walkError) {
+	h, err := readHead(b, off)
+	if err != nil {
+		return 0, err
+	}
+	if h.per == 0 {
+		return h.pos + int(h.n), nil
 	}
 	if depth > maxDepth {
 		return 0, &walkError{off, fmt.Sprintf("maps and arrays nested deeper than %d levels", maxDepth)}
 	}
-	count := int(n) * int(elemMin)
-	var err *walkError
-	for range count {
+	pos := h.pos
+	for range int(h.n) * int(h.per) {
 		if pos, err = walk(b, pos, depth+1, maxDepth); err != nil {
 			return 0, err
 		}
 	}
 	return pos, nil
+}
+
+// content returns the bytes of the str or bin value v, which is exactly one
+// walked value: they are all of v after its header.
+func content(v []byte) []byte {
+	switch c := v[0]; {
+	case c >= 0xa0 && c <= 0xbf:
+		return v[1:]
+	case c == 0xd9 || c == 0xc4:
+		return v[2:]
+	case c == 0xda || c == 0xc5:
+		return v[3:]
+	}
+	return v[5:] // str32, bin32
 }
 
 // skip returns the offset just past the value at b[off], which walk has
@@ -184,4 +215,19 @@ func kindOf(c byte) string {
 		return "boolean"
 	}
 	return "extension"
+}
+
+// Unmarshal decodes the MessagePack value b into v, as msgpack.Unmarshal
+// does, once the bounds walk has accepted b: exactly one well-formed value,
+// every declared length within b, maps and arrays nested at most MaxDepth.
+// It is the way in for bytes read back from disk (a WAL entry, a checkpoint)
+// that are not a message.
+func Unmarshal(b []byte, v any) error {
+	if err := checkValue(b, MaxDepth); err != nil {
+		return fmt.Errorf("schema: not one valid MessagePack value: %w", err)
+	}
+	if err := msgpack.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("schema: %w", err)
+	}
+	return nil
 }

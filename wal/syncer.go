@@ -3,6 +3,7 @@ package wal
 import (
 	"fmt"
 	"os"
+	"slices"
 	"time"
 )
 
@@ -48,20 +49,46 @@ func (b *batchBuf) start(i int) int {
 	return b.recs[i-1].end
 }
 
-func (l *Log) pendingBytes() int {
-	if l.pending == nil {
-		return 0
+func (l *Log) pendingBytes() int { return l.pendingN }
+
+// batchBufSize is the capacity of a batch buffer. Append fills one and then
+// starts the next rather than growing it: growing a buffer copies it into
+// fresh memory, and each copy costs page faults, on the reader's goroutine.
+// Full buffers go back to a free list, at most maxFreeBufs of them (the
+// memory a flood leaves behind).
+const (
+	batchBufSize = 512 << 10
+	maxFreeBufs  = 16
+)
+
+// addPendingLocked encodes entries as one record at the end of the pending
+// buffers, starting a new buffer when the last one has no room for it.
+func (l *Log) addPendingLocked(entries []Entry) {
+	size := int(recordSize(entries))
+	n := len(l.pending)
+	if n == 0 || cap(l.pending[n-1].buf)-len(l.pending[n-1].buf) < size {
+		l.pending = append(l.pending, l.newBatchLocked(size))
+		n++
 	}
-	return len(l.pending.buf)
+	l.pending[n-1].add(entries)
+	l.pendingN += size
 }
 
-func (l *Log) newBatchLocked() *batchBuf {
-	if n := len(l.free); n > 0 {
+// newBatchLocked returns an empty buffer with room for at least size bytes.
+func (l *Log) newBatchLocked(size int) *batchBuf {
+	if n := len(l.free); n > 0 && size <= batchBufSize {
 		b := l.free[n-1]
 		l.free = l.free[:n-1]
 		return b
 	}
-	return &batchBuf{}
+	return &batchBuf{buf: make([]byte, 0, max(size, batchBufSize))}
+}
+
+// takePendingLocked hands the pending buffers over to the caller.
+func (l *Log) takePendingLocked() []*batchBuf {
+	bs := l.pending
+	l.pending, l.pendingN = nil, 0
+	return bs
 }
 
 // release returns fully written-and-synced (or dropped) buffers to the free list.
@@ -69,7 +96,8 @@ func (l *Log) release(bs ...*batchBuf) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, b := range bs {
-		if cap(b.buf) > 8<<20 || len(l.free) >= 4 {
+		// A buffer may be both queued and unsynced: keep it once.
+		if cap(b.buf) != batchBufSize || len(l.free) >= maxFreeBufs || slices.Contains(l.free, b) {
 			continue
 		}
 		b.buf, b.recs, b.written, b.synced = b.buf[:0], b.recs[:0], 0, 0
@@ -80,7 +108,7 @@ func (l *Log) release(bs ...*batchBuf) {
 func (l *Log) hasPending() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.pending != nil
+	return len(l.pending) > 0
 }
 
 // syncState is the syncer goroutine's own state: the active segment file and
@@ -211,13 +239,9 @@ func (l *Log) drain(force, syncAll bool) error {
 			l.mu.Unlock()
 			return err
 		}
-		b := l.pending
-		l.pending = nil
+		s.queue = append(s.queue, l.takePendingLocked()...)
 		waiters := l.waiters > 0
 		l.mu.Unlock()
-		if b != nil {
-			s.queue = append(s.queue, b)
-		}
 		did := false
 		if len(s.queue) > 0 {
 			if err := l.writeQueue(); err != nil {
@@ -435,16 +459,13 @@ func (l *Log) failed(err error) error {
 	l.err = err
 	dropped := uint64(0)
 	if l.opts.Sync == SyncAlways {
-		if l.pending != nil {
-			drop = append(drop, l.pending)
-			l.pending = nil
-		}
+		drop = append(drop, l.takePendingLocked()...)
 		dropped = l.lastSeq
 		l.lastSeq = l.durable
 		l.abortGen++
 		l.retained = false
 	} else {
-		l.retained = len(s.queue) > 0 || l.pending != nil
+		l.retained = len(s.queue) > 0 || len(l.pending) > 0
 	}
 	l.publishLocked()
 	l.mu.Unlock()

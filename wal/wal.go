@@ -127,14 +127,15 @@ type Log struct {
 	recovery Recovery
 
 	mu         sync.Mutex
-	pending    *batchBuf // encoded records not yet taken by the syncer
-	free       []*batchBuf
-	lastSeq    uint64 // last sequence accepted by Append
-	readable   uint64 // last sequence ReadAfter can serve
-	durable    uint64 // last sequence on disk (SyncNone: handed to the OS)
-	err        error  // sticky write error, cleared by the next successful write
-	retained   bool   // err left accepted entries unwritten: Appends are refused until they are written
-	abortGen   uint64 // bumped when SyncAlways drops entries whose Appends then fail
+	pending    []*batchBuf // encoded records not yet taken by the syncer, oldest first
+	pendingN   int         // bytes in pending
+	free       []*batchBuf // empty buffers of batchBufSize, for reuse
+	lastSeq    uint64      // last sequence accepted by Append
+	readable   uint64      // last sequence ReadAfter can serve
+	durable    uint64      // last sequence on disk (SyncNone: handed to the OS)
+	err        error       // sticky write error, cleared by the next successful write
+	retained   bool        // err left accepted entries unwritten: Appends are refused until they are written
+	abortGen   uint64      // bumped when SyncAlways drops entries whose Appends then fail
 	notify     chan struct{}
 	waiters    int
 	closed     bool          // Close was called: no more Appends
@@ -372,10 +373,7 @@ func (l *Log) Append(entries ...Entry) (AppendResult, error) {
 		res.Last = l.lastSeq
 		return res, nil
 	}
-	if l.pending == nil {
-		l.pending = l.newBatchLocked()
-	}
-	l.pending.add(kept)
+	l.addPendingLocked(kept)
 	l.lastSeq = kept[len(kept)-1].Sequence
 	res.Last = l.lastSeq
 	gen := l.abortGen

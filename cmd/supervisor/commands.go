@@ -16,6 +16,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor"
 	"github.com/agent-sidecar/supervisor/wal"
 )
@@ -389,7 +390,7 @@ func (c *walCmd) Run(_ context.Context, args []string) error {
 	err := wal.ReadDir(walDir, after, func(e wal.Entry) error {
 		n++
 		var v map[string]any
-		decErr := msgpack.Unmarshal(e.Data, &v)
+		decErr := schema.Unmarshal(e.Data, &v)
 		if *asJSON {
 			rec := map[string]any{"sequence": e.Sequence, "size": len(e.Data)}
 			if decErr == nil {
@@ -502,7 +503,7 @@ func flagsOf(m checkpoint.Meta) string {
 
 func topLevelKeys(data []byte) []string {
 	var m map[string]msgpack.RawMessage
-	if err := msgpack.Unmarshal(data, &m); err != nil {
+	if err := schema.Unmarshal(data, &m); err != nil {
 		return nil
 	}
 	keys := make([]string, 0, len(m))
