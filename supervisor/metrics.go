@@ -7,6 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/agent-sidecar/supervisor/schema"
 )
 
 // maxGenericAgentGauges caps the distinct unknown metric keys an agent may
@@ -200,27 +202,28 @@ func newMetrics(heartbeatAge, walLastSeq func() float64) *metrics {
 var restartReasons = []string{"crashed", "exited", "killed", "hung", "start_timeout",
 	"framing_error", "read_error", "unresponsive", "spawn_failed"}
 
-// agentReport converts an agent's metrics message to base units.
+// agentReport converts an agent's metrics message to base units. The
+// known keys are schema's one list (schema.KnownMetrics).
 func (m *metrics) agentReport(role string, data map[string]float64) {
 	for k, v := range data {
 		switch k {
-		case "avg_latency":
+		case schema.MetricAvgLatency:
 			m.agentLatency.WithLabelValues(role, "avg").Set(v / 1000)
-		case "p50_latency":
+		case schema.MetricP50Latency:
 			m.agentLatency.WithLabelValues(role, "p50").Set(v / 1000)
-		case "p95_latency":
+		case schema.MetricP95Latency:
 			m.agentLatency.WithLabelValues(role, "p95").Set(v / 1000)
-		case "p99_latency":
+		case schema.MetricP99Latency:
 			m.agentLatency.WithLabelValues(role, "p99").Set(v / 1000)
-		case "error_rate":
+		case schema.MetricErrorRate:
 			m.agentErrRate.WithLabelValues(role).Set(v)
-		case "memory_usage":
+		case schema.MetricMemoryUsage:
 			m.agentMemory.WithLabelValues(role).Set(v)
-		case "throughput":
+		case schema.MetricThroughput:
 			m.agentThruput.WithLabelValues(role).Set(v)
-		case "active_tools":
+		case schema.MetricActiveTools:
 			m.agentTools.WithLabelValues(role).Set(v)
-		case "memory_blocks":
+		case schema.MetricMemoryBlocks:
 			m.agentBlocks.WithLabelValues(role).Set(v)
 		default:
 			m.genericMu.Lock()

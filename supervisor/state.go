@@ -93,7 +93,11 @@ func (s *Supervisor) invalidMessage(in *instance, err error) {
 // are answered with wal_ack once durable in l; refused ones only with the
 // error.
 func (s *Supervisor) appendWAL(in *instance, l *wal.Log, appendFn func([]wal.Entry) (wal.AppendResult, error), recs []schema.WALRecord, ack bool) {
-	entries := make([]wal.Entry, len(recs))
+	var one [1]wal.Entry // a wal_entry frame (the common case) needs no slice of its own
+	entries := one[:min(len(recs), 1)]
+	if len(recs) > 1 {
+		entries = make([]wal.Entry, len(recs))
+	}
 	size := 0
 	for i, r := range recs {
 		entries[i] = wal.Entry{Sequence: r.Sequence, Data: r.Raw}
