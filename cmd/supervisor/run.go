@@ -136,6 +136,14 @@ func (c *runCmd) Run(ctx context.Context, args []string) error {
 	}
 	done := make(chan struct{})
 	defer close(done)
+	// A log reader that went away (a log shipper restarted, `| head`) must
+	// not kill the supervisor and orphan its agent: by default Go exits on
+	// SIGPIPE from a write to stderr. Notified, the write fails with EPIPE
+	// and the log drops the line. (A handler, not SIG_IGN: an ignored
+	// SIGPIPE would be inherited by the agent.)
+	pipes := make(chan os.Signal, 1)
+	signal.Notify(pipes, syscall.SIGPIPE)
+	defer signal.Stop(pipes)
 	// SIGHUP reopens the audit log (logrotate) and never stops us.
 	hups := make(chan os.Signal, 1)
 	signal.Notify(hups, syscall.SIGHUP)
