@@ -38,6 +38,13 @@ func (s *Supervisor) record(o occurrence) {
 	if o.count != nil {
 		o.count.Inc()
 	}
+	suppressed := 0
+	if o.limited {
+		var ok bool
+		if ok, suppressed = s.limiter.allow(time.Now()); !ok {
+			return // counted; nothing more is built for a flood
+		}
+	}
 	lg := o.log
 	if lg == nil {
 		lg = s.log
@@ -47,14 +54,8 @@ func (s *Supervisor) record(o occurrence) {
 		attrs = append(attrs, k, o.fields[k])
 	}
 	attrs = append(attrs, o.logOnly...)
-	if o.limited {
-		ok, suppressed := s.limiter.allow(time.Now())
-		if !ok {
-			return
-		}
-		if suppressed > 0 {
-			attrs = append(attrs, "suppressed_before", suppressed)
-		}
+	if suppressed > 0 {
+		attrs = append(attrs, "suppressed_before", suppressed)
 	}
 	lg.Log(context.Background(), o.level, o.msg, attrs...)
 	if o.kind != "" {
