@@ -95,8 +95,12 @@ func (p *process) killEscaped() {
 		}
 	}()
 	seen := map[int]bool{}
-	for round := 0; round < 20; round++ {
-		targets := p.escapedTargets()
+	// An orphan caught inside execve shows an empty environment for a few
+	// microseconds (the new image's is not mapped yet); it is looked at
+	// again until this deadline rather than taken for a stranger.
+	undecidedUntil := time.Now().Add(200 * time.Millisecond)
+	for round := 0; round < 1000; round++ {
+		targets, undecided := p.escapedTargets()
 		n := 0
 		for _, t := range targets {
 			if seen[t.pid] {
@@ -109,7 +113,10 @@ func (p *process) killEscaped() {
 			}
 		}
 		if n == 0 {
-			break // nothing new: no one forked while we were killing
+			if !undecided || time.Now().After(undecidedUntil) {
+				break // nothing new: no one forked while we were killing
+			}
+			time.Sleep(time.Millisecond)
 		}
 	}
 	waitGone(killed, 2*time.Second)
@@ -123,10 +130,10 @@ type target struct {
 
 // escapedTargets returns the processes to kill: descendants of our
 // unmanaged children (orphans) that belong to this agent, with their trees,
-// and what is left of the agent's known descendants.
-func (p *process) escapedTargets() []target {
+// and what is left of the agent's known descendants. undecided is true when
+// an orphan's environment could not be read yet (see envUnreadable).
+func (p *process) escapedTargets() (out []target, undecided bool) {
 	others := managedProcs()
-	var out []target
 	add := func(pid int) {
 		if st, ok := procStartTime(pid); ok {
 			out = append(out, target{pid, st})
@@ -141,13 +148,16 @@ func (p *process) escapedTargets() []target {
 			continue
 		}
 		mine := p.knows(c, st)
-		if !mine && fromAnAgent(c) {
-			// Escaped before the tracker saw it: ours unless another running
-			// agent knows it. (An orphan without an agent's environment —
-			// say from `docker exec` while we are PID 1 — is left alone.)
-			mine = true
+		if !mine {
+			// Escaped before the tracker saw it: ours if it carries an
+			// agent's environment and no other running agent knows it. (An
+			// orphan without one — say from `docker exec` while we are PID 1
+			// — is left alone.)
+			agent, sure := fromAnAgent(c)
+			undecided = undecided || !sure
+			mine = agent
 			for _, o := range others {
-				if o != p && o.knows(c, st) {
+				if mine && o != p && o.knows(c, st) {
 					mine = false
 				}
 			}
@@ -172,7 +182,7 @@ func (p *process) escapedTargets() []target {
 			out = append(out, k)
 		}
 	}
-	return out
+	return out, undecided
 }
 
 // signalExact sends sig to pid through a pidfd if pid still has start time
@@ -224,15 +234,22 @@ func waitGone(fds []int, timeout time.Duration) {
 
 // fromAnAgent reports whether pid's environment carries the variables the
 // supervisor gives its agents (inherited by their descendants unless they
-// cleared it).
-func fromAnAgent(pid int) bool {
+// cleared it). sure is false when the environment read empty: a process in
+// the middle of execve has none for a moment, between the switch to the new
+// image and the kernel copying its environment in; the caller looks again.
+// (A process that really runs with an empty environment stays unsure until
+// the caller's deadline and is then left alone, like any stranger.)
+func fromAnAgent(pid int) (agent, sure bool) {
 	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/environ")
 	if err != nil {
-		return false
+		return false, true // gone, or not ours to read
 	}
 	defer f.Close()
 	b := make([]byte, 256<<10)
 	n, _ := io.ReadFull(f, b)
+	if n == 0 {
+		return false, false
+	}
 	b = b[:n]
-	return bytes.HasPrefix(b, []byte("SUPERVISOR_ROLE=")) || bytes.Contains(b, []byte("\x00SUPERVISOR_ROLE="))
+	return bytes.HasPrefix(b, []byte("SUPERVISOR_ROLE=")) || bytes.Contains(b, []byte("\x00SUPERVISOR_ROLE=")), true
 }

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"bufio"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -168,6 +169,41 @@ func TestReapKillsAnUnseenEscapedDescendant(t *testing.T) {
 		t.Fatalf("leader exit %v, want 0", st)
 	}
 	assertGone(t, "the orphaned child that left the agent's group (setsid)", kid)
+}
+
+// An escaped orphan caught inside execve has, for a moment, no environment
+// to read. It must still be recognised as the agent's: here it re-executes
+// itself without pause, so reap's look at it often lands in that moment.
+func TestReapKillsAnEscapedDescendantCaughtInExec(t *testing.T) {
+	if err := becomeSubreaper(); err != nil {
+		t.Fatal(err)
+	}
+	loop := filepath.Join(t.TempDir(), "execloop")
+	if err := os.WriteFile(loop, []byte("#!/bin/sh\nexec \"$0\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 30; i++ {
+		p, err := startProcess(procSpec{Path: "/bin/sh",
+			Args: []string{"-c", `setsid sh -c 'echo "session $$"; exec "$0"' ` + loop + ` & read _`},
+			Env:  append(os.Environ(), "SUPERVISOR_ROLE=primary"), Stdio: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kid := readPids(t, p, "session")["session"]
+		if _, err := p.toAgent.Write([]byte("\n")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-p.exited:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the leader did not exit")
+		}
+		p.reap()
+		assertGone(t, "the orphan re-executing itself (round "+itoa(i)+")", kid)
+		if t.Failed() {
+			return
+		}
+	}
 }
 
 func TestSpawnFailureIsReported(t *testing.T) {
