@@ -175,7 +175,7 @@ func TestShadowAcksFromScratchWAL(t *testing.T) {
 	tr := &trial{id: "t1", wal: openTestWAL(t, wal.SyncNone)}
 	in := ackTestInstance(t)
 	in.role = RoleShadow
-	shadowSinks{s: s, t: tr}.appendWAL(in, []schema.WALRecord{{Sequence: 9, Raw: []byte{0x80}}}, true)
+	s.shadowSinks(tr).appendWAL(in, []schema.WALRecord{{Sequence: 9, Raw: []byte{0x80}}}, true)
 	if ack, ok := nextToAgent(t, in).(*schema.WALAck); !ok || ack.Sequence != 9 {
 		t.Fatalf("shadow got %+v, want wal_ack 9", ack)
 	}

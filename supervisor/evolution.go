@@ -34,57 +34,6 @@ type trial struct {
 	decided   bool
 }
 
-// shadowSinks keep a shadow's state in its trial's scratch stores.
-type shadowSinks struct {
-	s *Supervisor
-	t *trial
-}
-
-func (k shadowSinks) appendWAL(in *instance, recs []schema.WALRecord, ack bool) {
-	k.s.appendWAL(in, k.t.wal, func(es []wal.Entry) (wal.AppendResult, error) { return k.t.wal.Append(es...) }, recs, ack)
-}
-
-func (k shadowSinks) versionSeen(*instance, int32) {}
-
-func (k shadowSinks) checkpoint(in *instance, cp *schema.Checkpoint, _ time.Time) {
-	// Stored in the scratch store only, so the shadow behaves as it would for
-	// real; it never reaches the primary's store.
-	var meta checkpoint.Meta
-	var err error
-	if cp.Zstd != nil {
-		var invalid error
-		meta, err = k.t.store.SaveStream(k.t.wal.LastSequence(), func(w io.Writer) error {
-			_, _, err := k.s.codec.CheckpointData(cp.Zstd, w)
-			if errors.Is(err, schema.ErrInvalidMessage) {
-				invalid = err
-			}
-			return err
-		})
-		if invalid != nil {
-			k.s.invalidMessage(in, invalid)
-			return
-		}
-	} else {
-		meta, err = k.t.store.Save(cp.Data, k.t.wal.LastSequence())
-	}
-	if err != nil {
-		in.sendMsg(schema.NewError(schema.CodeCheckpointFailed, "shadow checkpoint not stored: "+err.Error(), nil))
-		return
-	}
-	in.sendMsg(&schema.CheckpointAck{CheckpointID: meta.ID, Size: meta.StoredSize})
-}
-
-func (k shadowSinks) agentMetrics(in *instance, m *schema.Metrics) {
-	k.s.met.agentReport(RoleShadow, m.Data)
-	k.t.collector.Add(evolution.Shadow, m.Data, time.Now())
-}
-
-func (k shadowSinks) agentError(in *instance, m *schema.Error) {
-	in.log.Warn("shadow reported an error", "code", m.Error.Code, "message", m.Error.Message)
-}
-
-func (k shadowSinks) invalid(in *instance, err error) { k.s.invalidMessage(in, err) }
-
 // evolutionIntent handles an evolution_intent from the primary (owner only).
 func (s *Supervisor) evolutionIntent(in *instance, m *schema.EvolutionIntent) {
 	h := m.Hypothesis
@@ -177,7 +126,7 @@ func (s *Supervisor) trialPrepared(p *trialPrep) {
 		reject("the shadow agent could not be started: " + err.Error())
 		return
 	}
-	t.shadow = newInstance(s.incarnation, RoleShadow, proc, s.codec, s.cfg.MaxFrameSize, shadowSinks{s: s, t: t}, s.events, s.met, s.log.With("trial", t.id))
+	t.shadow = newInstance(s.incarnation, RoleShadow, proc, s.codec, s.cfg.MaxFrameSize, s.shadowSinks(t), s.events, s.met, s.log.With("trial", t.id))
 	if p.plan != nil {
 		s.sendRestore(t.shadow, p.plan, "shadow")
 	}
@@ -416,8 +365,10 @@ func (s *Supervisor) endTrial() {
 	s.work.post(t.close)
 }
 
-// abortTrial ends a trial at once (supervisor stopping).
-func (s *Supervisor) abortTrial(reason string) {
+// stopTrial ends a trial when the supervisor starts stopping, without
+// waiting: it is decided, its shadow killed and drained; shadowEvent ends it
+// when the shadow has finished (owner only).
+func (s *Supervisor) stopTrial(reason string) {
 	t := s.trial
 	if t == nil {
 		return
@@ -427,9 +378,19 @@ func (s *Supervisor) abortTrial(reason string) {
 		s.concludeTrial()
 	}
 	_ = t.shadow.proc.signalGroup(syscall.SIGKILL)
-	if !t.shadow.draining { // else its drain goroutine finishes it
-		t.shadow.finish(drainTimeout)
+	s.drain(t.shadow)
+}
+
+// abortTrial ends what is left of a trial when the owner loop has returned:
+// it waits for the shadow to finish (after the loop, nothing else will),
+// so its checkpoints are queued before its scratch stores are closed.
+func (s *Supervisor) abortTrial(reason string) {
+	t := s.trial
+	if t == nil {
+		return
 	}
+	s.stopTrial(reason)
+	t.shadow.finish(drainTimeout) // safe beside drain's own finish: both wait for the same ends
 	s.endTrial()
 }
 

@@ -75,19 +75,6 @@ type agentProc interface {
 	closeReaders()    // unblock readers held by an escaped descendant
 }
 
-// sinks are where an instance's valid messages go. A primary's sinks are the
-// supervisor's WAL, checkpoint store and metrics; a shadow's are scratch ones.
-type sinks interface {
-	// appendWAL appends recs; with ack, the agent asked for a wal_ack.
-	appendWAL(inst *instance, recs []schema.WALRecord, ack bool)
-	checkpoint(inst *instance, cp *schema.Checkpoint, arrived time.Time)
-	agentMetrics(inst *instance, m *schema.Metrics)
-	agentError(inst *instance, m *schema.Error)
-	invalid(inst *instance, err error)
-	versionSeen(inst *instance, v int32)                   // the agent spoke a higher protocol version
-	requestResult(inst *instance, m *schema.RequestResult) // requests.go
-}
-
 // instance is one incarnation of an agent: the process, a goroutine reading
 // its frames, one writing frames to it, and one per log pipe. All of them end
 // when the process is reaped and its pipes are closed.
@@ -98,7 +85,7 @@ type instance struct {
 	started time.Time
 	log     *slog.Logger
 	codec   *schema.Codec
-	sinks   sinks
+	sinks   *sinks
 	events  chan<- event
 	met     *metrics
 
@@ -142,7 +129,7 @@ type instance struct {
 	acks acks // wal_ack for ack: true entries (acks.go)
 }
 
-func newInstance(n int, role string, proc agentProc, codec *schema.Codec, maxFrame int, sk sinks, events chan<- event, met *metrics, log *slog.Logger) *instance {
+func newInstance(n int, role string, proc agentProc, codec *schema.Codec, maxFrame int, sk *sinks, events chan<- event, met *metrics, log *slog.Logger) *instance {
 	inst := &instance{
 		n: n, role: role, proc: proc, started: time.Now(), codec: codec, sinks: sk,
 		events: events, met: met,

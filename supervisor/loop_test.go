@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -36,6 +40,9 @@ type fakeProc struct {
 	signals []syscall.Signal
 	// ignoreTerm: the agent does not exit on SIGTERM (only SIGKILL stops it).
 	ignoreTerm bool
+	// holdOutput: the agent's output stays open after it exits, as when a
+	// descendant that escaped its group holds the pipe.
+	holdOutput bool
 }
 
 func newFakeProc(pid int) *fakeProc {
@@ -55,7 +62,12 @@ func (p *fakeProc) pipes() (io.Writer, io.Reader, []io.Reader) {
 func (p *fakeProc) exit(st exitStatus) {
 	p.exitOnce.Do(func() {
 		p.status = st
-		p.fromAgentW.Close()
+		p.mu.Lock()
+		hold := p.holdOutput
+		p.mu.Unlock()
+		if !hold {
+			p.fromAgentW.Close()
+		}
 		p.toAgentR.CloseWithError(io.ErrClosedPipe)
 		close(p.exited)
 	})
@@ -434,4 +446,101 @@ func (h *loopHarness) control(req ControlRequest) ControlResponse {
 		h.t.Fatal("the owner loop did not answer a control request within a second")
 		return ControlResponse{}
 	}
+}
+
+// Stopping the supervisor during an evolution trial does not hold the owner
+// loop while the shadow drains (here its output stays open after SIGKILL, so
+// draining it takes drainTimeout): the loop answers at once. The shadow's
+// checkpoint took the primary's path — queued to the store worker, stored
+// (in its scratch store, never the primary's) and acknowledged — and the
+// scratch stores are gone once the supervisor has stopped.
+func TestLoopStopDuringTrialDoesNotWaitForTheShadow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.ShadowDuration = time.Hour
+		shadowAcks := make(chan *schema.CheckpointAck, 4)
+		h := startLoop(t, cfg, func(a *fakeAgent) {
+			msgs := make(chan schema.Message)
+			go func() {
+				defer close(msgs)
+				for m := a.recv(t); m != nil; m = a.recv(t) {
+					msgs <- m
+				}
+			}()
+			shadow := slices.Contains(a.env, "SUPERVISOR_ROLE="+RoleShadow)
+			if shadow {
+				a.mu.Lock()
+				a.holdOutput = true
+				a.mu.Unlock()
+			}
+			a.send(t, &schema.Heartbeat{})
+			a.send(t, &schema.Checkpoint{Data: []byte{0x81, 0xa1, 'k', 0x01}})
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
+			for {
+				select {
+				case <-a.exited:
+					return
+				case <-tick.C:
+					a.send(t, &schema.Heartbeat{})
+				case m, ok := <-msgs:
+					if !ok {
+						return
+					}
+					switch m := m.(type) {
+					case *schema.CheckpointAck:
+						if shadow {
+							shadowAcks <- m
+						} else {
+							a.send(t, &schema.EvolutionIntent{Hypothesis: schema.Hypothesis{Reason: "faster", Target: "planner", NewCode: "pass"}})
+						}
+					case *schema.Shutdown:
+						time.Sleep(1500 * time.Millisecond) // a graceful agent's last checkpoint
+						a.exit(exitStatus{known: true})
+						return
+					}
+				}
+			}
+		})
+		defer h.stop()
+		h.next() // the primary
+		shadow := h.next()
+		var ack *schema.CheckpointAck
+		select {
+		case ack = <-shadowAcks:
+		case <-time.After(time.Minute):
+			t.Fatal("the shadow's checkpoint was not acknowledged")
+		}
+		primaryCkpts, err := h.s.st.ckpt.List()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range primaryCkpts {
+			if m.ID == ack.CheckpointID {
+				t.Fatalf("the shadow's checkpoint %s is in the primary's store", m.ID)
+			}
+		}
+		if len(primaryCkpts) != 1 {
+			t.Fatalf("the primary's store holds %d checkpoints, want the primary's one", len(primaryCkpts))
+		}
+
+		h.cancel()
+		resp := h.control(ControlRequest{Op: OpStatus}) // fails unless taken within a second
+		if !resp.OK || resp.Status.State != string(StateStopping) {
+			t.Fatalf("status while stopping during a trial: %+v", resp)
+		}
+		if err := h.wait(); err != nil {
+			t.Fatalf("stop: %v", err)
+		}
+		if sig := shadow.signalsSeen(); !slices.Contains(sig, syscall.SIGKILL) {
+			t.Fatalf("signals to the shadow: %v, want SIGKILL among them", sig)
+		}
+		left, err := os.ReadDir(filepath.Join(cfg.DataDir, "shadow"))
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+		if len(left) != 0 {
+			t.Fatalf("scratch stores left behind after the stop: %v", left)
+		}
+	})
 }

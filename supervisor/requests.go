@@ -278,8 +278,7 @@ func (t *requestTable) gaugesLocked() {
 // never sent or is already answered. A result for an expired request is
 // counted as late and dropped without a reply: the agent did nothing wrong,
 // it was slow.
-func (p primarySinks) requestResult(in *instance, m *schema.RequestResult) {
-	s := p.s
+func (s *Supervisor) primaryResult(in *instance, m *schema.RequestResult) {
 	data, rerr, err := resultBody(m)
 	if err != nil {
 		s.invalidMessage(in, err)
@@ -306,13 +305,13 @@ func (p primarySinks) requestResult(in *instance, m *schema.RequestResult) {
 
 // requestResult collects the shadow's answers to mirrored requests for the
 // evolution decision; they never reach an HTTP client.
-func (k shadowSinks) requestResult(in *instance, m *schema.RequestResult) {
-	took, err := k.s.requests.shadowAnswer(m.RequestID, k.t.id)
+func (s *Supervisor) shadowResult(in *instance, t *trial, m *schema.RequestResult) {
+	took, err := s.requests.shadowAnswer(m.RequestID, t.id)
 	if err != nil {
-		k.s.invalidMessage(in, unknownResult(m.RequestID, err))
+		s.invalidMessage(in, unknownResult(m.RequestID, err))
 		return
 	}
-	k.t.collector.AddResult(evolution.Shadow, m.Error != nil, took)
+	t.collector.AddResult(evolution.Shadow, m.Error != nil, took)
 }
 
 // unknownResult is the INVALID_MESSAGE for a result that answers nothing.

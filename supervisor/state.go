@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,7 +9,6 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
-	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/wal"
 )
@@ -21,51 +19,6 @@ const walDurableTimeout = 30 * time.Second
 
 func zstdLevel(n int) zstd.EncoderLevel {
 	return zstd.EncoderLevelFromZstd(n)
-}
-
-// primarySinks route a primary's messages into the supervisor's stores.
-type primarySinks struct{ s *Supervisor }
-
-func (p primarySinks) appendWAL(in *instance, recs []schema.WALRecord, ack bool) {
-	p.s.appendWAL(in, p.s.st.wal, p.s.st.append, recs, ack)
-}
-
-func (p primarySinks) versionSeen(_ *instance, v int32) { p.s.st.noteVersion(v) }
-
-func (p primarySinks) checkpoint(in *instance, cp *schema.Checkpoint, arrived time.Time) {
-	s := p.s
-	// The reader appends WAL entries in frame order, so everything the agent
-	// logged before this checkpoint is appended now: that is the watermark.
-	wm, at := s.st.checkpointArrived()
-	// Bounded by bytes: while the queue is full the reader waits here, and
-	// the agent's pipe fills (back-pressure). A compressed checkpoint is
-	// queued compressed. The wait is our storage's time, not the agent's:
-	// the reader is inside a sink (instance.sinkBegin/sinkEnd), so it does not count
-	// against the agent's heartbeat.
-	size := int64(len(cp.Data) + len(cp.Zstd))
-	if _, ok := s.work.gate.acquire(size, in.abandoned); !ok {
-		return // the instance is being finished; this checkpoint is not acknowledged
-	}
-	s.bmet.ckptQueueBytes.Add(float64(size))
-	s.work.ckpts <- ckptJob{inst: in, data: cp.Data, zstd: cp.Zstd, size: size, watermark: wm, tailAt: at, arrived: arrived}
-}
-
-func (p primarySinks) agentMetrics(in *instance, m *schema.Metrics) {
-	p.s.met.agentReport(in.role, m.Data)
-	if t := p.s.current().trial; t != nil {
-		t.collector.Add(evolution.Primary, m.Data, time.Now())
-	}
-}
-
-func (p primarySinks) agentError(in *instance, m *schema.Error) {
-	p.s.met.agentErrors.Inc()
-	if ok, sup := p.s.limiter.allow(time.Now()); ok {
-		in.log.Warn("agent reported an error", "code", m.Error.Code, "message", m.Error.Message, "suppressed_before", sup)
-	}
-}
-
-func (p primarySinks) invalid(in *instance, err error) {
-	p.s.invalidMessage(in, err)
 }
 
 // invalidMessage answers a payload error with INVALID_MESSAGE, counts, logs
@@ -147,49 +100,6 @@ func (s *Supervisor) appendWAL(in *instance, l *wal.Log, appendFn func([]wal.Ent
 	if ack { // issue 14: the agent waits for durability (acks.go)
 		in.ackWhenDurable(l, recs[len(recs)-1].Sequence)
 	}
-}
-
-// storeCheckpoint stores one queued checkpoint and acknowledges it. Store
-// worker only (storework.go), in arrival order.
-func (s *Supervisor) storeCheckpoint(job ckptJob) {
-	defer func() {
-		s.work.gate.release(job.size)
-		s.bmet.ckptQueueBytes.Sub(float64(job.size))
-	}()
-	in := job.inst
-	fail := func(stage string, err error) {
-		s.record(occurrence{level: slog.LevelError, msg: "checkpoint not stored; told the agent CHECKPOINT_FAILED", log: in.log,
-			kind: AuditCheckpointError, fields: map[string]any{"stage": stage, "error": err.Error(), "watermark": job.watermark},
-			count: s.met.checkpointFailed})
-		in.sendMsg(schema.NewError(schema.CodeCheckpointFailed, fmt.Sprintf("checkpoint not stored (%s): %v", stage, err),
-			map[string]any{"watermark": job.watermark}))
-	}
-	// Never acknowledge a checkpoint before the WAL entries ahead of it are durable.
-	ctx, cancel := context.WithTimeout(context.Background(), walDurableTimeout)
-	err := s.st.wal.WaitDurable(ctx, job.watermark)
-	cancel()
-	if err != nil {
-		fail("wal_durable", err)
-		return
-	}
-	meta, removed, truncated, invalid, err := s.st.saveCheckpoint(job.data, job.zstd, job.watermark, job.tailAt)
-	if invalid != nil {
-		s.invalidMessage(in, invalid)
-		return
-	}
-	if err != nil {
-		fail("save", err)
-		return
-	}
-	in.sendMsg(&schema.CheckpointAck{CheckpointID: meta.ID, Size: meta.StoredSize})
-	took := time.Since(job.arrived)
-	s.met.checkpointSize.Set(float64(meta.StoredSize))
-	s.met.checkpointRaw.Set(float64(meta.Size))
-	s.met.checkpointDur.Observe(took.Seconds())
-	s.record(occurrence{level: slog.LevelInfo, msg: "checkpoint stored", log: in.log, kind: AuditCheckpoint,
-		fields: map[string]any{"checkpoint_id": meta.ID, "size": meta.Size, "stored_size": meta.StoredSize,
-			"watermark": meta.Watermark, "checksum": meta.Checksum, "pruned": removed},
-		logOnly: []any{"seconds", took.Seconds(), "wal_segments_removed", truncated}, count: s.met.checkpoints})
 }
 
 // sendRestore queues a restore to an instance and records it.

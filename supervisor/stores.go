@@ -253,33 +253,9 @@ func (st *stores) checkpointArrived() (watermark uint64, at int64) {
 // invalid is the payload error that aborted such a save (reply
 // INVALID_MESSAGE; nothing was stored); err a storage failure.
 func (st *stores) saveCheckpoint(data, zdata []byte, watermark uint64, at int64) (meta checkpoint.Meta, pruned []string, segs int, invalid, err error) {
-	if zdata != nil {
-		// The stored frame declares the data's size, so that a restore can
-		// send it as it is: the agent's frame declares it (CheckpointData
-		// holds it to that), or a first validating pass counts it.
-		size := int64(-1)
-		if zh := (zstd.Header{}); zh.Decode(zdata) == nil && zh.HasFCS {
-			size = int64(zh.FrameContentSize)
-		} else if _, n, verr := st.codec.CheckpointData(zdata, io.Discard); verr != nil {
-			return meta, nil, 0, verr, nil
-		} else {
-			size = n
-		}
-		meta, err = st.ckpt.SaveStreamSized(watermark, size, func(w io.Writer) error {
-			_, _, err := st.codec.CheckpointData(zdata, w)
-			if errors.Is(err, schema.ErrInvalidMessage) {
-				invalid = err
-			}
-			return err
-		})
-		if invalid != nil {
-			return meta, nil, 0, invalid, nil
-		}
-	} else {
-		meta, err = st.ckpt.Save(data, watermark)
-	}
-	if err != nil {
-		return meta, nil, 0, nil, err
+	meta, invalid, err = saveCheckpointTo(st.ckpt, st.codec, data, zdata, watermark)
+	if invalid != nil || err != nil {
+		return meta, nil, 0, invalid, err
 	}
 	if pruned, err = st.ckpt.Prune(); err != nil {
 		st.log.Warn("checkpoint retention failed; old checkpoints kept", "err", err)
@@ -302,6 +278,40 @@ func (st *stores) saveCheckpoint(data, zdata []byte, watermark uint64, at int64)
 	st.newest.Store(&m)
 	st.snapCost.Store(st.snapshotCost(meta))
 	return meta, pruned, segs, nil, nil
+}
+
+// saveCheckpointTo writes one checkpoint into store: data as it is, or the
+// agent's zstd frame zdata validated and stored as one stream (its
+// decompressed body, up to 100 MiB, is never held). invalid is the payload
+// error that aborted such a save (nothing was stored); err a storage failure.
+// The primary's stores and a trial's scratch store share it.
+func saveCheckpointTo(store *checkpoint.Store, codec *schema.Codec, data, zdata []byte, watermark uint64) (meta checkpoint.Meta, invalid, err error) {
+	if zdata == nil {
+		meta, err = store.Save(data, watermark)
+		return meta, nil, err
+	}
+	// The stored frame declares the data's size, so that a restore can send
+	// it as it is: the agent's frame declares it (CheckpointData holds it to
+	// that), or a first validating pass counts it.
+	size := int64(-1)
+	if zh := (zstd.Header{}); zh.Decode(zdata) == nil && zh.HasFCS {
+		size = int64(zh.FrameContentSize)
+	} else if _, n, verr := codec.CheckpointData(zdata, io.Discard); verr != nil {
+		return meta, verr, nil
+	} else {
+		size = n
+	}
+	meta, err = store.SaveStreamSized(watermark, size, func(w io.Writer) error {
+		_, _, err := codec.CheckpointData(zdata, w)
+		if errors.Is(err, schema.ErrInvalidMessage) {
+			invalid = err
+		}
+		return err
+	})
+	if invalid != nil {
+		return checkpoint.Meta{}, invalid, nil
+	}
+	return meta, nil, err
 }
 
 // noteVersion records that the agent spoke protocol version v, persisting a

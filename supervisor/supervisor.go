@@ -122,6 +122,7 @@ type Supervisor struct {
 
 type ckptJob struct {
 	inst      *instance
+	dest      *ckptDest
 	data      []byte // uncompressed data, or nil when zstd is set
 	zstd      []byte // the agent's compressed data, validated while it is stored
 	size      int64  // bytes reserved in ckptGate
@@ -392,7 +393,7 @@ func (s *Supervisor) loop(ctx context.Context) error {
 			done = nil
 			s.shutting = true
 			startTimer.Stop()
-			s.abortTrial("the supervisor is stopping")
+			s.stopTrial("the supervisor is stopping")
 			if s.cur == nil {
 				s.setState(StateStopped)
 				return nil
@@ -635,7 +636,7 @@ func (s *Supervisor) startPrepared(p *startPrep) error {
 	}
 	s.startedOnce = true
 	s.incarnation++
-	inst := newInstance(s.incarnation, RolePrimary, proc, s.codec, s.cfg.MaxFrameSize, primarySinks{s}, s.events, s.met, s.log)
+	inst := newInstance(s.incarnation, RolePrimary, proc, s.codec, s.cfg.MaxFrameSize, s.primarySinks(), s.events, s.met, s.log)
 	s.cur = inst
 	s.stat.PID = proc.id()
 	s.stat.Incarnation = s.incarnation

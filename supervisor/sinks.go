@@ -1,0 +1,175 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/evolution"
+	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/wal"
+)
+
+// sinks are where an instance's valid messages go: a small struct of
+// destinations. A primary's point at the supervisor's stores, a shadow's at
+// its trial's scratch stores; every message takes the same path for both
+// (this file). The two differ only where the product does: a primary's
+// request results answer HTTP clients and a shadow's feed the trial; only
+// the primary's protocol version is persisted and its checkpoints audited.
+// Called on the instance's reader goroutine.
+type sinks struct {
+	s     *Supervisor
+	role  string
+	wal   *wal.Log                                    // where entries become durable (wal_ack)
+	add   func([]wal.Entry) (wal.AppendResult, error) // stores.append, or the scratch WAL's Append
+	ckpts *ckptDest                                   // where the store worker saves checkpoints
+	trial *trial                                      // a shadow's trial; nil for the primary
+}
+
+// ckptDest is a checkpoint store as the store worker sees it: the primary's
+// (with retention, WAL truncation and the restorability accounting) or a
+// trial's scratch store.
+type ckptDest struct {
+	wal *wal.Log // a checkpoint is acknowledged once the entries before it are durable here
+	// arrived gives a checkpoint arriving now its watermark and accounting
+	// mark (frame order: everything appended before it is in wal).
+	arrived func() (watermark uint64, at int64)
+	save    func(data, zdata []byte, watermark uint64, at int64) (meta checkpoint.Meta, pruned []string, segs int, invalid, err error)
+	primary bool // a stored checkpoint is counted and audited (a shadow's are scratch)
+}
+
+func (s *Supervisor) primarySinks() *sinks {
+	return &sinks{s: s, role: RolePrimary, wal: s.st.wal, add: s.st.append, ckpts: &ckptDest{
+		wal: s.st.wal, arrived: s.st.checkpointArrived, save: s.st.saveCheckpoint, primary: true}}
+}
+
+func (s *Supervisor) shadowSinks(t *trial) *sinks {
+	return &sinks{s: s, role: RoleShadow, wal: t.wal, add: func(es []wal.Entry) (wal.AppendResult, error) { return t.wal.Append(es...) },
+		ckpts: &ckptDest{wal: t.wal,
+			arrived: func() (uint64, int64) { return t.wal.LastSequence(), 0 },
+			save: func(data, zdata []byte, wm uint64, _ int64) (checkpoint.Meta, []string, int, error, error) {
+				meta, invalid, err := saveCheckpointTo(t.store, s.codec, data, zdata, wm)
+				return meta, nil, 0, invalid, err
+			}},
+		trial: t}
+}
+
+// collecting is the trial whose collector takes these reports, with the
+// side they count for; nil when no trial runs.
+func (k *sinks) collecting() (*trial, evolution.Side) {
+	if k.trial != nil {
+		return k.trial, evolution.Shadow
+	}
+	return k.s.current().trial, evolution.Primary
+}
+
+func (k *sinks) appendWAL(in *instance, recs []schema.WALRecord, ack bool) {
+	k.s.appendWAL(in, k.wal, k.add, recs, ack)
+}
+
+// versionSeen: the agent spoke a higher protocol version.
+func (k *sinks) versionSeen(_ *instance, v int32) {
+	if k.role == RolePrimary {
+		k.s.st.noteVersion(v)
+	}
+}
+
+// checkpoint queues a checkpoint for the store worker, which acknowledges it
+// once stored. Bounded by bytes: while the queue is full the reader waits
+// here, and the agent's pipe fills (back-pressure). A compressed checkpoint
+// is queued compressed. The wait is our storage's time, not the agent's: the
+// reader is inside a sink (instance.sinkBegin/sinkEnd), so it does not count
+// against the agent's heartbeat.
+func (k *sinks) checkpoint(in *instance, cp *schema.Checkpoint, arrived time.Time) {
+	s := k.s
+	// The reader appends WAL entries in frame order, so everything the agent
+	// logged before this checkpoint is appended now: that is the watermark.
+	wm, at := k.ckpts.arrived()
+	size := int64(len(cp.Data) + len(cp.Zstd))
+	if _, ok := s.work.gate.acquire(size, in.abandoned); !ok {
+		return // the instance is being finished; this checkpoint is not acknowledged
+	}
+	s.bmet.ckptQueueBytes.Add(float64(size))
+	s.work.ckpts <- ckptJob{inst: in, dest: k.ckpts, data: cp.Data, zstd: cp.Zstd, size: size, watermark: wm, tailAt: at, arrived: arrived}
+}
+
+func (k *sinks) agentMetrics(in *instance, m *schema.Metrics) {
+	k.s.met.agentReport(k.role, m.Data)
+	if t, side := k.collecting(); t != nil {
+		t.collector.Add(side, m.Data, time.Now())
+	}
+}
+
+func (k *sinks) agentError(in *instance, m *schema.Error) {
+	if k.role == RolePrimary {
+		k.s.met.agentErrors.Inc()
+	}
+	if ok, sup := k.s.limiter.allow(time.Now()); ok {
+		in.log.Warn("agent reported an error", "code", m.Error.Code, "message", m.Error.Message, "suppressed_before", sup)
+	}
+}
+
+func (k *sinks) invalid(in *instance, err error) { k.s.invalidMessage(in, err) }
+
+// requestResult: a primary's answer completes its request (requests.go); a
+// shadow's answer to a mirrored request only feeds the trial.
+func (k *sinks) requestResult(in *instance, m *schema.RequestResult) {
+	if k.trial != nil {
+		k.s.shadowResult(in, k.trial, m)
+		return
+	}
+	k.s.primaryResult(in, m)
+}
+
+// storeCheckpoint stores one queued checkpoint and acknowledges it. Store
+// worker only (storework.go), in arrival order, for the primary and shadows
+// alike.
+func (s *Supervisor) storeCheckpoint(job ckptJob) {
+	defer func() {
+		s.work.gate.release(job.size)
+		s.bmet.ckptQueueBytes.Sub(float64(job.size))
+	}()
+	in, dest := job.inst, job.dest
+	fail := func(stage string, err error) {
+		in.sendMsg(schema.NewError(schema.CodeCheckpointFailed, fmt.Sprintf("checkpoint not stored (%s): %v", stage, err),
+			map[string]any{"watermark": job.watermark}))
+		if dest.primary {
+			s.record(occurrence{level: slog.LevelError, msg: "checkpoint not stored; told the agent CHECKPOINT_FAILED", log: in.log,
+				kind: AuditCheckpointError, fields: map[string]any{"stage": stage, "error": err.Error(), "watermark": job.watermark},
+				count: s.met.checkpointFailed})
+		} else {
+			in.log.Warn("shadow checkpoint not stored; told the shadow CHECKPOINT_FAILED", "stage", stage, "err", err)
+		}
+	}
+	// Never acknowledge a checkpoint before the WAL entries ahead of it are durable.
+	ctx, cancel := context.WithTimeout(context.Background(), walDurableTimeout)
+	err := dest.wal.WaitDurable(ctx, job.watermark)
+	cancel()
+	if err != nil {
+		fail("wal_durable", err)
+		return
+	}
+	meta, removed, truncated, invalid, err := dest.save(job.data, job.zstd, job.watermark, job.tailAt)
+	if invalid != nil {
+		s.invalidMessage(in, invalid)
+		return
+	}
+	if err != nil {
+		fail("save", err)
+		return
+	}
+	in.sendMsg(&schema.CheckpointAck{CheckpointID: meta.ID, Size: meta.StoredSize})
+	if !dest.primary {
+		return
+	}
+	took := time.Since(job.arrived)
+	s.met.checkpointSize.Set(float64(meta.StoredSize))
+	s.met.checkpointRaw.Set(float64(meta.Size))
+	s.met.checkpointDur.Observe(took.Seconds())
+	s.record(occurrence{level: slog.LevelInfo, msg: "checkpoint stored", log: in.log, kind: AuditCheckpoint,
+		fields: map[string]any{"checkpoint_id": meta.ID, "size": meta.Size, "stored_size": meta.StoredSize,
+			"watermark": meta.Watermark, "checksum": meta.Checksum, "pruned": removed},
+		logOnly: []any{"seconds", took.Seconds(), "wal_segments_removed", truncated}, count: s.met.checkpoints})
+}
