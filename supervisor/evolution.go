@@ -316,10 +316,8 @@ type promotion struct {
 // promotionRecorded applies a promotion the ledger now holds durably, or
 // rejects it when it could not be recorded (owner only).
 func (s *Supervisor) promotionRecorded(pr *promotion) {
-	d := pr.d
+	d := pr.decision()
 	if pr.err != nil {
-		d = evolution.Decision{Decision: evolution.DecisionRejected, Metrics: d.Metrics,
-			Reason: "the promotion could not be recorded durably, so it was not applied: " + pr.err.Error()}
 		s.unpin(pr.t.backup.ID)
 	}
 	primary := pr.primary
@@ -329,6 +327,27 @@ func (s *Supervisor) promotionRecorded(pr *promotion) {
 		primary = nil
 	}
 	s.decided(primary, pr.t, pr.t.intent, pr.t.backup.ID, d)
+}
+
+// promotionAfterLoop records the outcome of a promotion whose answer came
+// after the owner loop returned (the supervisor stopped meanwhile): nobody
+// is told, the next run's primary gets recorded code from the ledger with
+// its restore, and the audit log says what was decided. Store worker only.
+func (s *Supervisor) promotionAfterLoop(pr *promotion) {
+	if pr.err != nil {
+		s.unpinNow(pr.t.backup.ID)
+	}
+	s.decided(nil, pr.t, pr.t.intent, pr.t.backup.ID, pr.decision())
+}
+
+// decision is the promotion's outcome: the decision, or a rejection when it
+// could not be recorded.
+func (pr *promotion) decision() evolution.Decision {
+	if pr.err == nil {
+		return pr.d
+	}
+	return evolution.Decision{Decision: evolution.DecisionRejected, Metrics: pr.d.Metrics,
+		Reason: "the promotion could not be recorded durably, so it was not applied: " + pr.err.Error()}
 }
 
 // decided tells the primary the outcome and records it.

@@ -15,6 +15,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/wire"
 )
@@ -206,6 +207,7 @@ func startLoop(t *testing.T, cfg Config, behave func(a *fakeAgent), before ...fu
 		close(s.loopDone)
 		s.work.stop()
 		<-workerDone
+		s.settleStored()
 		close(h.done)
 	}()
 	return h
@@ -541,6 +543,93 @@ func TestLoopStopDuringTrialDoesNotWaitForTheShadow(t *testing.T) {
 		}
 		if len(left) != 0 {
 			t.Fatalf("scratch stores left behind after the stop: %v", left)
+		}
+	})
+}
+
+// A promotion whose ledger write finishes after the owner loop has returned
+// (the supervisor was stopped while the disk was slow) is still recorded in
+// the audit log: the ledger holds it, and the operator must be able to see
+// why the next run's agent gets new code.
+func TestLoopPromotionAnsweredAfterStopIsAudited(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.ShadowDuration = 10 * time.Second
+		h := startLoop(t, cfg, func(a *fakeAgent) {
+			msgs := make(chan schema.Message)
+			go func() {
+				defer close(msgs)
+				for m := a.recv(t); m != nil; m = a.recv(t) {
+					msgs <- m
+				}
+			}()
+			latency := 100.0
+			if slices.Contains(a.env, "SUPERVISOR_ROLE="+RoleShadow) {
+				latency = 50 // the evolution is twice as fast
+			} else {
+				a.send(t, &schema.Checkpoint{Data: []byte{0x81, 0xa1, 'k', 0x01}})
+			}
+			report := func() {
+				a.send(t, &schema.Heartbeat{})
+				a.send(t, &schema.Metrics{Data: map[string]float64{schema.MetricAvgLatency: latency,
+					schema.MetricErrorRate: 0, schema.MetricMemoryUsage: 1 << 20}})
+			}
+			report()
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
+			for {
+				select {
+				case <-a.exited:
+					return
+				case <-tick.C:
+					report()
+				case m, ok := <-msgs:
+					if !ok {
+						return
+					}
+					switch m.(type) {
+					case *schema.CheckpointAck:
+						a.send(t, &schema.EvolutionIntent{Hypothesis: schema.Hypothesis{Reason: "faster", Target: "planner", NewCode: "pass"}})
+					case *schema.Shutdown:
+						a.exit(exitStatus{known: true})
+						return
+					}
+				}
+			}
+		})
+		defer h.stop()
+		h.next()
+		h.next() // the shadow: the trial runs
+		time.Sleep(9 * time.Second)
+		release := make(chan struct{})
+		h.s.work.post(func() { <-release }) // the disk stalls before the decision's ledger write
+		time.Sleep(2 * time.Second)         // the trial is decided; its promotion waits for the ledger
+		h.cancel()
+		<-h.s.loopDone // the loop returned before the ledger write finished
+		close(release)
+		if err := h.wait(); err != nil {
+			t.Fatalf("stop: %v", err)
+		}
+		if got := h.s.ledger.Since(time.Time{}); len(got) != 1 || got[0].Module != "planner" {
+			t.Fatalf("ledger after the stop: %+v, want the planner promotion", got)
+		}
+		h.s.audit.Sync()
+		f, err := os.Open(filepath.Join(cfg.DataDir, "audit.jsonl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		var decisions []AuditRecord
+		if _, err := ReadAudit(f, time.Time{}, func(r AuditRecord) error {
+			if r.Kind == AuditEvolution {
+				decisions = append(decisions, r)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if len(decisions) != 1 || decisions[0].Fields["decision"] != evolution.DecisionPromoted {
+			t.Fatalf("evolution decisions in the audit log: %+v, want one promoted", decisions)
 		}
 	})
 }

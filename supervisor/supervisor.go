@@ -196,6 +196,7 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 	defer func() {
 		stopBG()
 		bgWG.Wait()
+		s.settleStored() // the store worker has exited: no answer comes after these
 		if cerr := s.close(); cerr != nil && err == nil {
 			err = cerr
 		}
@@ -552,15 +553,45 @@ func (s *Supervisor) prepareStart() {
 	})
 }
 
-// report hands a store worker's result to the owner, unless the owner has
-// returned.
+// report answers an owner job. After the loop has returned, nobody will
+// take the answer: it is settled here (unanswered).
 func (s *Supervisor) report(r storeResult) {
+	select {
+	case <-s.loopDone:
+		s.unanswered(r)
+		return
+	default:
+	}
 	select {
 	case s.stored <- r:
 	case <-s.loopDone:
-		if t := r.trial; t != nil && t.t != nil { // nobody will start it: release what it holds
-			s.unpinNow(t.t.backup.ID)
-			t.t.close()
+		s.unanswered(r)
+	}
+}
+
+// unanswered settles a store worker's answer the owner loop will never take
+// (it has returned): a prepared trial releases what it holds; a promotion
+// the ledger recorded is audited (the next run's primary gets its code from
+// the ledger). Store worker, or Run once the worker has exited.
+func (s *Supervisor) unanswered(r storeResult) {
+	if t := r.trial; t != nil && t.t != nil {
+		s.unpinNow(t.t.backup.ID)
+		t.t.close()
+	}
+	if r.promotion != nil {
+		s.promotionAfterLoop(r.promotion)
+	}
+}
+
+// settleStored settles the answers left in s.stored when the loop returned.
+// Call once the store worker has exited.
+func (s *Supervisor) settleStored() {
+	for {
+		select {
+		case r := <-s.stored:
+			s.unanswered(r)
+		default:
+			return
 		}
 	}
 }
