@@ -351,7 +351,7 @@ func (r *Replicator) begin(ctx context.Context, fresh bool) error {
 		return err
 	}
 	sb, _ := json.Marshal(localState{Generation: id, Replica: r.c.loc.String()})
-	if err := writeFileAtomic(filepath.Join(r.local.DataDir, stateFile), sb); err != nil {
+	if err := atomicfile.WriteFile(r.local.DataDir, stateFile, sb); err != nil {
 		return fmt.Errorf("replica: record the generation in %s: %w", stateFile, err)
 	}
 	r.gen, r.head = id, base
@@ -663,19 +663,4 @@ func (r *Replicator) remove(ctx context.Context, keys []string) error {
 		}
 	}
 	return nil
-}
-
-// writeFileAtomic replaces path with b: temporary file, fsync, rename,
-// fsync of the directory.
-func writeFileAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := writeFile(tmp, b); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return syncDir(filepath.Dir(path))
 }

@@ -11,12 +11,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/minio/minio-go/v7"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 	"github.com/agent-sidecar/supervisor/wal"
 )
 
@@ -167,7 +167,7 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 		if err != nil {
 			return res, err
 		}
-		if err := writeFile(filepath.Join(stage, f.Name), b); err != nil {
+		if err := atomicfile.WriteFile(stage, f.Name, b); err != nil {
 			return res, fmt.Errorf("replica restore: write %s: %w", f.Name, err)
 		}
 	}
@@ -177,7 +177,7 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 		if err := os.Rename(filepath.Join(stage, name), filepath.Join(dataDir, name)); err != nil {
 			return res, fmt.Errorf("replica restore: move %s into %s: %w", name, dataDir, err)
 		}
-		if err := syncDir(dataDir); err != nil {
+		if err := atomicfile.SyncDir(dataDir); err != nil {
 			return res, err
 		}
 	}
@@ -201,29 +201,24 @@ func (c *Client) fetchCheckpoint(ctx context.Context, o object, dir string) (int
 		return 0, c.wrap("download", o.Key, err)
 	}
 	defer r.Close()
+	// Into place only once its SHA-256 matches its name (atomicfile: a
+	// failed or short download leaves nothing behind).
 	path := filepath.Join(dir, o.ID+".ckpt")
-	f, err := os.OpenFile(path+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	var n int64
+	_, err = atomicfile.Write(dir, o.ID+".ckpt", func(f *os.File) error {
+		h := sha256.New()
+		var err error
+		n, err = io.Copy(io.MultiWriter(f, h), io.LimitReader(r, o.Size+1))
+		if err != nil {
+			return c.wrap("download", o.Key, err)
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != o.SHA || n != o.Size {
+			return fmt.Errorf("%w: %s: SHA-256 is %s… (%d bytes), its name says %s…; the object was changed or damaged in the bucket and is not used",
+				ErrCorrupt, o.Key, got[:16], n, o.SHA[:16])
+		}
+		return nil
+	})
 	if err != nil {
-		return 0, fmt.Errorf("replica restore: %w", err)
-	}
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(r, o.Size+1))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(path + ".tmp")
-		return n, c.wrap("download", o.Key, err)
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != o.SHA || n != o.Size {
-		os.Remove(path + ".tmp")
-		return n, fmt.Errorf("%w: %s: SHA-256 is %s… (%d bytes), its name says %s…; the object was changed or damaged in the bucket and is not used",
-			ErrCorrupt, o.Key, got[:16], n, o.SHA[:16])
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
 		return n, fmt.Errorf("replica restore: %w", err)
 	}
 	st, err := checkpoint.Open(dir, checkpoint.Options{})
@@ -241,35 +236,7 @@ func (c *Client) fetchCheckpoint(ctx context.Context, o object, dir string) (int
 		os.Remove(path)
 		return n, fmt.Errorf("%w: %s: %v", ErrCorrupt, o.Key, err)
 	}
-	return n, syncDir(dir)
-}
-
-func writeFile(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", dir, err)
-	}
-	return nil
+	return n, nil
 }
 
 // RestoreTimeout bounds a restore at a supervisor's start (a 100 MiB state
