@@ -98,34 +98,38 @@ func (s *Supervisor) prepareTrial(p *trialPrep) {
 	p.t, p.plan = t, plan
 }
 
-// trialPrepared starts the shadow of a prepared trial (owner only).
+// trialPrepared starts the shadow of a prepared trial (owner only): its
+// process is spawned off the loop and taken by shadowSpawned.
 func (s *Supervisor) trialPrepared(p *trialPrep) {
-	s.trialPrep = false
-	reject := func(reason string) {
-		if p.t != nil {
-			s.dropTrial(p.t)
-		}
-		in := p.primary
-		if in != s.cur {
-			in = nil // that primary is gone; nobody to tell
-		}
-		s.decided(in, nil, p.intent, "", evolution.Decision{Decision: evolution.DecisionRejected, Metrics: map[string]float64{}, Reason: reason})
-	}
 	switch {
 	case p.reject != "":
-		reject(p.reject)
+		s.rejectTrial(p, p.reject)
 		return
 	case s.shutting || p.primary != s.cur || p.primary.stopping:
-		reject("the primary agent restarted or is stopping; propose the evolution again")
+		s.rejectTrial(p, "the primary agent restarted or is stopping; propose the evolution again")
 		return
 	}
-	t := p.t
-	proc, err := s.spawn(procSpec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RoleShadow, p.plan != nil), Stdio: s.cfg.Stdio})
-	if err != nil {
-		p.primary.log.Error("cannot start the shadow agent", "err", err)
-		reject("the shadow agent could not be started: " + err.Error())
+	// Still preparing (s.trialPrep) until shadowSpawned takes the process.
+	s.spawnAsync(procSpec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RoleShadow, p.plan != nil), Stdio: s.cfg.Stdio},
+		spawnResult{trial: p})
+}
+
+// shadowSpawned makes a spawned process the trial's shadow, sends it its
+// restore and the code under test, and starts the trial (owner only).
+func (s *Supervisor) shadowSpawned(r spawnResult) {
+	p := r.trial
+	if r.err != nil {
+		p.primary.log.Error("cannot start the shadow agent", "err", r.err)
+		s.rejectTrial(p, "the shadow agent could not be started: "+r.err.Error())
 		return
 	}
+	if s.shutting || p.primary != s.cur || p.primary.stopping {
+		go discardProc(r.proc)
+		s.rejectTrial(p, "the primary agent restarted or is stopping; propose the evolution again")
+		return
+	}
+	s.trialPrep = false
+	t, proc := p.t, r.proc
 	t.shadow = newInstance(s.incarnation, RoleShadow, proc, s.codec, s.cfg.MaxFrameSize, s.shadowSinks(t), s.events, s.met, s.log.With("trial", t.id))
 	if p.plan != nil {
 		s.sendRestore(t.shadow, p.plan, "shadow")
@@ -137,6 +141,20 @@ func (s *Supervisor) trialPrepared(p *trialPrep) {
 	s.publish()
 	p.primary.log.Info("evolution trial started", "trial", t.id, "target", t.intent.Target, "backup_checkpoint_id", t.backup.ID,
 		"shadow_pid", proc.id(), "duration", s.cfg.ShadowDuration)
+}
+
+// rejectTrial ends a trial that never started: what it holds is released
+// and the primary that proposed it, if it still runs, is told (owner only).
+func (s *Supervisor) rejectTrial(p *trialPrep, reason string) {
+	s.trialPrep = false
+	if p.t != nil {
+		s.dropTrial(p.t)
+	}
+	in := p.primary
+	if in != s.cur {
+		in = nil // that primary is gone; nobody to tell
+	}
+	s.decided(in, nil, p.intent, "", evolution.Decision{Decision: evolution.DecisionRejected, Metrics: map[string]float64{}, Reason: reason})
 }
 
 // openTrial creates the scratch stores of a trial and assembles the

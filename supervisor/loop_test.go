@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -182,10 +183,10 @@ func startLoop(t *testing.T, cfg Config, behave func(a *fakeAgent), before ...fu
 		t.Fatal(err)
 	}
 	h := &loopHarness{t: t, s: s, agents: make(chan *fakeAgent, 64), behave: behave, done: make(chan struct{})}
-	pid := 1000
+	var pid atomic.Int64
+	pid.Store(1000)
 	s.spawn = func(spec procSpec) (agentProc, error) {
-		pid++
-		p := newFakeProc(pid)
+		p := newFakeProc(int(pid.Add(1)))
 		a := &fakeAgent{fakeProc: p, codec: schema.NewCodec(schema.Options{}),
 			w: wire.NewWriter(p.fromAgentW, 0), r: wire.NewReader(p.toAgentR, 0), spawned: time.Now(), env: spec.Env}
 		h.agents <- a
@@ -205,6 +206,7 @@ func startLoop(t *testing.T, cfg Config, behave func(a *fakeAgent), before ...fu
 		go func() { defer close(workerDone); s.work.run(s.storeCheckpoint) }()
 		h.result = s.loop(ctx)
 		close(s.loopDone)
+		s.spawns.Wait()
 		s.work.stop()
 		<-workerDone
 		s.settleStored()
@@ -632,4 +634,60 @@ func TestLoopPromotionAnsweredAfterStopIsAudited(t *testing.T) {
 			t.Fatalf("evolution decisions in the audit log: %+v, want one promoted", decisions)
 		}
 	})
+}
+
+// Starting the agent does not hold the owner loop: while fork/exec waits
+// (the agent's binary on a hung filesystem), the loop answers the control
+// socket; a stop meanwhile returns at once, and the process that comes up
+// after it is killed, never left running.
+func TestLoopSpawnDoesNotHoldTheOwner(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		h := startLoop(t, testConfig(t), heartbeatEvery(t, time.Second), func(s *Supervisor) {
+			spawn := s.spawn
+			s.spawn = func(spec procSpec) (agentProc, error) {
+				<-release // exec is stuck on the binary's filesystem
+				return spawn(spec)
+			}
+		})
+		defer h.stop()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		resp := h.control(ControlRequest{Op: OpStatus})
+		if !resp.OK || resp.Status.State != string(StateStarting) || resp.Status.PID != 0 {
+			t.Fatalf("status while the agent is being spawned: %+v", resp)
+		}
+		stopAt := time.Now()
+		h.cancel()
+		if err := h.waitLoop(); err != nil {
+			t.Fatalf("stop: %v", err)
+		}
+		if took := time.Since(stopAt); took != 0 {
+			t.Fatalf("the loop returned %s after the stop, want at once", took)
+		}
+		close(release)
+		a := h.next()
+		if err := h.wait(); err != nil {
+			t.Fatalf("stop: %v", err)
+		}
+		if sig := a.signalsSeen(); len(sig) != 1 || sig[0] != syscall.SIGKILL {
+			t.Fatalf("signals to the agent spawned after the stop: %v, want [SIGKILL]", sig)
+		}
+		if st := h.s.Status(); st.State != string(StateStopped) || st.PID != 0 {
+			t.Fatalf("status after the stop: %s pid %d", st.State, st.PID)
+		}
+	})
+}
+
+// waitLoop waits until the owner loop has returned (the harness may still
+// be finishing: spawns out, the store worker's queue).
+func (h *loopHarness) waitLoop() error {
+	h.t.Helper()
+	select {
+	case <-h.s.loopDone:
+		return h.result
+	case <-time.After(time.Hour):
+		h.t.Fatal("the owner loop did not return within an hour of fake time")
+		return nil
+	}
 }

@@ -104,6 +104,10 @@ type Supervisor struct {
 	// goroutine (storework.go); they report back on stored.
 	work   *storeWorker
 	stored chan storeResult
+	// Agents are spawned off the owner loop (spawn.go): answers come back on
+	// spawned; spawns counts the goroutines still out.
+	spawned chan spawnResult
+	spawns  sync.WaitGroup
 	// loopDone is closed when the owner loop has returned: goroutines
 	// reporting to it stop waiting.
 	loopDone chan struct{}
@@ -158,6 +162,7 @@ func New(cfg Config) (*Supervisor, error) {
 		},
 		work:     newStoreWorker(ckptQueueBytes),
 		stored:   make(chan storeResult, 4),
+		spawned:  make(chan spawnResult), // unbuffered: an answer is taken by the loop, or settled by its sender
 		loopDone: make(chan struct{}),
 		limiter:  newRateLimiter(20, 10*time.Second),
 		spawn:    spawnProcess,
@@ -210,7 +215,8 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 
 	bgWG.Add(1)
 	go func() { defer bgWG.Done(); s.work.run(s.storeCheckpoint) }()
-	defer s.work.stop() // runs before stopBG/bgWG.Wait above: the worker finishes its queue and exits
+	defer s.work.stop()   // runs before stopBG/bgWG.Wait above: the worker finishes its queue and exits
+	defer s.spawns.Wait() // before the worker stops: an unwanted spawn's trial is released on it
 
 	if ln := httpLn; ln != nil {
 		srv := s.newHTTPServer()
@@ -429,6 +435,11 @@ func (s *Supervisor) loop(ctx context.Context) error {
 				return err
 			}
 
+		case r := <-s.spawned:
+			if stop, err := s.spawnDone(r, startTimer, hbTimer); stop {
+				return err
+			}
+
 		case <-hbTimer.C:
 			s.checkHeartbeat(hbTimer)
 
@@ -499,23 +510,60 @@ func (s *Supervisor) storeDone(r storeResult, startTimer, hbTimer *time.Timer) (
 	case r.promotion != nil:
 		s.promotionRecorded(r.promotion)
 	case r.start != nil:
-		err := s.startPrepared(r.start)
-		if err == nil {
-			s.armHeartbeat(hbTimer)
-			return false, nil
+		if err := s.startPrepared(r.start); err != nil {
+			return s.startFailed(err, startTimer)
 		}
-		s.answerPending("the agent could not be restarted to deliver the restore: " + err.Error())
-		if errors.Is(err, ErrConfig) {
-			return true, err
-		}
-		if errors.Is(err, ErrUnrestorable) {
-			s.refuseStart(err)
-			return true, err
-		}
-		s.log.Error("cannot start the agent", "err", err)
-		return s.scheduleRestart("spawn_failed", true, startTimer)
 	}
 	return false, nil
+}
+
+// spawnDone takes a spawned process (spawn.go) and makes it the primary or a
+// trial's shadow (owner only).
+func (s *Supervisor) spawnDone(r spawnResult, startTimer, hbTimer *time.Timer) (stop bool, err error) {
+	if r.trial != nil {
+		s.shadowSpawned(r)
+		return false, nil
+	}
+	p := r.start
+	if p != s.preparing || s.shutting {
+		if r.proc != nil {
+			go discardProc(r.proc)
+		}
+		return false, nil
+	}
+	s.preparing = nil
+	if s.pendingPoint != p.point {
+		// An operator recorded another restore point while the agent was
+		// being started. It has not been sent a frame: it is stopped, and
+		// the start begins again from that point.
+		if r.proc != nil {
+			go discardProc(r.proc)
+		}
+		s.prepareStart()
+		return false, nil
+	}
+	s.pendingPoint = nil
+	if err := s.startSpawned(p, r.proc, r.err); err != nil {
+		return s.startFailed(err, startTimer)
+	}
+	s.armHeartbeat(hbTimer)
+	return false, nil
+}
+
+// startFailed handles a start that could not be made: a configuration error
+// or an unrestorable data directory ends Run; anything else is retried
+// after a back-off (owner only).
+func (s *Supervisor) startFailed(err error, startTimer *time.Timer) (stop bool, _ error) {
+	s.answerPending("the agent could not be restarted to deliver the restore: " + err.Error())
+	if errors.Is(err, ErrConfig) {
+		return true, err
+	}
+	if errors.Is(err, ErrUnrestorable) {
+		s.refuseStart(err)
+		return true, err
+	}
+	s.log.Error("cannot start the agent", "err", err)
+	return s.scheduleRestart("spawn_failed", true, startTimer)
 }
 
 // storeResult is a store worker's answer to an owner job (one field set).
@@ -640,25 +688,33 @@ func (s *Supervisor) startPrepared(p *startPrep) error {
 	if p != s.preparing || s.shutting {
 		return nil
 	}
-	s.preparing = nil
 	if s.pendingPoint != p.point {
 		// An operator recorded another restore point while this one was
 		// assembled: that one is what the agent must start from.
+		s.preparing = nil
 		s.prepareStart()
 		return nil
 	}
-	s.pendingPoint = nil
 	s.fallbackFrom = p.fallbackFrom
 	if p.err != nil {
+		s.preparing, s.pendingPoint = nil, nil
 		s.publish()
 		return p.err
 	}
+	// Still preparing (s.preparing) until spawnDone takes the process.
+	s.spawnAsync(procSpec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RolePrimary, p.plan != nil), Stdio: s.cfg.Stdio},
+		spawnResult{start: p})
+	return nil
+}
+
+// startSpawned makes a spawned process the primary and sends it its restore
+// (owner only).
+func (s *Supervisor) startSpawned(p *startPrep, proc agentProc, err error) error {
 	plan := p.plan
 	var point *restorePoint
 	if p.usedPoint {
 		point = p.point
 	}
-	proc, err := s.spawn(procSpec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RolePrimary, plan != nil), Stdio: s.cfg.Stdio})
 	if err != nil {
 		if !s.startedOnce && (errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission)) {
 			return fmt.Errorf("%w: %v", ErrConfig, err)
