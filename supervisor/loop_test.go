@@ -131,6 +131,33 @@ func (a *fakeAgent) send(t *testing.T, m schema.Message) {
 	_ = a.w.WriteFrame(b) // fails once the agent has exited: fine
 }
 
+// serve is the select loop of an agent with its own loop: tick every d,
+// and each message the supervisor sends to handle, until the agent has
+// exited, its input ended, or handle reports done.
+func (a *fakeAgent) serve(t *testing.T, d time.Duration, tick func(), handle func(schema.Message) (done bool)) {
+	msgs := make(chan schema.Message)
+	go func() {
+		defer close(msgs)
+		for m := a.recv(t); m != nil; m = a.recv(t) {
+			msgs <- m
+		}
+	}()
+	ticker := time.NewTicker(d)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-a.exited:
+			return
+		case <-ticker.C:
+			tick()
+		case m, ok := <-msgs:
+			if !ok || handle(m) {
+				return
+			}
+		}
+	}
+}
+
 // recv returns the next message the supervisor sent, or nil at EOF.
 func (a *fakeAgent) recv(t *testing.T) schema.Message {
 	b, err := a.r.ReadFrame()
@@ -252,32 +279,15 @@ func (h *loopHarness) stop() {
 // a graceful agent would after a shutdown message.
 func heartbeatEvery(t *testing.T, d time.Duration) func(a *fakeAgent) {
 	return func(a *fakeAgent) {
-		a.send(t, &schema.Heartbeat{})
-		msgs := make(chan schema.Message)
-		go func() {
-			defer close(msgs)
-			for m := a.recv(t); m != nil; m = a.recv(t) {
-				msgs <- m
+		heartbeat := func() { a.send(t, &schema.Heartbeat{}) }
+		heartbeat()
+		a.serve(t, d, heartbeat, func(m schema.Message) bool {
+			if _, ok := m.(*schema.Shutdown); ok {
+				a.exit(exitStatus{known: true})
+				return true
 			}
-		}()
-		tick := time.NewTicker(d)
-		defer tick.Stop()
-		for {
-			select {
-			case <-a.exited:
-				return
-			case <-tick.C:
-				a.send(t, &schema.Heartbeat{})
-			case m, ok := <-msgs:
-				if !ok {
-					return
-				}
-				if _, ok := m.(*schema.Shutdown); ok {
-					a.exit(exitStatus{known: true})
-					return
-				}
-			}
-		}
+			return false
+		})
 	}
 }
 
@@ -464,47 +474,30 @@ func TestLoopStopDuringTrialDoesNotWaitForTheShadow(t *testing.T) {
 		cfg.ShadowDuration = time.Hour
 		shadowAcks := make(chan *schema.CheckpointAck, 4)
 		h := startLoop(t, cfg, func(a *fakeAgent) {
-			msgs := make(chan schema.Message)
-			go func() {
-				defer close(msgs)
-				for m := a.recv(t); m != nil; m = a.recv(t) {
-					msgs <- m
-				}
-			}()
 			shadow := slices.Contains(a.env, "SUPERVISOR_ROLE="+RoleShadow)
 			if shadow {
 				a.mu.Lock()
 				a.holdOutput = true
 				a.mu.Unlock()
 			}
-			a.send(t, &schema.Heartbeat{})
+			heartbeat := func() { a.send(t, &schema.Heartbeat{}) }
+			heartbeat()
 			a.send(t, &schema.Checkpoint{Data: []byte{0x81, 0xa1, 'k', 0x01}})
-			tick := time.NewTicker(time.Second)
-			defer tick.Stop()
-			for {
-				select {
-				case <-a.exited:
-					return
-				case <-tick.C:
-					a.send(t, &schema.Heartbeat{})
-				case m, ok := <-msgs:
-					if !ok {
-						return
+			a.serve(t, time.Second, heartbeat, func(m schema.Message) bool {
+				switch m := m.(type) {
+				case *schema.CheckpointAck:
+					if shadow {
+						shadowAcks <- m
+					} else {
+						a.send(t, &schema.EvolutionIntent{Hypothesis: schema.Hypothesis{Reason: "faster", Target: "planner", NewCode: "pass"}})
 					}
-					switch m := m.(type) {
-					case *schema.CheckpointAck:
-						if shadow {
-							shadowAcks <- m
-						} else {
-							a.send(t, &schema.EvolutionIntent{Hypothesis: schema.Hypothesis{Reason: "faster", Target: "planner", NewCode: "pass"}})
-						}
-					case *schema.Shutdown:
-						time.Sleep(1500 * time.Millisecond) // a graceful agent's last checkpoint
-						a.exit(exitStatus{known: true})
-						return
-					}
+				case *schema.Shutdown:
+					time.Sleep(1500 * time.Millisecond) // a graceful agent's last checkpoint
+					a.exit(exitStatus{known: true})
+					return true
 				}
-			}
+				return false
+			})
 		})
 		defer h.stop()
 		h.next() // the primary
@@ -558,13 +551,6 @@ func TestLoopPromotionAnsweredAfterStopIsAudited(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.ShadowDuration = 10 * time.Second
 		h := startLoop(t, cfg, func(a *fakeAgent) {
-			msgs := make(chan schema.Message)
-			go func() {
-				defer close(msgs)
-				for m := a.recv(t); m != nil; m = a.recv(t) {
-					msgs <- m
-				}
-			}()
 			latency := 100.0
 			if slices.Contains(a.env, "SUPERVISOR_ROLE="+RoleShadow) {
 				latency = 50 // the evolution is twice as fast
@@ -577,27 +563,16 @@ func TestLoopPromotionAnsweredAfterStopIsAudited(t *testing.T) {
 					schema.MetricErrorRate: 0, schema.MetricMemoryUsage: 1 << 20}})
 			}
 			report()
-			tick := time.NewTicker(time.Second)
-			defer tick.Stop()
-			for {
-				select {
-				case <-a.exited:
-					return
-				case <-tick.C:
-					report()
-				case m, ok := <-msgs:
-					if !ok {
-						return
-					}
-					switch m.(type) {
-					case *schema.CheckpointAck:
-						a.send(t, &schema.EvolutionIntent{Hypothesis: schema.Hypothesis{Reason: "faster", Target: "planner", NewCode: "pass"}})
-					case *schema.Shutdown:
-						a.exit(exitStatus{known: true})
-						return
-					}
+			a.serve(t, time.Second, report, func(m schema.Message) bool {
+				switch m.(type) {
+				case *schema.CheckpointAck:
+					a.send(t, &schema.EvolutionIntent{Hypothesis: schema.Hypothesis{Reason: "faster", Target: "planner", NewCode: "pass"}})
+				case *schema.Shutdown:
+					a.exit(exitStatus{known: true})
+					return true
 				}
-			}
+				return false
+			})
 		})
 		defer h.stop()
 		h.next()

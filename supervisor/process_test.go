@@ -157,14 +157,7 @@ func TestReapKillsAnUnseenEscapedDescendant(t *testing.T) {
 		t.Fatalf("the setsid child is in the agent's group %d", pgrp)
 	}
 	// The leader exits by itself; its child is orphaned to us.
-	if _, err := p.toAgent.Write([]byte("\n")); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-p.exited:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the leader did not exit")
-	}
+	letLeaderExit(t, p)
 	if st := p.reap(); !st.known || st.code != 0 || st.signal != 0 {
 		t.Fatalf("leader exit %v, want 0", st)
 	}
@@ -190,19 +183,26 @@ func TestReapKillsAnEscapedDescendantCaughtInExec(t *testing.T) {
 			t.Fatal(err)
 		}
 		kid := readPids(t, p, "session")["session"]
-		if _, err := p.toAgent.Write([]byte("\n")); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the leader did not exit")
-		}
+		letLeaderExit(t, p)
 		p.reap()
 		assertGone(t, "the orphan re-executing itself (round "+itoa(i)+")", kid)
 		if t.Failed() {
 			return
 		}
+	}
+}
+
+// letLeaderExit ends the leader's `read _` and waits until it has exited
+// (not yet reaped).
+func letLeaderExit(t *testing.T, p *process) {
+	t.Helper()
+	if _, err := p.toAgent.Write([]byte("\n")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the leader did not exit")
 	}
 }
 
