@@ -120,17 +120,8 @@ func TestSlowDiskDoesNotKillHealthyAgent(t *testing.T) {
 // they are read to the end and stored however long the disk takes, and the
 // restore after the thaw holds every one.
 func TestExitDuringStallKeepsWrittenEntries(t *testing.T) {
-	mnt, freeze := loopMount(t, 128)
-	dir := filepath.Join(mnt, "data")
 	trigger := filepath.Join(t.TempDir(), "go")
-	flags := append(slices.Clone(fastFlags), "--wal-sync", "always", "--wal-segment-size", "1048576")
-	report := "AGENT_REPORT=" + filepath.Join(t.TempDir(), "report.jsonl") // off the frozen disk
-	s := startSup(t, scripted(t, dir, flags, []string{report},
-		plan{{"wait_file": trigger}, {"log": 80, "size": 200}, {"crash": 1}},
-		plan{{"stay": true}}))
-	t.Cleanup(func() { freeze(false) })
-	first := s.waitEvents("start", 1, 30*time.Second)[0]
-	waitFor(t, 10*time.Second, "the agent up", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 1 })
+	s, _, freeze, first := startOnFreezableDisk(t, plan{{"wait_file": trigger}, {"log": 80, "size": 200}, {"crash": 1}})
 	freeze(true)
 	if err := os.WriteFile(trigger, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -153,17 +144,8 @@ func TestExitDuringStallKeepsWrittenEntries(t *testing.T) {
 // answers while the disk is frozen, and after the thaw the agent is restored
 // with every entry.
 func TestFrozenDiskOwnerStaysResponsive(t *testing.T) {
-	mnt, freeze := loopMount(t, 128)
-	dir := filepath.Join(mnt, "data")
 	trigger := filepath.Join(t.TempDir(), "go")
-	flags := append(slices.Clone(fastFlags), "--wal-sync", "always", "--wal-segment-size", "1048576")
-	report := "AGENT_REPORT=" + filepath.Join(t.TempDir(), "report.jsonl") // off the frozen disk
-	s := startSup(t, scripted(t, dir, flags, []string{report},
-		plan{{"log": 50}, {"wait_file": trigger}, {"crash": 1}},
-		plan{{"stay": true}}))
-	t.Cleanup(func() { freeze(false) })
-	first := s.waitEvents("start", 1, 30*time.Second)[0]
-	waitFor(t, 10*time.Second, "the agent up", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 1 })
+	s, dir, freeze, first := startOnFreezableDisk(t, plan{{"log": 50}, {"wait_file": trigger}, {"crash": 1}})
 	waitFor(t, 10*time.Second, "50 entries durable", func() bool { return s.metric("supervisor_wal_last_sequence") >= 50 })
 	freeze(true)
 	if err := os.WriteFile(trigger, nil, 0o600); err != nil {
@@ -188,4 +170,22 @@ func TestFrozenDiskOwnerStaysResponsive(t *testing.T) {
 	freeze(false)
 	starts := s.waitEvents("start", 2, 60*time.Second)
 	sameSeqs(t, "restore after the crash during the freeze", restored(t, starts[1]).state(), seqRange(1, 50))
+}
+
+// startOnFreezableDisk starts a supervisor whose data directory is on a
+// loop-mounted ext4 that freeze(true) freezes (thawed at cleanup), with
+// --wal-sync always, a scripted agent that runs first and then stays, and
+// its report off the frozen disk. It returns once the first agent is up,
+// with its start event.
+func startOnFreezableDisk(t *testing.T, first plan) (s *sup, dir string, freeze func(on bool), start ev) {
+	t.Helper()
+	mnt, freeze := loopMount(t, 128)
+	dir = filepath.Join(mnt, "data")
+	flags := append(slices.Clone(fastFlags), "--wal-sync", "always", "--wal-segment-size", "1048576")
+	report := "AGENT_REPORT=" + filepath.Join(t.TempDir(), "report.jsonl")
+	s = startSup(t, scripted(t, dir, flags, []string{report}, first, plan{{"stay": true}}))
+	t.Cleanup(func() { freeze(false) })
+	start = s.waitEvents("start", 1, 30*time.Second)[0]
+	waitFor(t, 10*time.Second, "the agent up", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 1 })
+	return s, dir, freeze, start
 }
