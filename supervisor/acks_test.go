@@ -8,6 +8,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
 	"github.com/agent-sidecar/supervisor/wal"
 )
 
@@ -135,7 +136,7 @@ func TestFailedAppendAnswersErrorNotAck(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := ackTestInstance(t)
-	in.proc = &process{}
+	in.proc = &agentproc.Process{}
 	l := openTestWAL(t, wal.SyncBatch)
 	l.Close() // every append now fails
 	s.appendWAL(in, l, func(es []wal.Entry) (wal.AppendResult, error) { return l.Append(es...) },

@@ -13,6 +13,7 @@ import (
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
 	"github.com/agent-sidecar/supervisor/wal"
 )
 
@@ -110,7 +111,7 @@ func (s *Supervisor) trialPrepared(p *trialPrep) {
 		return
 	}
 	// Still preparing (s.trialPrep) until shadowSpawned takes the process.
-	s.spawnAsync(procSpec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RoleShadow, p.plan != nil), Stdio: s.cfg.Stdio},
+	s.spawnAsync(agentproc.Spec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RoleShadow, p.plan != nil), Stdio: s.cfg.Stdio},
 		spawnResult{trial: p})
 }
 
@@ -124,7 +125,7 @@ func (s *Supervisor) shadowSpawned(r spawnResult) {
 		return
 	}
 	if s.shutting || p.primary != s.cur || p.primary.stopping {
-		go discardProc(r.proc)
+		go agentproc.Discard(r.proc)
 		s.rejectTrial(p, "the primary agent restarted or is stopping; propose the evolution again")
 		return
 	}
@@ -140,7 +141,7 @@ func (s *Supervisor) shadowSpawned(r spawnResult) {
 	s.trial = t
 	s.publish()
 	p.primary.log.Info("evolution trial started", "trial", t.id, "target", t.intent.Target, "backup_checkpoint_id", t.backup.ID,
-		"shadow_pid", proc.id(), "duration", s.cfg.ShadowDuration)
+		"shadow_pid", proc.ID(), "duration", s.cfg.ShadowDuration)
 }
 
 // rejectTrial ends a trial that never started: what it holds is released
@@ -234,7 +235,7 @@ func (s *Supervisor) shadowEvent(ev event) {
 	case evFinished:
 		st := ev.status
 		if !t.decided {
-			desc, _ := st.describe()
+			desc, _ := st.Describe()
 			t.failure = "shadow " + desc
 			s.concludeTrial()
 		}
@@ -317,7 +318,7 @@ func (s *Supervisor) concludeTrial() {
 	}
 	if !t.shadow.stopping {
 		t.shadow.stopping = true
-		go t.shadow.proc.stopGroup(s.cfg.KillTimeout)
+		go t.shadow.proc.StopGroup(s.cfg.KillTimeout)
 	}
 }
 
@@ -414,7 +415,7 @@ func (s *Supervisor) stopTrial(reason string) {
 		t.failure = reason
 		s.concludeTrial()
 	}
-	_ = t.shadow.proc.signalGroup(syscall.SIGKILL)
+	_ = t.shadow.proc.SignalGroup(syscall.SIGKILL)
 	s.drain(t.shadow)
 }
 

@@ -8,12 +8,12 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
 	"github.com/agent-sidecar/supervisor/wire"
 )
 
@@ -55,24 +55,7 @@ type event struct {
 	kind   eventKind
 	err    error
 	msg    schema.Message
-	status exitStatus // evFinished
-}
-
-// agentProc is the agent's side of an instance: the pipes it reads and
-// writes, its exit, and its process group. *process (process.go) is the OS
-// one; the owner loop's tests (loop_test.go) use an in-memory one, so the
-// loop runs under testing/synctest.
-type agentProc interface {
-	id() int // the pid, for logs and the status
-	// pipes are the agent's frame input, its frame output, and its log
-	// streams (stderr, then stdout when frames use fd 3/4).
-	pipes() (toAgent io.Writer, fromAgent io.Reader, logs []io.Reader)
-	exitedCh() <-chan struct{} // closed when the agent has exited (not yet reaped)
-	signalGroup(sig syscall.Signal) error
-	// stopGroup: SIGTERM, SIGKILL after killTimeout; returns once exited.
-	stopGroup(killTimeout time.Duration) (killed bool)
-	reap() exitStatus // after exitedCh: collect the status; idempotent
-	closeReaders()    // unblock readers held by an escaped descendant
+	status agentproc.ExitStatus // evFinished
 }
 
 // instance is one incarnation of an agent: the process, a goroutine reading
@@ -81,7 +64,7 @@ type agentProc interface {
 type instance struct {
 	n       int // incarnation number, for logs
 	role    string
-	proc    agentProc
+	proc    agentproc.Proc
 	started time.Time
 	log     *slog.Logger
 	codec   *schema.Codec
@@ -129,11 +112,11 @@ type instance struct {
 	acks acks // wal_ack for ack: true entries (acks.go)
 }
 
-func newInstance(n int, role string, proc agentProc, codec *schema.Codec, maxFrame int, sk *sinks, events chan<- event, met *metrics, log *slog.Logger) *instance {
+func newInstance(n int, role string, proc agentproc.Proc, codec *schema.Codec, maxFrame int, sk *sinks, events chan<- event, met *metrics, log *slog.Logger) *instance {
 	inst := &instance{
 		n: n, role: role, proc: proc, started: time.Now(), codec: codec, sinks: sk,
 		events: events, met: met,
-		log:       log.With("role", role, "pid", proc.id(), "incarnation", n),
+		log:       log.With("role", role, "pid", proc.ID(), "incarnation", n),
 		out:       make(chan []byte, outboundQueue),
 		writerEnd: make(chan struct{}),
 		readerEnd: make(chan struct{}),
@@ -144,7 +127,7 @@ func newInstance(n int, role string, proc agentProc, codec *schema.Codec, maxFra
 	for _, typ := range schema.Types(schema.FromAgent) {
 		inst.inFrames[typ] = met.frames.WithLabelValues("in", typ)
 	}
-	toAgent, fromAgent, logs := proc.pipes()
+	toAgent, fromAgent, logs := proc.Pipes()
 	go inst.writeLoop(wire.NewWriter(toAgent, 0))
 	go inst.readLoop(wire.NewReader(fromAgent, maxFrame))
 	for i, f := range logs {
@@ -156,7 +139,7 @@ func newInstance(n int, role string, proc agentProc, codec *schema.Codec, maxFra
 		go inst.logLoop(f, stream)
 	}
 	go func() {
-		<-proc.exitedCh()
+		<-proc.Exited()
 		inst.emit(event{kind: evExited})
 	}()
 	return inst
@@ -374,9 +357,9 @@ func (in *instance) heartbeatAge(now time.Time) (time.Duration, bool) {
 // lost. Only when the reader has waited drainTimeout for bytes that do not
 // come (the pipe is held open by a descendant that escaped the process
 // group) is the pipe closed.
-func (in *instance) finish(drainTimeout time.Duration) exitStatus {
+func (in *instance) finish(drainTimeout time.Duration) agentproc.ExitStatus {
 	in.abandonMu.Do(func() { close(in.abandoned) })
-	st := in.proc.reap()
+	st := in.proc.Reap()
 	exited := time.Now().UnixNano()
 	tick := time.NewTicker(min(drainTimeout/4, 100*time.Millisecond))
 	defer tick.Stop()
@@ -397,7 +380,7 @@ wait:
 			}
 		}
 	}
-	in.proc.closeReaders()
+	in.proc.CloseReaders()
 	<-in.readerEnd
 	in.stopAcks()
 	in.logsEnd.Wait()

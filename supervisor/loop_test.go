@@ -18,6 +18,7 @@ import (
 
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
 	"github.com/agent-sidecar/supervisor/wire"
 )
 
@@ -27,7 +28,7 @@ import (
 // testing/synctest bubble: time is fake, so a 5 s heartbeat timeout takes
 // no time, and every timing assertion is exact.
 
-// fakeProc is an agentProc whose agent is a goroutine of the test.
+// fakeProc is an agentproc.Proc whose agent is a goroutine of the test.
 type fakeProc struct {
 	pid int
 
@@ -36,7 +37,7 @@ type fakeProc struct {
 
 	exitOnce sync.Once
 	exited   chan struct{}
-	status   exitStatus
+	status   agentproc.ExitStatus
 
 	mu      sync.Mutex
 	signals []syscall.Signal
@@ -54,14 +55,14 @@ func newFakeProc(pid int) *fakeProc {
 	return p
 }
 
-func (p *fakeProc) id() int                   { return p.pid }
-func (p *fakeProc) exitedCh() <-chan struct{} { return p.exited }
-func (p *fakeProc) pipes() (io.Writer, io.Reader, []io.Reader) {
+func (p *fakeProc) ID() int                 { return p.pid }
+func (p *fakeProc) Exited() <-chan struct{} { return p.exited }
+func (p *fakeProc) Pipes() (io.Writer, io.Reader, []io.Reader) {
 	return p.toAgentW, p.fromAgentR, nil
 }
 
 // exit ends the agent with st: its output reaches EOF, its input is closed.
-func (p *fakeProc) exit(st exitStatus) {
+func (p *fakeProc) exit(st agentproc.ExitStatus) {
 	p.exitOnce.Do(func() {
 		p.status = st
 		p.mu.Lock()
@@ -75,35 +76,35 @@ func (p *fakeProc) exit(st exitStatus) {
 	})
 }
 
-func (p *fakeProc) signalGroup(sig syscall.Signal) error {
+func (p *fakeProc) SignalGroup(sig syscall.Signal) error {
 	p.mu.Lock()
 	p.signals = append(p.signals, sig)
 	ignore := p.ignoreTerm
 	p.mu.Unlock()
 	if sig == syscall.SIGKILL || !ignore {
-		p.exit(exitStatus{known: true, signal: sig})
+		p.exit(agentproc.ExitStatus{Known: true, Signal: sig})
 	}
 	return nil
 }
 
-func (p *fakeProc) stopGroup(killTimeout time.Duration) bool {
+func (p *fakeProc) StopGroup(killTimeout time.Duration) bool {
 	select {
 	case <-p.exited:
 		return false
 	default:
 	}
-	_ = p.signalGroup(syscall.SIGTERM)
+	_ = p.SignalGroup(syscall.SIGTERM)
 	select {
 	case <-p.exited:
 		return false
 	case <-time.After(killTimeout):
-		_ = p.signalGroup(syscall.SIGKILL)
+		_ = p.SignalGroup(syscall.SIGKILL)
 		return true
 	}
 }
 
-func (p *fakeProc) reap() exitStatus { <-p.exited; return p.status }
-func (p *fakeProc) closeReaders()    { p.fromAgentR.CloseWithError(io.ErrClosedPipe) }
+func (p *fakeProc) Reap() agentproc.ExitStatus { <-p.exited; return p.status }
+func (p *fakeProc) CloseReaders()              { p.fromAgentR.CloseWithError(io.ErrClosedPipe) }
 
 func (p *fakeProc) signalsSeen() []syscall.Signal {
 	p.mu.Lock()
@@ -212,7 +213,7 @@ func startLoop(t *testing.T, cfg Config, behave func(a *fakeAgent), before ...fu
 	h := &loopHarness{t: t, s: s, agents: make(chan *fakeAgent, 64), behave: behave, done: make(chan struct{})}
 	var pid atomic.Int64
 	pid.Store(1000)
-	s.spawn = func(spec procSpec) (agentProc, error) {
+	s.spawn = func(spec agentproc.Spec) (agentproc.Proc, error) {
 		p := newFakeProc(int(pid.Add(1)))
 		a := &fakeAgent{fakeProc: p, codec: schema.NewCodec(schema.Options{}),
 			w: wire.NewWriter(p.fromAgentW, 0), r: wire.NewReader(p.toAgentR, 0), spawned: time.Now(), env: spec.Env}
@@ -283,7 +284,7 @@ func heartbeatEvery(t *testing.T, d time.Duration) func(a *fakeAgent) {
 		heartbeat()
 		a.serve(t, d, heartbeat, func(m schema.Message) bool {
 			if _, ok := m.(*schema.Shutdown); ok {
-				a.exit(exitStatus{known: true})
+				a.exit(agentproc.ExitStatus{Known: true})
 				return true
 			}
 			return false
@@ -330,7 +331,7 @@ func TestLoopGivesUpOnCrashLoop(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.MaxRestarts = 3
 		cfg.RestartWindow = time.Minute
-		h := startLoop(t, cfg, func(a *fakeAgent) { a.exit(exitStatus{known: true, code: 1}) })
+		h := startLoop(t, cfg, func(a *fakeAgent) { a.exit(agentproc.ExitStatus{Known: true, Code: 1}) })
 		defer h.stop()
 		var starts []time.Time
 		for range 4 {
@@ -493,7 +494,7 @@ func TestLoopStopDuringTrialDoesNotWaitForTheShadow(t *testing.T) {
 					}
 				case *schema.Shutdown:
 					time.Sleep(1500 * time.Millisecond) // a graceful agent's last checkpoint
-					a.exit(exitStatus{known: true})
+					a.exit(agentproc.ExitStatus{Known: true})
 					return true
 				}
 				return false
@@ -568,7 +569,7 @@ func TestLoopPromotionAnsweredAfterStopIsAudited(t *testing.T) {
 				case *schema.CheckpointAck:
 					a.send(t, &schema.EvolutionIntent{Hypothesis: schema.Hypothesis{Reason: "faster", Target: "planner", NewCode: "pass"}})
 				case *schema.Shutdown:
-					a.exit(exitStatus{known: true})
+					a.exit(agentproc.ExitStatus{Known: true})
 					return true
 				}
 				return false
@@ -620,7 +621,7 @@ func TestLoopSpawnDoesNotHoldTheOwner(t *testing.T) {
 		release := make(chan struct{})
 		h := startLoop(t, testConfig(t), heartbeatEvery(t, time.Second), func(s *Supervisor) {
 			spawn := s.spawn
-			s.spawn = func(spec procSpec) (agentProc, error) {
+			s.spawn = func(spec agentproc.Spec) (agentproc.Proc, error) {
 				<-release // exec is stuck on the binary's filesystem
 				return spawn(spec)
 			}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/agent-sidecar/supervisor/internal/testagent"
+	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
 )
 
 // runRefAgentSupervisor runs a supervisor in-process over the reference
@@ -82,11 +83,11 @@ func BenchmarkRestartLatency(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		t0 := time.Now()
-		if err := syscall.Kill(in.proc.id(), syscall.SIGKILL); err != nil {
+		if err := syscall.Kill(in.proc.ID(), syscall.SIGKILL); err != nil {
 			b.Fatal(err)
 		}
 		next := waitUp(b, s, in)
-		detect += time.Unix(0, in.proc.(*process).exitedAt.Load()).Sub(t0)
+		detect += in.proc.(*agentproc.Process).ExitedAt().Sub(t0)
 		restore += time.Unix(0, next.restoreSentAt.Load()).Sub(t0)
 		heartbeat += time.Unix(0, next.firstHBAt.Load()).Sub(t0)
 		if next.restoreSentAt.Load() == 0 {

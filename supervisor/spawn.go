@@ -1,6 +1,6 @@
 package supervisor
 
-import "syscall"
+import "github.com/agent-sidecar/supervisor/supervisor/agentproc"
 
 // Agents are started off the owner loop: fork/exec waits for the kernel to
 // load the agent's binary, which may sit on a slow or hung filesystem. The
@@ -14,7 +14,7 @@ import "syscall"
 type spawnResult struct {
 	start *startPrep // a primary's start
 	trial *trialPrep // an evolution's shadow
-	proc  agentProc
+	proc  agentproc.Proc
 	err   error
 }
 
@@ -22,7 +22,7 @@ type spawnResult struct {
 // Once the loop has returned nobody takes the answer: the process is killed
 // and what a trial held is released (Run waits for these goroutines, in
 // s.spawns, before it stops the store worker).
-func (s *Supervisor) spawnAsync(spec procSpec, r spawnResult) {
+func (s *Supervisor) spawnAsync(spec agentproc.Spec, r spawnResult) {
 	s.spawns.Add(1)
 	go func() {
 		defer s.spawns.Done()
@@ -31,7 +31,7 @@ func (s *Supervisor) spawnAsync(spec procSpec, r spawnResult) {
 		case s.spawned <- r:
 		case <-s.loopDone:
 			if r.proc != nil {
-				discardProc(r.proc)
+				agentproc.Discard(r.proc)
 			}
 			if p := r.trial; p != nil && p.t != nil {
 				s.dropTrial(p.t)
@@ -40,10 +40,11 @@ func (s *Supervisor) spawnAsync(spec procSpec, r spawnResult) {
 	}()
 }
 
-// discardProc kills a process no instance was made for, reaps it and
-// closes our ends of its pipes. It waits for the exit: not on the owner.
-func discardProc(p agentProc) {
-	_ = p.signalGroup(syscall.SIGKILL)
-	p.reap()
-	p.closeReaders()
+// spawnProcess starts an agent process in this OS process's table.
+func spawnProcess(spec agentproc.Spec) (agentproc.Proc, error) {
+	p, err := agentproc.Shared().Start(spec)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
 }

@@ -30,7 +30,7 @@ func (s *Supervisor) invalidMessage(in *instance, err error) {
 		rule = string(ve.Rule)
 	}
 	in.sendMsg(schema.ErrorReply(err))
-	fields := map[string]any{"role": in.role, "pid": in.proc.id(), "rule": rule, "error": err.Error()}
+	fields := map[string]any{"role": in.role, "pid": in.proc.ID(), "rule": rule, "error": err.Error()}
 	if ve != nil {
 		fields["type"], fields["field"] = ve.Type, ve.Field
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
 	"github.com/agent-sidecar/supervisor/wire"
 )
 
@@ -116,7 +117,7 @@ type Supervisor struct {
 
 	// spawn starts an agent: startProcess, or an in-memory agent in the
 	// owner loop's tests.
-	spawn func(procSpec) (agentProc, error)
+	spawn func(agentproc.Spec) (agentproc.Proc, error)
 
 	// The request API (requests.go): results of process_request, and the
 	// SHA-256 of the --http-token-file bearer token (nil: no token).
@@ -207,11 +208,11 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 		}
 	}()
 
-	if err := becomeSubreaper(); err != nil {
+	if err := agentproc.BecomeSubreaper(); err != nil {
 		s.log.Warn("cannot become a child subreaper; orphaned agent descendants will be reaped by init instead", "err", err)
 	}
 	bgWG.Add(1)
-	go func() { defer bgWG.Done(); runReaper(bg, s.log) }()
+	go func() { defer bgWG.Done(); agentproc.Shared().RunReaper(bg, s.log) }()
 
 	bgWG.Add(1)
 	go func() { defer bgWG.Done(); s.work.run(s.storeCheckpoint) }()
@@ -415,14 +416,14 @@ func (s *Supervisor) loop(ctx context.Context) error {
 		case <-s.force:
 			if s.cur != nil && s.shutting {
 				s.log.Warn("second stop signal: killing the agent's process group without waiting")
-				_ = s.cur.proc.signalGroup(syscall.SIGKILL)
+				_ = s.cur.proc.SignalGroup(syscall.SIGKILL)
 			}
 
 		case <-shutdownTimer:
 			shutdownTimer = nil
 			if s.cur != nil {
 				s.log.Warn("agent did not exit within --shutdown-timeout; killing its process group", "timeout", s.cfg.ShutdownTimeout)
-				_ = s.cur.proc.signalGroup(syscall.SIGKILL)
+				_ = s.cur.proc.SignalGroup(syscall.SIGKILL)
 			}
 
 		case <-startTimer.C:
@@ -462,7 +463,7 @@ func (s *Supervisor) loop(ctx context.Context) error {
 				if s.state == StateStarting {
 					s.setState(StateRunning)
 					s.met.agentUp.WithLabelValues(RolePrimary).Set(1)
-					s.log.Info("agent is up", "pid", ev.inst.proc.id(), "start_seconds", time.Since(ev.inst.started).Seconds())
+					s.log.Info("agent is up", "pid", ev.inst.proc.ID(), "start_seconds", time.Since(ev.inst.started).Seconds())
 				}
 				s.armHeartbeat(hbTimer)
 			case evStreamEnded:
@@ -527,7 +528,7 @@ func (s *Supervisor) spawnDone(r spawnResult, startTimer, hbTimer *time.Timer) (
 	p := r.start
 	if p != s.preparing || s.shutting {
 		if r.proc != nil {
-			go discardProc(r.proc)
+			go agentproc.Discard(r.proc)
 		}
 		return false, nil
 	}
@@ -537,7 +538,7 @@ func (s *Supervisor) spawnDone(r spawnResult, startTimer, hbTimer *time.Timer) (
 		// being started. It has not been sent a frame: it is stopped, and
 		// the start begins again from that point.
 		if r.proc != nil {
-			go discardProc(r.proc)
+			go agentproc.Discard(r.proc)
 		}
 		s.prepareStart()
 		return false, nil
@@ -702,14 +703,14 @@ func (s *Supervisor) startPrepared(p *startPrep) error {
 		return p.err
 	}
 	// Still preparing (s.preparing) until spawnDone takes the process.
-	s.spawnAsync(procSpec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RolePrimary, p.plan != nil), Stdio: s.cfg.Stdio},
+	s.spawnAsync(agentproc.Spec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RolePrimary, p.plan != nil), Stdio: s.cfg.Stdio},
 		spawnResult{start: p})
 	return nil
 }
 
 // startSpawned makes a spawned process the primary and sends it its restore
 // (owner only).
-func (s *Supervisor) startSpawned(p *startPrep, proc agentProc, err error) error {
+func (s *Supervisor) startSpawned(p *startPrep, proc agentproc.Proc, err error) error {
 	plan := p.plan
 	var point *restorePoint
 	if p.usedPoint {
@@ -725,11 +726,11 @@ func (s *Supervisor) startSpawned(p *startPrep, proc agentProc, err error) error
 	s.incarnation++
 	inst := newInstance(s.incarnation, RolePrimary, proc, s.codec, s.cfg.MaxFrameSize, s.primarySinks(), s.events, s.met, s.log)
 	s.cur = inst
-	s.stat.PID = proc.id()
+	s.stat.PID = proc.ID()
 	s.stat.Incarnation = s.incarnation
 	s.stat.AgentStartedAt = inst.started
 	s.setState(StateStarting)
-	s.log.Info("agent started", "pid", proc.id(), "incarnation", s.incarnation, "command", s.cfg.Command, "restore", plan != nil)
+	s.log.Info("agent started", "pid", proc.ID(), "incarnation", s.incarnation, "command", s.cfg.Command, "restore", plan != nil)
 	created := time.Time{}
 	trigger := "start"
 	if s.pendingReply != nil {
@@ -820,10 +821,10 @@ func (s *Supervisor) checkHeartbeat(t *time.Timer) {
 	age, seen := in.heartbeatAge(time.Now())
 	switch {
 	case !seen && age >= s.cfg.StartTimeout:
-		s.log.Error("agent sent no heartbeat within --start-timeout; stopping it", "start_timeout", s.cfg.StartTimeout, "pid", in.proc.id())
+		s.log.Error("agent sent no heartbeat within --start-timeout; stopping it", "start_timeout", s.cfg.StartTimeout, "pid", in.proc.ID())
 		s.stopInstance(in, "start_timeout")
 	case seen && age >= s.cfg.HeartbeatTimeout:
-		s.log.Error("agent is hung: no heartbeat within --heartbeat-timeout; stopping it", "heartbeat_timeout", s.cfg.HeartbeatTimeout, "last_heartbeat_age", age.Round(time.Millisecond), "pid", in.proc.id())
+		s.log.Error("agent is hung: no heartbeat within --heartbeat-timeout; stopping it", "heartbeat_timeout", s.cfg.HeartbeatTimeout, "last_heartbeat_age", age.Round(time.Millisecond), "pid", in.proc.ID())
 		s.stopInstance(in, "hung")
 	default:
 		s.armHeartbeat(t)
@@ -843,7 +844,7 @@ func (s *Supervisor) stopInstance(in *instance, reason string) {
 		s.met.agentUp.WithLabelValues(in.role).Set(0)
 	}
 	go func() {
-		if in.proc.stopGroup(s.cfg.KillTimeout) {
+		if in.proc.StopGroup(s.cfg.KillTimeout) {
 			in.log.Warn("agent ignored SIGTERM; killed it with SIGKILL", "kill_timeout", s.cfg.KillTimeout)
 		}
 	}()
@@ -864,7 +865,7 @@ func (s *Supervisor) streamEnded(ev event) {
 		if in.stopping {
 			return
 		}
-		fields := map[string]any{"pid": in.proc.id(), "error": ev.err.Error(), "rule": rule}
+		fields := map[string]any{"pid": in.proc.ID(), "error": ev.err.Error(), "rule": rule}
 		msg := "framing error from the agent: its output can no longer be trusted; restarting it"
 		if d := s.diagnoseFraming(ev.err); d != "" { // diagnose.go
 			msg = "framing error from the agent: " + d + "; restarting it"
@@ -908,18 +909,18 @@ func (s *Supervisor) drain(in *instance) {
 
 // instanceExited decides what happens after a primary has exited and been
 // drained and reaped. stop=true ends Run with err.
-func (s *Supervisor) instanceExited(in *instance, st exitStatus, startTimer *time.Timer) (stop bool, err error) {
+func (s *Supervisor) instanceExited(in *instance, st agentproc.ExitStatus, startTimer *time.Timer) (stop bool, err error) {
 	now := time.Now()
 	s.cur = nil
 	s.stat.PID = 0
 	s.stat.AgentStartedAt = time.Time{}
 	s.publish()
 	s.met.agentUp.WithLabelValues(RolePrimary).Set(0)
-	desc, failed := st.describe()
+	desc, failed := st.Describe()
 	reason := in.stopReason
 	if reason == "" {
 		switch {
-		case st.known && st.signal != 0:
+		case st.Known && st.Signal != 0:
 			reason = "killed"
 		case failed:
 			reason = "crashed"
@@ -934,7 +935,7 @@ func (s *Supervisor) instanceExited(in *instance, st exitStatus, startTimer *tim
 		s.concludeTrial() // the primary is gone: rejected, with the reason
 	}
 	uptime := now.Sub(in.started)
-	s.log.Info("agent stopped", "pid", in.proc.id(), "status", desc, "reason", reason, "uptime", uptime.Round(time.Millisecond))
+	s.log.Info("agent stopped", "pid", in.proc.ID(), "status", desc, "reason", reason, "uptime", uptime.Round(time.Millisecond))
 
 	if s.shutting {
 		// Checkpoints still queued are stored before Run returns (the store

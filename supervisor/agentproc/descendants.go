@@ -1,4 +1,4 @@
-package supervisor
+package agentproc
 
 import (
 	"bytes"
@@ -57,7 +57,7 @@ func descendants(pid int) []int {
 
 // trackDescendants records the agent's current descendants (the reaper calls
 // it every second and on SIGCHLD; stop and reap call it too).
-func (p *process) trackDescendants() {
+func (p *Process) trackDescendants() {
 	select {
 	case <-p.exited:
 		return // a zombie has no children; what it had is re-parented to us
@@ -76,7 +76,7 @@ func (p *process) trackDescendants() {
 	}
 }
 
-func (p *process) knows(pid int, start uint64) bool {
+func (p *Process) knows(pid int, start uint64) bool {
 	p.knownMu.Lock()
 	defer p.knownMu.Unlock()
 	st, ok := p.known[pid]
@@ -87,7 +87,7 @@ func (p *process) knows(pid int, start uint64) bool {
 // alive outside its process group, and waits (bounded) until they are gone.
 // Orphans re-parented to us count as the agent's unless another running
 // agent is known to own them. The leader must have exited.
-func (p *process) killEscaped() {
+func (p *Process) killEscaped() {
 	var killed []int // pidfds
 	defer func() {
 		for _, fd := range killed {
@@ -120,7 +120,7 @@ func (p *process) killEscaped() {
 		}
 	}
 	waitGone(killed, 2*time.Second)
-	reapOrphans(discardLog)
+	p.table.reapOrphans(discardLog)
 }
 
 type target struct {
@@ -132,15 +132,15 @@ type target struct {
 // unmanaged children (orphans) that belong to this agent, with their trees,
 // and what is left of the agent's known descendants. undecided is true when
 // an orphan's environment could not be read yet (see envUnreadable).
-func (p *process) escapedTargets() (out []target, undecided bool) {
-	others := managedProcs()
+func (p *Process) escapedTargets() (out []target, undecided bool) {
+	others := p.table.running()
 	add := func(pid int) {
 		if st, ok := procStartTime(pid); ok {
 			out = append(out, target{pid, st})
 		}
 	}
 	for _, c := range childPids() {
-		if isManaged(c) || c == p.pid {
+		if p.table.isManaged(c) || c == p.pid {
 			continue
 		}
 		st, ok := procStartTime(c)

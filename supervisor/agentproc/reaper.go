@@ -1,4 +1,4 @@
-package supervisor
+package agentproc
 
 import (
 	"context"
@@ -21,56 +21,65 @@ import (
 // group), so the reaper must never wait on them — it would steal their exit
 // status and free their pid while we may still signal the group.
 
-var managed = struct {
-	sync.Mutex
-	procs map[int]*process
-}{procs: map[int]*process{}}
+// Table is the set of agents this OS process spawned ("managed"), and the
+// lock that keeps the reaper off a child being spawned. There is one per OS
+// process (Shared): a child's exit status can be taken only once, so every
+// spawner and the reaper must agree on which children are whose.
+type Table struct {
+	mu    sync.Mutex
+	procs map[int]*Process
 
-// spawnMu is held from just before an agent is forked until its pid is
-// registered as managed, and by the reaper while it looks for orphans: a
-// child the reaper sees unregistered is never one being spawned (it once
-// waited on a fresh /bin/true before its registration and stole its exit
-// status).
-var spawnMu sync.Mutex
-
-func registerManaged(p *process) {
-	managed.Lock()
-	managed.procs[p.pid] = p
-	managed.Unlock()
+	// spawnMu is held from just before an agent is forked until its pid is
+	// registered as managed, and by the reaper while it looks for orphans:
+	// a child the reaper sees unregistered is never one being spawned (it
+	// once waited on a fresh /bin/true before its registration and stole
+	// its exit status).
+	spawnMu sync.Mutex
 }
 
-func unregisterManaged(pid int) {
-	managed.Lock()
-	delete(managed.procs, pid)
-	managed.Unlock()
+var shared = &Table{procs: map[int]*Process{}}
+
+// Shared returns this OS process's table.
+func Shared() *Table { return shared }
+
+func (t *Table) register(p *Process) {
+	t.mu.Lock()
+	t.procs[p.pid] = p
+	t.mu.Unlock()
 }
 
-func isManaged(pid int) bool {
-	managed.Lock()
-	defer managed.Unlock()
-	_, ok := managed.procs[pid]
+func (t *Table) unregister(pid int) {
+	t.mu.Lock()
+	delete(t.procs, pid)
+	t.mu.Unlock()
+}
+
+func (t *Table) isManaged(pid int) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.procs[pid]
 	return ok
 }
 
-// managedProcs returns the agents running now.
-func managedProcs() []*process {
-	managed.Lock()
-	defer managed.Unlock()
-	out := make([]*process, 0, len(managed.procs))
-	for _, p := range managed.procs {
+// running returns the agents running now.
+func (t *Table) running() []*Process {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]*Process, 0, len(t.procs))
+	for _, p := range t.procs {
 		out = append(out, p)
 	}
 	return out
 }
 
-// becomeSubreaper marks this process as a child subreaper.
-func becomeSubreaper() error {
+// BecomeSubreaper marks this process as a child subreaper.
+func BecomeSubreaper() error {
 	return unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 }
 
-// runReaper reaps orphaned descendants until ctx is done. It reacts to SIGCHLD
+// RunReaper reaps orphaned descendants until ctx is done. It reacts to SIGCHLD
 // and also sweeps once a second (signals coalesce).
-func runReaper(ctx context.Context, log *slog.Logger) {
+func (t *Table) RunReaper(ctx context.Context, log *slog.Logger) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGCHLD)
 	defer signal.Stop(sigs)
@@ -83,8 +92,8 @@ func runReaper(ctx context.Context, log *slog.Logger) {
 		case <-sigs:
 		case <-tick.C:
 		}
-		reapOrphans(log)
-		for _, p := range managedProcs() {
+		t.reapOrphans(log)
+		for _, p := range t.running() {
 			p.trackDescendants()
 		}
 	}
@@ -92,11 +101,11 @@ func runReaper(ctx context.Context, log *slog.Logger) {
 
 // reapOrphans waits (without blocking) on every child that is not managed,
 // each by its pid — never wait(-1), which could take an agent's status.
-func reapOrphans(log *slog.Logger) {
-	spawnMu.Lock()
-	defer spawnMu.Unlock()
+func (t *Table) reapOrphans(log *slog.Logger) {
+	t.spawnMu.Lock()
+	defer t.spawnMu.Unlock()
 	for _, pid := range childPids() {
-		if isManaged(pid) {
+		if t.isManaged(pid) {
 			continue
 		}
 		var ws unix.WaitStatus

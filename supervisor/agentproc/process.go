@@ -1,4 +1,4 @@
-package supervisor
+package agentproc
 
 import (
 	"errors"
@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// procSpec describes how to start one agent process.
-type procSpec struct {
+// Spec describes how to start one agent process.
+type Spec struct {
 	Path  string
 	Args  []string // without argv[0]
 	Env   []string // full environment
@@ -24,10 +24,12 @@ type procSpec struct {
 	Stdio bool // true: frames on stdin/stdout; false: frames on fd 3 (agent reads) and fd 4 (agent writes)
 }
 
-// process is one running agent process and the pipes to it. The leader is kept
+// Process is one running agent process and the pipes to it. The leader is kept
 // unreaped (a zombie) after it exits until reap is called, so its pid — which is
 // also the process group id — cannot be reused while we may still signal it.
-type process struct {
+type Process struct {
+	table *Table
+
 	cmd   *exec.Cmd
 	pid   int
 	pidfd int
@@ -54,12 +56,13 @@ type process struct {
 	release chan struct{}
 }
 
-// startProcess spawns the agent in its own process group. The fork happens on a
+// Start spawns the agent in its own process group. The fork happens on a
 // goroutine locked to its OS thread, and that goroutine keeps the thread until
 // the child has exited: Linux delivers Pdeathsig when the *thread* that forked
 // the child dies, and Go may otherwise retire an idle thread.
-func startProcess(spec procSpec) (*process, error) {
-	p := &process{
+func (t *Table) Start(spec Spec) (*Process, error) {
+	p := &Process{
+		table:   t,
 		pidfd:   -1,
 		exited:  make(chan struct{}),
 		release: make(chan struct{}),
@@ -114,16 +117,16 @@ func startProcess(spec procSpec) (*process, error) {
 	go func() {
 		runtime.LockOSThread()
 		// Registered before the reaper may look at our children again.
-		spawnMu.Lock()
+		t.spawnMu.Lock()
 		if err := cmd.Start(); err != nil {
-			spawnMu.Unlock()
+			t.spawnMu.Unlock()
 			started <- err
 			runtime.UnlockOSThread()
 			return
 		}
 		p.pid = cmd.Process.Pid
-		registerManaged(p)
-		spawnMu.Unlock()
+		t.register(p)
+		t.spawnMu.Unlock()
 		started <- nil
 		p.waitExit()
 		p.exitedAt.Store(time.Now().UnixNano())
@@ -144,17 +147,8 @@ func startProcess(spec procSpec) (*process, error) {
 	return p, nil
 }
 
-// spawnProcess is startProcess as an agentProc.
-func spawnProcess(spec procSpec) (agentProc, error) {
-	p, err := startProcess(spec)
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
-}
-
 // waitExit blocks until the leader exits, without reaping it.
-func (p *process) waitExit() {
+func (p *Process) waitExit() {
 	for {
 		var info unix.Siginfo
 		var err error
@@ -172,7 +166,7 @@ func (p *process) waitExit() {
 
 // signalGroup sends sig to the agent's whole process group. It is a no-op once
 // the leader has been reaped: after that the pgid may belong to someone else.
-func (p *process) signalGroup(sig syscall.Signal) error {
+func (p *Process) SignalGroup(sig syscall.Signal) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.reaped {
@@ -185,10 +179,10 @@ func (p *process) signalGroup(sig syscall.Signal) error {
 	return err
 }
 
-// The agentProc view of a process.
-func (p *process) id() int                   { return p.pid }
-func (p *process) exitedCh() <-chan struct{} { return p.exited }
-func (p *process) pipes() (io.Writer, io.Reader, []io.Reader) {
+// The Proc view of a process.
+func (p *Process) ID() int                 { return p.pid }
+func (p *Process) Exited() <-chan struct{} { return p.exited }
+func (p *Process) Pipes() (io.Writer, io.Reader, []io.Reader) {
 	logs := make([]io.Reader, len(p.logs))
 	for i, f := range p.logs {
 		logs[i] = f
@@ -199,11 +193,11 @@ func (p *process) pipes() (io.Writer, io.Reader, []io.Reader) {
 // reap kills whatever is left of the group, collects the leader's exit status
 // and releases the spawning thread. It must only be called after exited is
 // closed. It is idempotent.
-func (p *process) reap() exitStatus {
+func (p *Process) Reap() ExitStatus {
 	return statusOf(p.reapState())
 }
 
-func (p *process) reapState() *os.ProcessState {
+func (p *Process) reapState() *os.ProcessState {
 	<-p.exited
 	p.mu.Lock()
 	if p.reaped {
@@ -224,7 +218,7 @@ func (p *process) reapState() *os.ProcessState {
 		p.pidfd = -1
 	}
 	p.mu.Unlock()
-	unregisterManaged(p.pid)
+	p.table.unregister(p.pid)
 	close(p.release)
 	closeAll(p.toAgent)
 	if p.state == nil && err != nil {
@@ -235,7 +229,7 @@ func (p *process) reapState() *os.ProcessState {
 
 // closeReaders closes the parent's read ends, unblocking any reader still
 // waiting on them (for example when an escaped grandchild holds a pipe).
-func (p *process) closeReaders() {
+func (p *Process) CloseReaders() {
 	closeAll(p.fromAgent)
 	closeAll(p.logs...)
 }
@@ -248,53 +242,69 @@ func closeAll(files ...*os.File) {
 	}
 }
 
-// exitStatus is how an agent process ended.
-type exitStatus struct {
-	known  bool           // false: the status could not be collected
-	code   int            // exit code, when not signalled
-	signal syscall.Signal // non-zero: killed by this signal
+// ExitStatus is how an agent process ended.
+type ExitStatus struct {
+	Known  bool           // false: the status could not be collected
+	Code   int            // exit code, when not signalled
+	Signal syscall.Signal // non-zero: killed by this signal
 }
 
-func statusOf(st *os.ProcessState) exitStatus {
+func statusOf(st *os.ProcessState) ExitStatus {
 	if st == nil {
-		return exitStatus{}
+		return ExitStatus{}
 	}
 	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return exitStatus{known: true, signal: ws.Signal()}
+		return ExitStatus{Known: true, Signal: ws.Signal()}
 	}
-	return exitStatus{known: true, code: st.ExitCode()}
+	return ExitStatus{Known: true, Code: st.ExitCode()}
 }
 
 // describe renders an exit status for logs and audit records.
-func (e exitStatus) describe() (desc string, failed bool) {
+func (e ExitStatus) Describe() (desc string, failed bool) {
 	switch {
-	case !e.known:
+	case !e.Known:
 		return "unknown exit status", true
-	case e.signal != 0:
-		return fmt.Sprintf("killed by signal %s", e.signal), true
+	case e.Signal != 0:
+		return fmt.Sprintf("killed by signal %s", e.Signal), true
 	}
-	return fmt.Sprintf("exited with code %d", e.code), e.code != 0
+	return fmt.Sprintf("exited with code %d", e.Code), e.Code != 0
 }
 
 // stopGroup asks the group to stop with SIGTERM and SIGKILLs it after
 // killTimeout unless the leader exits first. It returns when the leader has
 // exited.
-func (p *process) stopGroup(killTimeout time.Duration) (killed bool) {
+func (p *Process) StopGroup(killTimeout time.Duration) (killed bool) {
 	select {
 	case <-p.exited:
 		return false
 	default:
 	}
 	p.trackDescendants() // the newest ones too, before they can escape
-	_ = p.signalGroup(syscall.SIGTERM)
+	_ = p.SignalGroup(syscall.SIGTERM)
 	t := time.NewTimer(killTimeout)
 	defer t.Stop()
 	select {
 	case <-p.exited:
 		return false
 	case <-t.C:
-		_ = p.signalGroup(syscall.SIGKILL)
+		_ = p.SignalGroup(syscall.SIGKILL)
 		<-p.exited
 		return true
 	}
+}
+
+// Discard kills a process no instance was made for, reaps it and
+// closes our ends of its pipes. It waits for the exit: not on the owner.
+func Discard(p Proc) {
+	_ = p.SignalGroup(syscall.SIGKILL)
+	p.Reap()
+	p.CloseReaders()
+}
+
+// ExitedAt is when the leader's exit was seen (zero before).
+func (p *Process) ExitedAt() time.Time {
+	if n := p.exitedAt.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
 }

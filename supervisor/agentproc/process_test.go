@@ -1,4 +1,4 @@
-package supervisor
+package agentproc
 
 import (
 	"bufio"
@@ -12,9 +12,9 @@ import (
 	"time"
 )
 
-func startSleep(t testing.TB, script string) *process {
+func startSleep(t testing.TB, script string) *Process {
 	t.Helper()
-	p, err := startProcess(procSpec{Path: "/bin/sh", Args: []string{"-c", script}, Env: os.Environ(), Stdio: true})
+	p, err := Shared().Start(Spec{Path: "/bin/sh", Args: []string{"-c", script}, Env: os.Environ(), Stdio: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,14 +33,14 @@ func TestProcessExitIsSeenWithoutReaping(t *testing.T) {
 	if err != nil || !strings.Contains(string(b), ") Z ") {
 		t.Fatalf("leader should be an unreaped zombie: %q %v", b, err)
 	}
-	st := p.reap()
-	if !st.known || st.code != 3 {
+	st := p.Reap()
+	if !st.Known || st.Code != 3 {
 		t.Fatalf("exit status %v", st)
 	}
-	if err := p.signalGroup(syscall.SIGKILL); err != nil {
+	if err := p.SignalGroup(syscall.SIGKILL); err != nil {
 		t.Fatalf("signal after reap must be a no-op: %v", err)
 	}
-	if isManaged(p.pid) {
+	if p.table.isManaged(p.pid) {
 		t.Fatal("still registered as managed after reap")
 	}
 }
@@ -48,7 +48,7 @@ func TestProcessExitIsSeenWithoutReaping(t *testing.T) {
 // readPids reads the lines "LABEL PID" a test agent prints on its stdout
 // until it has one for every label, and returns each process with its start
 // time (so that a recycled pid is never mistaken for it).
-func readPids(t *testing.T, p *process, labels ...string) map[string]target {
+func readPids(t *testing.T, p *Process, labels ...string) map[string]target {
 	t.Helper()
 	if err := p.fromAgent.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
 		t.Fatal(err)
@@ -75,7 +75,7 @@ func readPids(t *testing.T, p *process, labels ...string) map[string]target {
 			if fd, ok := signalExact(pid, st, syscall.SIGKILL); ok {
 				waitGone([]int{fd}, 5*time.Second)
 				syscall.Close(fd)
-				reapOrphans(discardLog)
+				Shared().reapOrphans(discardLog)
 			}
 		})
 	}
@@ -112,7 +112,7 @@ func assertGone(t *testing.T, what string, tg target) {
 const escapedGrandchild = `setsid sh -c 'echo "session $$"; exec sleep 3600' &`
 
 func TestStopGroupKillsDescendantsAndEscalates(t *testing.T) {
-	if err := becomeSubreaper(); err != nil {
+	if err := BecomeSubreaper(); err != nil {
 		t.Fatal(err)
 	}
 	// The shell ignores SIGTERM (its "group" line comes after the trap is
@@ -128,13 +128,13 @@ func TestStopGroupKillsDescendantsAndEscalates(t *testing.T) {
 	}
 
 	start := time.Now()
-	if killed := p.stopGroup(300 * time.Millisecond); !killed {
+	if killed := p.StopGroup(300 * time.Millisecond); !killed {
 		t.Fatal("a leader ignoring SIGTERM must be SIGKILLed")
 	}
 	if time.Since(start) < 300*time.Millisecond {
 		t.Fatal("SIGKILL sent before the kill timeout")
 	}
-	p.reap()
+	p.Reap()
 	assertGone(t, "the leader", target{p.pid, leaderStart})
 	assertGone(t, "the child in the agent's group", kids["group"])
 	assertGone(t, "the child that left the agent's group (setsid)", kids["session"])
@@ -144,10 +144,10 @@ func TestStopGroupKillsDescendantsAndEscalates(t *testing.T) {
 // ever saw it is recognised by the environment it inherited from the agent,
 // and killed with it.
 func TestReapKillsAnUnseenEscapedDescendant(t *testing.T) {
-	if err := becomeSubreaper(); err != nil {
+	if err := BecomeSubreaper(); err != nil {
 		t.Fatal(err)
 	}
-	p, err := startProcess(procSpec{Path: "/bin/sh", Args: []string{"-c", escapedGrandchild + ` read _`},
+	p, err := Shared().Start(Spec{Path: "/bin/sh", Args: []string{"-c", escapedGrandchild + ` read _`},
 		Env: append(os.Environ(), "SUPERVISOR_ROLE=primary"), Stdio: true})
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +158,7 @@ func TestReapKillsAnUnseenEscapedDescendant(t *testing.T) {
 	}
 	// The leader exits by itself; its child is orphaned to us.
 	letLeaderExit(t, p)
-	if st := p.reap(); !st.known || st.code != 0 || st.signal != 0 {
+	if st := p.Reap(); !st.Known || st.Code != 0 || st.Signal != 0 {
 		t.Fatalf("leader exit %v, want 0", st)
 	}
 	assertGone(t, "the orphaned child that left the agent's group (setsid)", kid)
@@ -168,7 +168,7 @@ func TestReapKillsAnUnseenEscapedDescendant(t *testing.T) {
 // to read. It must still be recognised as the agent's: here it re-executes
 // itself without pause, so reap's look at it often lands in that moment.
 func TestReapKillsAnEscapedDescendantCaughtInExec(t *testing.T) {
-	if err := becomeSubreaper(); err != nil {
+	if err := BecomeSubreaper(); err != nil {
 		t.Fatal(err)
 	}
 	loop := filepath.Join(t.TempDir(), "execloop")
@@ -176,7 +176,7 @@ func TestReapKillsAnEscapedDescendantCaughtInExec(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 30; i++ {
-		p, err := startProcess(procSpec{Path: "/bin/sh",
+		p, err := Shared().Start(Spec{Path: "/bin/sh",
 			Args: []string{"-c", `setsid sh -c 'echo "session $$"; exec "$0"' ` + loop + ` & read _`},
 			Env:  append(os.Environ(), "SUPERVISOR_ROLE=primary"), Stdio: true})
 		if err != nil {
@@ -184,7 +184,7 @@ func TestReapKillsAnEscapedDescendantCaughtInExec(t *testing.T) {
 		}
 		kid := readPids(t, p, "session")["session"]
 		letLeaderExit(t, p)
-		p.reap()
+		p.Reap()
 		assertGone(t, "the orphan re-executing itself (round "+itoa(i)+")", kid)
 		if t.Failed() {
 			return
@@ -194,7 +194,7 @@ func TestReapKillsAnEscapedDescendantCaughtInExec(t *testing.T) {
 
 // letLeaderExit ends the leader's `read _` and waits until it has exited
 // (not yet reaped).
-func letLeaderExit(t *testing.T, p *process) {
+func letLeaderExit(t *testing.T, p *Process) {
 	t.Helper()
 	if _, err := p.toAgent.Write([]byte("\n")); err != nil {
 		t.Fatal(err)
@@ -207,7 +207,7 @@ func letLeaderExit(t *testing.T, p *process) {
 }
 
 func TestSpawnFailureIsReported(t *testing.T) {
-	_, err := startProcess(procSpec{Path: "/nonexistent/agent", Env: os.Environ(), Stdio: true})
+	_, err := Shared().Start(Spec{Path: "/nonexistent/agent", Env: os.Environ(), Stdio: true})
 	if err == nil || !strings.Contains(err.Error(), "/nonexistent/agent") {
 		t.Fatalf("err = %v", err)
 	}
@@ -228,7 +228,7 @@ func BenchmarkDeathDetection(b *testing.B) {
 		<-p.exited
 		total += time.Since(start)
 		b.StopTimer()
-		p.reap()
+		p.Reap()
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(total.Microseconds())/float64(b.N), "µs-to-detect")
