@@ -116,7 +116,7 @@ func (in *instance) ackLoop(ctx context.Context) {
 			}
 			a.mu.Unlock()
 			if in.sendMsg(&schema.WALAck{Sequence: d}) {
-				in.met.walAcks.Inc()
+				in.met.WalAcks.Inc()
 			}
 		}
 	}
@@ -129,7 +129,7 @@ func (in *instance) ackFailed(err error, first, last uint64) {
 	if errors.Is(err, wal.ErrNoSpace) {
 		code = schema.CodeWALFull
 	}
-	in.met.walErrors.WithLabelValues(code).Inc()
+	in.met.WalErrors.WithLabelValues(code).Inc()
 	in.log.Error("WAL entries asked for wal_ack are not durable; told the agent", "code", code, "err", err,
 		"first_sequence", first, "last_sequence", last)
 	in.sendMsg(schema.NewError(code, fmt.Sprintf("WAL entries %d..%d may not be durable: %v; do not act on them", first, last, err),

@@ -9,6 +9,7 @@ import (
 
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wal"
 )
 
@@ -18,7 +19,7 @@ func ackTestInstance(t *testing.T) *instance {
 	t.Helper()
 	in := &instance{
 		role: RolePrimary, codec: schema.NewCodec(schema.Options{}), out: make(chan []byte, 64),
-		met: newMetrics(func() float64 { return 0 }, func() float64 { return 0 }), log: slog.New(slog.NewTextHandler(t.Output(), nil)),
+		met: observe.NewMetrics(func() float64 { return 0 }, func() float64 { return 0 }), log: slog.New(slog.NewTextHandler(t.Output(), nil)),
 	}
 	t.Cleanup(in.stopAcks)
 	return in

@@ -51,18 +51,3 @@ func TestBackoffWindowSlides(t *testing.T) {
 		now = now.Add(6 * time.Second)
 	}
 }
-
-func TestRateLimiter(t *testing.T) {
-	r := newRateLimiter(2, time.Second)
-	now := time.Unix(0, 0)
-	ok1, _ := r.allow(now)
-	ok2, _ := r.allow(now)
-	ok3, _ := r.allow(now)
-	if !ok1 || !ok2 || ok3 {
-		t.Fatalf("allow = %v %v %v, want true true false", ok1, ok2, ok3)
-	}
-	ok, sup := r.allow(now.Add(time.Second))
-	if !ok || sup != 1 {
-		t.Fatalf("next window: ok=%v suppressed=%d, want true 1", ok, sup)
-	}
-}

@@ -14,6 +14,7 @@ import (
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wal"
 )
 
@@ -161,7 +162,7 @@ func (s *Supervisor) rejectTrial(p *trialPrep, reason string) {
 // openTrial creates the scratch stores of a trial and assembles the
 // shadow's restore from the backup. Store worker only.
 func (s *Supervisor) openTrial(h schema.Hypothesis, backup checkpoint.Meta) (t *trial, plan *restorePlan, err error) {
-	id := newUUID()
+	id := observe.NewUUID()
 	dir := filepath.Join(s.cfg.DataDir, "shadow", id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("create shadow scratch directory: %w", err)
@@ -388,8 +389,8 @@ func (s *Supervisor) decided(primary *instance, t *trial, h schema.Hypothesis, b
 		fields["shadow_reports"] = t.collector.Summary(evolution.Shadow).Reports
 		fields["duration_seconds"] = time.Since(t.started).Seconds()
 	}
-	s.record(occurrence{level: slog.LevelInfo, msg: "evolution decided", kind: AuditEvolution, fields: fields,
-		count: s.met.evolutions.WithLabelValues(d.Decision)})
+	s.rec.Record(observe.Occurrence{Level: slog.LevelInfo, Msg: "evolution decided", Kind: observe.AuditEvolution, Fields: fields,
+		Count: s.met.Evolutions.WithLabelValues(d.Decision)})
 }
 
 // endTrial forgets a finished trial once its shadow has exited.

@@ -12,6 +12,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
 )
 
 // maxRequestBody caps POST /v1/requests bodies.
@@ -21,8 +22,8 @@ func (s *Supervisor) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", s.handleHealthz)
 	mux.HandleFunc("GET /readyz", s.handleReadyz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.met.reg, promhttp.HandlerOpts{
-		ErrorLog: slogPrinter{s}, Registry: s.met.reg,
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.met.Reg, promhttp.HandlerOpts{
+		ErrorLog: slogPrinter{s}, Registry: s.met.Reg,
 	}))
 	mux.Handle("POST /v1/requests", s.requireToken(http.HandlerFunc(s.handleRequest)))
 	mux.Handle("GET /v1/requests/{id}", s.requireToken(http.HandlerFunc(s.handleGetRequest)))
@@ -107,7 +108,7 @@ type requestBody struct {
 // ?wait=D it waits up to D for the agent's request_result.
 func (s *Supervisor) handleRequest(w http.ResponseWriter, r *http.Request) {
 	code, body := s.acceptRequest(w, r)
-	s.met.requests.WithLabelValues(strconv.Itoa(code)).Inc()
+	s.met.Requests.WithLabelValues(strconv.Itoa(code)).Inc()
 	writeJSON(w, code, body)
 }
 
@@ -147,7 +148,7 @@ func (s *Supervisor) acceptRequest(w http.ResponseWriter, r *http.Request) (int,
 		}
 		ctxRaw = b
 	}
-	id := newUUID()
+	id := observe.NewUUID()
 	msg := &schema.ProcessRequest{RequestID: id, Data: schema.RequestData{Message: *req.Message, Context: ctxRaw, UserID: req.UserID}}
 	// Encoded here, so that a request the protocol cannot carry is the
 	// client's error (4xx), not an ERROR line per request and a 503.

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
 )
 
 // HTTP server bounds. Every connection has deadlines, so a slow or idle
@@ -44,17 +46,17 @@ func (s *Supervisor) newHTTPServer() *http.Server {
 		MaxHeaderBytes:    httpMaxHeaderBytes,
 		// net/http's own per-connection errors (a client that sent garbage,
 		// accept failures) go through our non-blocking log, throttled.
-		ErrorLog: log.New(httpErrorLog{s: s, limit: newRateLimiter(10, 10*time.Second)}, "", 0),
+		ErrorLog: log.New(httpErrorLog{s: s, limit: observe.NewRateLimiter(10, 10*time.Second)}, "", 0),
 	}
 }
 
 type httpErrorLog struct {
 	s     *Supervisor
-	limit *rateLimiter
+	limit *observe.RateLimiter
 }
 
 func (h httpErrorLog) Write(p []byte) (int, error) {
-	if ok, sup := h.limit.allow(time.Now()); ok {
+	if ok, sup := h.limit.Allow(time.Now()); ok {
 		h.s.log.Warn("HTTP server", "err", strings.TrimSpace(string(p)), "suppressed_before", sup)
 	}
 	return len(p), nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wire"
 )
 
@@ -70,7 +71,7 @@ type instance struct {
 	codec   *schema.Codec
 	sinks   *sinks
 	events  chan<- event
-	met     *metrics
+	met     *observe.Metrics
 
 	// Per-frame counters resolved once (label lookups hash on every call).
 	inBytes  prometheus.Counter
@@ -112,7 +113,7 @@ type instance struct {
 	acks acks // wal_ack for ack: true entries (acks.go)
 }
 
-func newInstance(n int, role string, proc agentproc.Proc, codec *schema.Codec, maxFrame int, sk *sinks, events chan<- event, met *metrics, log *slog.Logger) *instance {
+func newInstance(n int, role string, proc agentproc.Proc, codec *schema.Codec, maxFrame int, sk *sinks, events chan<- event, met *observe.Metrics, log *slog.Logger) *instance {
 	inst := &instance{
 		n: n, role: role, proc: proc, started: time.Now(), codec: codec, sinks: sk,
 		events: events, met: met,
@@ -121,11 +122,11 @@ func newInstance(n int, role string, proc agentproc.Proc, codec *schema.Codec, m
 		writerEnd: make(chan struct{}),
 		readerEnd: make(chan struct{}),
 		abandoned: make(chan struct{}),
-		inBytes:   met.frameBytes.WithLabelValues("in"),
+		inBytes:   met.FrameBytes.WithLabelValues("in"),
 		inFrames:  map[string]prometheus.Counter{},
 	}
 	for _, typ := range schema.Types(schema.FromAgent) {
-		inst.inFrames[typ] = met.frames.WithLabelValues("in", typ)
+		inst.inFrames[typ] = met.Frames.WithLabelValues("in", typ)
 	}
 	toAgent, fromAgent, logs := proc.Pipes()
 	go inst.writeLoop(wire.NewWriter(toAgent, 0))
@@ -165,7 +166,7 @@ func (in *instance) send(frame []byte) bool {
 	}
 	n := outCharge(frame)
 	if q := in.outQueued.Load(); q+n > outboundBytes {
-		in.met.outboundDropped.Inc()
+		in.met.OutboundDropped.Inc()
 		if in.unresponsiveEv.CompareAndSwap(false, true) {
 			go in.emit(event{kind: evUnresponsive})
 		}
@@ -176,7 +177,7 @@ func (in *instance) send(frame []byte) bool {
 		in.outQueued.Add(n)
 		return true
 	default:
-		in.met.outboundDropped.Inc()
+		in.met.OutboundDropped.Inc()
 		if in.unresponsiveEv.CompareAndSwap(false, true) {
 			go in.emit(event{kind: evUnresponsive})
 		}
@@ -199,8 +200,8 @@ func (in *instance) sendFrame(typ string, b []byte) bool {
 	if !in.send(b) {
 		return false
 	}
-	in.met.frames.WithLabelValues("out", typ).Inc()
-	in.met.frameBytes.WithLabelValues("out").Add(float64(len(b)))
+	in.met.Frames.WithLabelValues("out", typ).Inc()
+	in.met.FrameBytes.WithLabelValues("out").Add(float64(len(b)))
 	return true
 }
 

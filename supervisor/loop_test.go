@@ -19,6 +19,7 @@ import (
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wire"
 )
 
@@ -591,15 +592,15 @@ func TestLoopPromotionAnsweredAfterStopIsAudited(t *testing.T) {
 		if got := h.s.ledger.Since(time.Time{}); len(got) != 1 || got[0].Module != "planner" {
 			t.Fatalf("ledger after the stop: %+v, want the planner promotion", got)
 		}
-		h.s.audit.Sync()
+		h.s.rec.AuditLog().Sync()
 		f, err := os.Open(filepath.Join(cfg.DataDir, "audit.jsonl"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer f.Close()
-		var decisions []AuditRecord
-		if _, err := ReadAudit(f, time.Time{}, func(r AuditRecord) error {
-			if r.Kind == AuditEvolution {
+		var decisions []observe.AuditRecord
+		if _, err := observe.ReadAudit(f, time.Time{}, func(r observe.AuditRecord) error {
+			if r.Kind == observe.AuditEvolution {
 				decisions = append(decisions, r)
 			}
 			return nil

@@ -109,13 +109,13 @@ func (s *Supervisor) startReplica() {
 		return
 	}
 	if res := s.rep.restored; res != nil {
-		_ = s.audit.Record(AuditReplicaRestore, map[string]any{"replica": s.rep.client.Location().String(), "generation": res.Generation,
+		s.rec.Audit(AuditReplicaRestore, map[string]any{"replica": s.rep.client.Location().String(), "generation": res.Generation,
 			"checkpoint_id": res.CheckpointID, "watermark": res.Watermark, "wal_entries": res.Entries, "last_sequence": res.LastSequence})
 	}
 	st := s.st
 	r := replica.New(s.rep.client, replica.Local{DataDir: s.cfg.DataDir, WAL: st.wal, Checkpoints: st.ckpt,
 		HoldTruncation: func() func() { st.trunc.RLock(); return st.trunc.RUnlock }},
-		replica.Options{SyncInterval: s.cfg.ReplicaSyncInterval, Logger: s.log, Registerer: s.met.reg, Version: Build().Version})
+		replica.Options{SyncInterval: s.cfg.ReplicaSyncInterval, Logger: s.log, Registerer: s.met.Reg, Version: Build().Version})
 	st.onRewind = r.Rewound
 	s.rep.r = r
 	r.Start()

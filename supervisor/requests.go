@@ -20,6 +20,7 @@ import (
 
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
 )
 
 // Request API limits (docs/cli.md, docs/operations.md).
@@ -93,7 +94,7 @@ type requestTable struct {
 	retention time.Duration
 	maxCount  int
 	maxBytes  int
-	met       *metrics
+	met       *observe.Metrics
 	now       func() time.Time
 
 	mu        sync.Mutex
@@ -102,7 +103,7 @@ type requestTable struct {
 	lastSweep time.Time
 }
 
-func newRequestTable(retention time.Duration, met *metrics) *requestTable {
+func newRequestTable(retention time.Duration, met *observe.Metrics) *requestTable {
 	return &requestTable{
 		retention: retention, maxCount: maxRetainedRequests, maxBytes: maxRetainedResultBytes,
 		met: met, now: time.Now, recs: map[string]*request{},
@@ -137,7 +138,7 @@ func (t *requestTable) forget(id string) {
 }
 
 // finish records the primary's result. It returns the request's outcome
-// (outcomeAnswered, outcomeFailed, or outcomeLate for a result that arrived
+// (observe.OutcomeAnswered, observe.OutcomeFailed, or observe.OutcomeLate for a result that arrived
 // after the request expired: dropped, not an error), how long the agent
 // took, and the trial the request was mirrored to. An id the table does not
 // hold is errRequestUnknown; one already answered errRequestAnswered.
@@ -152,7 +153,7 @@ func (t *requestTable) finish(id string, data json.RawMessage, rerr *resultError
 	t.expireLocked(r, now)
 	switch r.status {
 	case statusExpired:
-		return outcomeLate, now.Sub(r.sent), r.trial, nil
+		return observe.OutcomeLate, now.Sub(r.sent), r.trial, nil
 	case statusAnswered, statusFailed:
 		return "", 0, r.trial, errRequestAnswered
 	}
@@ -160,11 +161,11 @@ func (t *requestTable) finish(id string, data json.RawMessage, rerr *resultError
 	if rerr != nil {
 		r.status, r.err = statusFailed, rerr
 		r.size = len(rerr.Code) + len(rerr.Message)
-		outcome = outcomeFailed
+		outcome = observe.OutcomeFailed
 	} else {
 		r.status, r.data = statusAnswered, data
 		r.size = len(data)
-		outcome = outcomeAnswered
+		outcome = observe.OutcomeAnswered
 	}
 	close(r.done)
 	t.bytes += r.size
@@ -210,7 +211,7 @@ func (t *requestTable) expireLocked(r *request, now time.Time) {
 	if r.status == statusPending && now.Sub(r.sent) >= t.retention {
 		r.status, r.finished = statusExpired, now
 		close(r.done)
-		t.met.requestOutcomes.WithLabelValues(outcomeExpired).Inc()
+		t.met.RequestOutcomes.WithLabelValues(observe.OutcomeExpired).Inc()
 	}
 }
 
@@ -267,8 +268,8 @@ func (t *requestTable) removeLocked(r *request) {
 }
 
 func (t *requestTable) gaugesLocked() {
-	t.met.requestsStored.Set(float64(len(t.recs)))
-	t.met.requestBytes.Set(float64(t.bytes))
+	t.met.RequestsStored.Set(float64(len(t.recs)))
+	t.met.RequestBytes.Set(float64(t.bytes))
 }
 
 // ---- request_result from the agents
@@ -289,17 +290,17 @@ func (s *Supervisor) primaryResult(in *instance, m *schema.RequestResult) {
 		s.invalidMessage(in, unknownResult(m.RequestID, err))
 		return
 	}
-	s.met.requestOutcomes.WithLabelValues(outcome).Inc()
-	if outcome == outcomeLate {
-		if ok, sup := s.limiter.allow(time.Now()); ok {
+	s.met.RequestOutcomes.WithLabelValues(outcome).Inc()
+	if outcome == observe.OutcomeLate {
+		if ok, sup := s.rec.Allow(time.Now()); ok {
 			in.log.Info("request_result arrived after its request expired; dropped", "request_id", clip(m.RequestID, 64),
 				"after", took.Round(time.Millisecond), "request_retention", s.cfg.RequestRetention, "suppressed_before", sup)
 		}
 		return
 	}
-	s.met.requestLatency.WithLabelValues(outcome).Observe(took.Seconds())
+	s.met.RequestLatency.WithLabelValues(outcome).Observe(took.Seconds())
 	if t := s.current().trial; t != nil && trial != "" && trial == t.id {
-		t.collector.AddResult(evolution.Primary, outcome == outcomeFailed, took)
+		t.collector.AddResult(evolution.Primary, outcome == observe.OutcomeFailed, took)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
 )
 
 // fakeClock is a settable clock for the request table.
@@ -24,7 +25,7 @@ func (c *fakeClock) now() time.Time          { return c.t }
 func (c *fakeClock) advance(d time.Duration) { c.t = c.t.Add(d) }
 func newTestTable(retention time.Duration) (*requestTable, *fakeClock) {
 	clk := &fakeClock{t: time.Unix(1705392000, 0)}
-	tb := newRequestTable(retention, newMetrics(func() float64 { return 0 }, func() float64 { return 0 }))
+	tb := newRequestTable(retention, observe.NewMetrics(func() float64 { return 0 }, func() float64 { return 0 }))
 	tb.now = clk.now
 	return tb, clk
 }
@@ -37,7 +38,7 @@ func TestRequestTableLifecycle(t *testing.T) {
 	}
 	clk.advance(20 * time.Millisecond)
 	outcome, took, _, err := tb.finish("a", json.RawMessage(`{"x":1}`), nil)
-	if err != nil || outcome != outcomeAnswered || took != 20*time.Millisecond {
+	if err != nil || outcome != observe.OutcomeAnswered || took != 20*time.Millisecond {
 		t.Fatalf("finish = %q %v %v", outcome, took, err)
 	}
 	select {
@@ -55,7 +56,7 @@ func TestRequestTableLifecycle(t *testing.T) {
 		t.Errorf("result for an unknown id = %v, want errRequestUnknown", err)
 	}
 	tb.add("b", "")
-	if o, _, _, _ := tb.finish("b", nil, &resultError{Code: "TOOL_FAILED", Message: "m"}); o != outcomeFailed {
+	if o, _, _, _ := tb.finish("b", nil, &resultError{Code: "TOOL_FAILED", Message: "m"}); o != observe.OutcomeFailed {
 		t.Errorf("error result outcome %q", o)
 	}
 	if v, _ := tb.view("b"); v.Status != statusFailed || v.Error.Code != "TOOL_FAILED" {
@@ -69,10 +70,10 @@ func TestRequestTableLifecycle(t *testing.T) {
 	if v, _ := tb.view("slow"); v.Status != statusExpired {
 		t.Errorf("unanswered request after the retention is %q, want expired", v.Status)
 	}
-	if o, _, _, err := tb.finish("slow", json.RawMessage(`{}`), nil); o != outcomeLate || err != nil {
+	if o, _, _, err := tb.finish("slow", json.RawMessage(`{}`), nil); o != observe.OutcomeLate || err != nil {
 		t.Errorf("late result = %q, %v; want late, nil", o, err)
 	}
-	if got := testutil.ToFloat64(tb.met.requestOutcomes.WithLabelValues(outcomeExpired)); got != 1 {
+	if got := testutil.ToFloat64(tb.met.RequestOutcomes.WithLabelValues(observe.OutcomeExpired)); got != 1 {
 		t.Errorf("expired counter %v", got)
 	}
 	clk.advance(time.Minute + time.Second)

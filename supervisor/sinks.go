@@ -9,6 +9,7 @@ import (
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wal"
 )
 
@@ -91,12 +92,12 @@ func (k *sinks) checkpoint(in *instance, cp *schema.Checkpoint, arrived time.Tim
 	if _, ok := s.work.gate.acquire(size, in.abandoned); !ok {
 		return // the instance is being finished; this checkpoint is not acknowledged
 	}
-	s.bmet.ckptQueueBytes.Add(float64(size))
+	s.bmet.CkptQueueBytes.Add(float64(size))
 	s.work.ckpts <- ckptJob{inst: in, dest: k.ckpts, data: cp.Data, zstd: cp.Zstd, size: size, watermark: wm, tailAt: at, arrived: arrived}
 }
 
 func (k *sinks) agentMetrics(in *instance, m *schema.Metrics) {
-	k.s.met.agentReport(k.role, m.Data)
+	k.s.met.AgentReport(k.role, m.Data)
 	if t, side := k.collecting(); t != nil {
 		t.collector.Add(side, m.Data, time.Now())
 	}
@@ -104,9 +105,9 @@ func (k *sinks) agentMetrics(in *instance, m *schema.Metrics) {
 
 func (k *sinks) agentError(in *instance, m *schema.Error) {
 	if k.role == RolePrimary {
-		k.s.met.agentErrors.Inc()
+		k.s.met.AgentErrors.Inc()
 	}
-	if ok, sup := k.s.limiter.allow(time.Now()); ok {
+	if ok, sup := k.s.rec.Allow(time.Now()); ok {
 		in.log.Warn("agent reported an error", "code", m.Error.Code, "message", m.Error.Message, "suppressed_before", sup)
 	}
 }
@@ -129,16 +130,16 @@ func (k *sinks) requestResult(in *instance, m *schema.RequestResult) {
 func (s *Supervisor) storeCheckpoint(job ckptJob) {
 	defer func() {
 		s.work.gate.release(job.size)
-		s.bmet.ckptQueueBytes.Sub(float64(job.size))
+		s.bmet.CkptQueueBytes.Sub(float64(job.size))
 	}()
 	in, dest := job.inst, job.dest
 	fail := func(stage string, err error) {
 		in.sendMsg(schema.NewError(schema.CodeCheckpointFailed, fmt.Sprintf("checkpoint not stored (%s): %v", stage, err),
 			map[string]any{"watermark": job.watermark}))
 		if dest.primary {
-			s.record(occurrence{level: slog.LevelError, msg: "checkpoint not stored; told the agent CHECKPOINT_FAILED", log: in.log,
-				kind: AuditCheckpointError, fields: map[string]any{"stage": stage, "error": err.Error(), "watermark": job.watermark},
-				count: s.met.checkpointFailed})
+			s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: "checkpoint not stored; told the agent CHECKPOINT_FAILED", Log: in.log,
+				Kind: observe.AuditCheckpointError, Fields: map[string]any{"stage": stage, "error": err.Error(), "watermark": job.watermark},
+				Count: s.met.CheckpointFailed})
 		} else {
 			in.log.Warn("shadow checkpoint not stored; told the shadow CHECKPOINT_FAILED", "stage", stage, "err", err)
 		}
@@ -165,11 +166,11 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 		return
 	}
 	took := time.Since(job.arrived)
-	s.met.checkpointSize.Set(float64(meta.StoredSize))
-	s.met.checkpointRaw.Set(float64(meta.Size))
-	s.met.checkpointDur.Observe(took.Seconds())
-	s.record(occurrence{level: slog.LevelInfo, msg: "checkpoint stored", log: in.log, kind: AuditCheckpoint,
-		fields: map[string]any{"checkpoint_id": meta.ID, "size": meta.Size, "stored_size": meta.StoredSize,
+	s.met.CheckpointSize.Set(float64(meta.StoredSize))
+	s.met.CheckpointRaw.Set(float64(meta.Size))
+	s.met.CheckpointDur.Observe(took.Seconds())
+	s.rec.Record(observe.Occurrence{Level: slog.LevelInfo, Msg: "checkpoint stored", Log: in.log, Kind: observe.AuditCheckpoint,
+		Fields: map[string]any{"checkpoint_id": meta.ID, "size": meta.Size, "stored_size": meta.StoredSize,
 			"watermark": meta.Watermark, "checksum": meta.Checksum, "pruned": removed},
-		logOnly: []any{"seconds", took.Seconds(), "wal_segments_removed", truncated}, count: s.met.checkpoints})
+		LogOnly: []any{"seconds", took.Seconds(), "wal_segments_removed", truncated}, Count: s.met.Checkpoints})
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wal"
 )
 
@@ -34,8 +35,8 @@ func (s *Supervisor) invalidMessage(in *instance, err error) {
 	if ve != nil {
 		fields["type"], fields["field"] = ve.Type, ve.Field
 	}
-	s.record(occurrence{level: slog.LevelWarn, msg: "invalid message from the agent; replied INVALID_MESSAGE", log: in.log,
-		kind: AuditInvalid, fields: fields, count: s.met.invalid.WithLabelValues(schema.CodeInvalidMessage, rule), limited: true})
+	s.rec.Record(observe.Occurrence{Level: slog.LevelWarn, Msg: "invalid message from the agent; replied INVALID_MESSAGE", Log: in.log,
+		Kind: observe.AuditInvalid, Fields: fields, Count: s.met.Invalid.WithLabelValues(schema.CodeInvalidMessage, rule), Limited: true})
 }
 
 // appendWAL appends entries as one unit through appendFn (the primary's
@@ -70,10 +71,10 @@ func (s *Supervisor) appendWAL(in *instance, l *wal.Log, appendFn func([]wal.Ent
 			details["sequence"], details["last_sequence"] = ce.Sequence, ce.LastSequence
 			in.sendMsg(schema.NewError(schema.CodeSequenceConflict, fmt.Sprintf("WAL entry with sequence %d not appended: %s (the log's last sequence is %d)",
 				ce.Sequence, ce.Reason, ce.LastSequence), details))
-			s.record(occurrence{level: slog.LevelWarn, msg: "WAL sequence conflict: entries refused; told the agent SEQUENCE_CONFLICT", log: in.log,
-				kind: AuditSequenceConflict, fields: map[string]any{"role": in.role, "sequence": ce.Sequence,
+			s.rec.Record(observe.Occurrence{Level: slog.LevelWarn, Msg: "WAL sequence conflict: entries refused; told the agent SEQUENCE_CONFLICT", Log: in.log,
+				Kind: observe.AuditSequenceConflict, Fields: map[string]any{"role": in.role, "sequence": ce.Sequence,
 					"last_sequence": ce.LastSequence, "entries": len(recs), "reason": ce.Reason},
-				count: s.met.walErrors.WithLabelValues(schema.CodeSequenceConflict), limited: true})
+				Count: s.met.WalErrors.WithLabelValues(schema.CodeSequenceConflict), Limited: true})
 			return
 		}
 		code := schema.CodeWALFailed
@@ -81,19 +82,19 @@ func (s *Supervisor) appendWAL(in *instance, l *wal.Log, appendFn func([]wal.Ent
 			code = schema.CodeWALFull
 		}
 		in.sendMsg(schema.NewError(code, "the supervisor could not append these WAL entries: "+err.Error(), details))
-		s.record(occurrence{level: slog.LevelError, msg: "WAL append failed; told the agent", log: in.log,
-			kind: AuditWALError, fields: map[string]any{"role": in.role, "code": code, "error": err.Error(), "first_sequence": recs[0].Sequence},
-			count: s.met.walErrors.WithLabelValues(code), limited: true})
+		s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: "WAL append failed; told the agent", Log: in.log,
+			Kind: observe.AuditWALError, Fields: map[string]any{"role": in.role, "code": code, "error": err.Error(), "first_sequence": recs[0].Sequence},
+			Count: s.met.WalErrors.WithLabelValues(code), Limited: true})
 		return
 	}
 	if in.role == RolePrimary {
-		s.met.walAppends.Add(float64(res.Appended))
-		s.met.walBytes.Add(float64(size))
-		s.met.walDuplicates.Add(float64(res.Duplicates))
-		s.met.walGaps.Add(float64(len(res.Gaps)))
+		s.met.WalAppends.Add(float64(res.Appended))
+		s.met.WalBytes.Add(float64(size))
+		s.met.WalDuplicates.Add(float64(res.Duplicates))
+		s.met.WalGaps.Add(float64(len(res.Gaps)))
 	}
 	for _, g := range res.Gaps {
-		if ok, _ := s.limiter.allow(time.Now()); ok {
+		if ok, _ := s.rec.Allow(time.Now()); ok {
 			in.log.Info("gap in WAL sequences (allowed)", "after", g.After, "next", g.Next)
 		}
 	}
@@ -108,15 +109,15 @@ func (s *Supervisor) sendRestore(in *instance, plan *restorePlan, trigger string
 		in.log.Error("could not queue the restore for the agent", "trigger", trigger)
 		return false
 	}
-	s.met.frames.WithLabelValues("out", schema.TypeRestore).Inc()
-	s.met.frameBytes.WithLabelValues("out").Add(float64(len(plan.frame)))
+	s.met.Frames.WithLabelValues("out", schema.TypeRestore).Inc()
+	s.met.FrameBytes.WithLabelValues("out").Add(float64(len(plan.frame)))
 	in.restoredFrom = plan.checkpointID
 	in.restoreSentAt.Store(time.Now().UnixNano())
-	s.met.restoreEntries.Add(float64(plan.entries))
-	s.record(occurrence{level: slog.LevelInfo, msg: "restore sent", log: in.log, kind: AuditRestore,
-		fields: map[string]any{"trigger": trigger, "role": in.role, "checkpoint_id": plan.checkpointID,
+	s.met.RestoreEntries.Add(float64(plan.entries))
+	s.rec.Record(observe.Occurrence{Level: slog.LevelInfo, Msg: "restore sent", Log: in.log, Kind: observe.AuditRestore,
+		Fields: map[string]any{"trigger": trigger, "role": in.role, "checkpoint_id": plan.checkpointID,
 			"watermark": plan.watermark, "wal_entries": plan.entries, "last_sequence": plan.lastSeq, "compressed": plan.compressed},
-		count: s.met.restores.WithLabelValues(trigger)})
+		Count: s.met.Restores.WithLabelValues(trigger)})
 	return true
 }
 
@@ -127,9 +128,9 @@ func (s *Supervisor) rewindWAL(cp checkpoint.Meta) error {
 	if err != nil {
 		return err
 	}
-	s.record(occurrence{level: slog.LevelWarn, msg: "history after the checkpoint set aside for a --no-wal restore", kind: AuditRollback,
-		fields: map[string]any{"checkpoint_id": cp.ID, "watermark": cp.Watermark, "wal_entries_removed": removed,
+	s.rec.Record(observe.Occurrence{Level: slog.LevelWarn, Msg: "history after the checkpoint set aside for a --no-wal restore", Kind: observe.AuditRollback,
+		Fields: map[string]any{"checkpoint_id": cp.ID, "watermark": cp.Watermark, "wal_entries_removed": removed,
 			"previous_last_sequence": last, "checkpoints_marked_bad": abandoned},
-		logOnly: []any{"removed_sequences", fmt.Sprintf("%d..%d", cp.Watermark+1, last)}})
+		LogOnly: []any{"removed_sequences", fmt.Sprintf("%d..%d", cp.Watermark+1, last)}})
 	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wire"
 )
 
@@ -61,9 +62,8 @@ type Supervisor struct {
 	log    *slog.Logger
 	codec  *schema.Codec
 	st     *stores // WAL, checkpoints, restore assembly: the restore invariant
-	audit  *auditLog
-	met    *metrics
-	bmet   *boundsMetrics
+	met    *observe.Metrics
+	bmet   *observe.BoundsMetrics
 	lock   *os.File
 	ledger *evolution.Ledger
 	rep    *replicaState // --replica (replica.go); nil when off
@@ -98,8 +98,8 @@ type Supervisor struct {
 	// pub is the owner's last published view (view.go): the only way other
 	// goroutines see owner state.
 	pub      atomic.Pointer[view]
-	auditPtr atomic.Pointer[auditLog] // for ReopenAudit from a signal handler
-	loopBeat atomic.Int64             // unix nanos of the owner loop's last turn; 0 before Run
+	rec      *observe.Recorder // logs, counts and audits occurrences (its audit log attached by open)
+	loopBeat atomic.Int64      // unix nanos of the owner loop's last turn; 0 before Run
 
 	// work runs checkpoint saves and the owner's slow storage jobs on one
 	// goroutine (storework.go); they report back on stored.
@@ -112,8 +112,6 @@ type Supervisor struct {
 	// loopDone is closed when the owner loop has returned: goroutines
 	// reporting to it stop waiting.
 	loopDone chan struct{}
-
-	limiter *rateLimiter
 
 	// spawn starts an agent: startProcess, or an in-memory agent in the
 	// owner loop's tests.
@@ -153,6 +151,7 @@ func New(cfg Config) (*Supervisor, error) {
 	s := &Supervisor{
 		cfg:     cfg,
 		log:     log,
+		rec:     observe.NewRecorder(log),
 		codec:   schema.NewCodec(schema.Options{ExtraWALOperations: cfg.WALOperations, StreamCheckpoints: true}),
 		events:  make(chan event, 256),
 		control: make(chan controlCall),
@@ -165,18 +164,17 @@ func New(cfg Config) (*Supervisor, error) {
 		stored:   make(chan storeResult, 4),
 		spawned:  make(chan spawnResult), // unbuffered: an answer is taken by the loop, or settled by its sender
 		loopDone: make(chan struct{}),
-		limiter:  newRateLimiter(20, 10*time.Second),
 		spawn:    spawnProcess,
 	}
 	s.setState(StateStarting) // the first start is scheduled at once
-	s.met = newMetrics(s.heartbeatAgeSeconds, s.walLastSequence)
+	s.met = observe.NewMetrics(s.heartbeatAgeSeconds, s.walLastSequence)
 	s.requests = newRequestTable(cfg.RequestRetention, s.met)
 	tok, err := loadToken(cfg.HTTPTokenFile)
 	if err != nil {
 		return nil, err
 	}
 	s.tokenHash = tok
-	s.bmet = newBoundsMetrics(s.met.reg, cfg.LogDropped)
+	s.bmet = observe.NewBoundsMetrics(s.met.Reg, cfg.LogDropped)
 	return s, nil
 }
 
@@ -222,7 +220,7 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 	if ln := httpLn; ln != nil {
 		srv := s.newHTTPServer()
 		connCap := httpConnCap()
-		ln = newLimitListener(ln, connCap, func(d int) { s.bmet.httpConns.Add(float64(d)) }, s.bmet.httpWaits.Inc)
+		ln = newLimitListener(ln, connCap, func(d int) { s.bmet.HttpConns.Add(float64(d)) }, s.bmet.HttpWaits.Inc)
 		s.log.Info("HTTP listener up", "addr", ln.Addr().String(), "max_connections", connCap)
 		bgWG.Add(1)
 		go func() {
@@ -246,14 +244,14 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 	go func() { defer bgWG.Done(); s.serveControl(bg, cl) }()
 	defer cl.Close()
 
-	_ = s.audit.Record(AuditStart, map[string]any{"pid": os.Getpid(), "command": s.cfg.Command, "data_dir": s.cfg.DataDir})
+	s.rec.Audit(observe.AuditStart, map[string]any{"pid": os.Getpid(), "command": s.cfg.Command, "data_dir": s.cfg.DataDir})
 	runErr := s.loop(ctx)
 	close(s.loopDone)
 	fields := map[string]any{"restarts": s.restarts}
 	if runErr != nil {
 		fields["error"] = runErr.Error()
 	}
-	_ = s.audit.Record(AuditStop, fields)
+	s.rec.Audit(observe.AuditStop, fields)
 	return runErr
 }
 
@@ -274,15 +272,14 @@ func (s *Supervisor) open() error {
 	if err := s.restoreFromReplica(); err != nil { // an empty data dir with --replica
 		return err
 	}
-	audit, err := openAudit(filepath.Join(dir, "audit.jsonl"), s.bmet.auditDropped.Inc, func(err error) {
+	audit, err := observe.OpenAudit(filepath.Join(dir, "audit.jsonl"), s.bmet.AuditDropped.Inc, func(err error) {
 		s.log.Error("cannot write the audit log; the records of this batch are lost (check the disk under --data-dir)", "err", err)
 	})
 	if err != nil {
 		return plantedLink(err)
 	}
-	s.audit = audit
-	s.auditPtr.Store(audit)
-	st, err := openStores(dir, s.cfg, s.codec, s.log, s.met.walSynced)
+	s.rec.AttachAudit(audit)
+	st, err := openStores(dir, s.cfg, s.codec, s.log, s.met.WalSynced)
 	if err != nil {
 		return err
 	}
@@ -292,12 +289,12 @@ func (s *Supervisor) open() error {
 	s.log.Info("WAL opened", "segments", rec.Segments, "entries", rec.Entries,
 		"last_sequence", w.LastSequence(), "floor", w.Floor(), "torn_bytes_truncated", rec.TruncatedBytes)
 	for _, ce := range rec.Covered {
-		s.record(occurrence{level: slog.LevelWarn, msg: "damaged WAL segments below the newest checkpoint's watermark set aside; that checkpoint covers them",
-			kind: AuditWALError, fields: map[string]any{"error": ce.Error(), "covered_by_checkpoint": true, "moved_aside": ce.Moved}})
+		s.rec.Record(observe.Occurrence{Level: slog.LevelWarn, Msg: "damaged WAL segments below the newest checkpoint's watermark set aside; that checkpoint covers them",
+			Kind: observe.AuditWALError, Fields: map[string]any{"error": ce.Error(), "covered_by_checkpoint": true, "moved_aside": ce.Moved}})
 	}
 	if rec.Corruption != nil {
-		s.record(occurrence{level: slog.LevelError, msg: "WAL CORRUPTION: replay stopped at a corrupt record; the good prefix is kept and entries after it are NOT served. Inspect with `supervisor wal dump` and restore the data directory from a backup if those entries matter.",
-			kind: AuditWALError, fields: map[string]any{"error": rec.Corruption.Error(), "last_good_sequence": w.LastSequence()}})
+		s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: "WAL CORRUPTION: replay stopped at a corrupt record; the good prefix is kept and entries after it are NOT served. Inspect with `supervisor wal dump` and restore the data directory from a backup if those entries matter.",
+			Kind: observe.AuditWALError, Fields: map[string]any{"error": rec.Corruption.Error(), "last_good_sequence": w.LastSequence()}})
 	}
 	if s.cfg.MaxFrameSize < s.codec.Limits().Restore {
 		s.codec = schema.NewCodec(schema.Options{ExtraWALOperations: s.cfg.WALOperations,
@@ -327,7 +324,9 @@ func (s *Supervisor) close() error {
 			errs = append(errs, fmt.Errorf("close WAL: %w", err))
 		}
 	}
-	_ = s.audit.Close()
+	if a := s.rec.AuditLog(); a != nil {
+		_ = a.Close()
+	}
 	if s.lock != nil {
 		_ = os.Remove(filepath.Join(s.cfg.DataDir, socketName))
 		_ = s.lock.Close()
@@ -462,7 +461,7 @@ func (s *Supervisor) loop(ctx context.Context) error {
 			case evFirstHeartbeat:
 				if s.state == StateStarting {
 					s.setState(StateRunning)
-					s.met.agentUp.WithLabelValues(RolePrimary).Set(1)
+					s.met.AgentUp.WithLabelValues(RolePrimary).Set(1)
 					s.log.Info("agent is up", "pid", ev.inst.proc.ID(), "start_seconds", time.Since(ev.inst.started).Seconds())
 				}
 				s.armHeartbeat(hbTimer)
@@ -764,8 +763,8 @@ func (s *Supervisor) reportSkipped(skipped []checkpoint.Skipped) {
 			s.log.Info("checkpoint marked bad earlier is passed over", "checkpoint_id", sk.ID, "err", sk.Err)
 			continue
 		}
-		s.record(occurrence{level: slog.LevelError, msg: "checkpoint skipped at restore; using an older one with a longer WAL replay",
-			kind: AuditCheckpointSkip, fields: map[string]any{"checkpoint_id": sk.ID, "error": sk.Err.Error()}, count: s.met.checkpointSkip})
+		s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: "checkpoint skipped at restore; using an older one with a longer WAL replay",
+			Kind: observe.AuditCheckpointSkip, Fields: map[string]any{"checkpoint_id": sk.ID, "error": sk.Err.Error()}, Count: s.met.CheckpointSkip})
 	}
 }
 
@@ -841,7 +840,7 @@ func (s *Supervisor) stopInstance(in *instance, reason string) {
 	in.stopReason = reason
 	if in == s.cur {
 		s.setState(StateStopping)
-		s.met.agentUp.WithLabelValues(in.role).Set(0)
+		s.met.AgentUp.WithLabelValues(in.role).Set(0)
 	}
 	go func() {
 		if in.proc.StopGroup(s.cfg.KillTimeout) {
@@ -861,7 +860,7 @@ func (s *Supervisor) streamEnded(ev event) {
 	}
 	if wire.IsFramingError(ev.err) {
 		rule := framingRule(ev.err)
-		s.met.invalid.WithLabelValues("FRAMING_ERROR", rule).Inc()
+		s.met.Invalid.WithLabelValues("FRAMING_ERROR", rule).Inc()
 		if in.stopping {
 			return
 		}
@@ -871,7 +870,7 @@ func (s *Supervisor) streamEnded(ev event) {
 			msg = "framing error from the agent: " + d + "; restarting it"
 			fields["diagnosis"] = d
 		}
-		s.record(occurrence{level: slog.LevelError, msg: msg, log: in.log, kind: AuditFraming, fields: fields})
+		s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: msg, Log: in.log, Kind: observe.AuditFraming, Fields: fields})
 		s.stopInstance(in, "framing_error")
 		return
 	}
@@ -886,7 +885,7 @@ func (s *Supervisor) streamEnded(ev event) {
 func (s *Supervisor) drainInstance(in *instance) {
 	if in.role == RolePrimary && !in.draining {
 		s.setState(StateStopping)
-		s.met.agentUp.WithLabelValues(RolePrimary).Set(0)
+		s.met.AgentUp.WithLabelValues(RolePrimary).Set(0)
 	}
 	s.drain(in)
 }
@@ -915,7 +914,7 @@ func (s *Supervisor) instanceExited(in *instance, st agentproc.ExitStatus, start
 	s.stat.PID = 0
 	s.stat.AgentStartedAt = time.Time{}
 	s.publish()
-	s.met.agentUp.WithLabelValues(RolePrimary).Set(0)
+	s.met.AgentUp.WithLabelValues(RolePrimary).Set(0)
 	desc, failed := st.Describe()
 	reason := in.stopReason
 	if reason == "" {
@@ -961,8 +960,8 @@ func (s *Supervisor) instanceExited(in *instance, st agentproc.ExitStatus, start
 		s.setState(StateStopped)
 		if failed {
 			msg := fmt.Sprintf("agent %s (%s) and --restart is never, so it is not restarted.%s", desc, reason, s.failureHint(reason))
-			s.record(occurrence{level: slog.LevelError, msg: msg, kind: AuditGaveUp,
-				fields: map[string]any{"reason": reason, "status": desc, "policy": "never"}})
+			s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: msg, Kind: observe.AuditGaveUp,
+				Fields: map[string]any{"reason": reason, "status": desc, "policy": "never"}})
 			return true, fmt.Errorf("%w: %s", ErrAgentFailed, msg)
 		}
 		return true, nil
@@ -1024,9 +1023,9 @@ func (s *Supervisor) fallbackAnswered(f *fallbackAsk, startTimer *time.Timer) (s
 	}
 	s.fallbackFrom = f.from
 	s.bo.forget()
-	s.record(occurrence{level: slog.LevelWarn, msg: "crash loop: falling back to an older checkpoint (--fallback-on-crash-loop); it is restored with every WAL entry after it",
-		kind: AuditFallback, fields: map[string]any{"from_checkpoint_id": f.from, "to_checkpoint_id": f.to.ID,
-			"to_watermark": f.to.Watermark, "reason": f.reason}, count: s.met.fallbacks})
+	s.rec.Record(observe.Occurrence{Level: slog.LevelWarn, Msg: "crash loop: falling back to an older checkpoint (--fallback-on-crash-loop); it is restored with every WAL entry after it",
+		Kind: observe.AuditFallback, Fields: map[string]any{"from_checkpoint_id": f.from, "to_checkpoint_id": f.to.ID,
+			"to_watermark": f.to.Watermark, "reason": f.reason}, Count: s.met.Fallbacks})
 	delay, _ := s.bo.next(now)
 	s.restartAfter(f.reason, f.failed, delay, startTimer)
 	return false, nil
@@ -1041,8 +1040,8 @@ func (s *Supervisor) giveUp(reason string, now time.Time) (stop bool, err error)
 		"Check the agent's own output in this log (lines with stream=stderr) and `supervisor audit --data-dir %s` for each exit; "+
 		"raise --max-restarts or use --max-restarts 0 to keep retrying",
 		s.cfg.MaxRestarts, s.cfg.RestartWindow, reason, s.failureHint(reason), s.cfg.DataDir)
-	s.record(occurrence{level: slog.LevelError, msg: msg, kind: AuditGaveUp,
-		fields: map[string]any{"reason": reason, "restarts_in_window": s.bo.recent(now), "max_restarts": s.cfg.MaxRestarts, "window": s.cfg.RestartWindow.String()}})
+	s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: msg, Kind: observe.AuditGaveUp,
+		Fields: map[string]any{"reason": reason, "restarts_in_window": s.bo.recent(now), "max_restarts": s.cfg.MaxRestarts, "window": s.cfg.RestartWindow.String()}})
 	return true, fmt.Errorf("%w: %s", ErrCrashLoop, msg)
 }
 
@@ -1053,9 +1052,9 @@ func (s *Supervisor) restartAfter(reason string, failed bool, delay time.Duratio
 	s.stat.Restarts = s.restarts
 	s.stat.LastRestartReason = reason
 	s.setState(StateBackingOff)
-	s.record(occurrence{level: slog.LevelInfo, msg: "restarting the agent", kind: AuditRestart,
-		fields:  map[string]any{"reason": reason, "failed": failed, "delay_seconds": delay.Seconds(), "restarts": s.restarts},
-		logOnly: []any{"delay", delay.Round(time.Millisecond)}, count: s.met.restarts.WithLabelValues(reason)})
+	s.rec.Record(observe.Occurrence{Level: slog.LevelInfo, Msg: "restarting the agent", Kind: observe.AuditRestart,
+		Fields:  map[string]any{"reason": reason, "failed": failed, "delay_seconds": delay.Seconds(), "restarts": s.restarts},
+		LogOnly: []any{"delay", delay.Round(time.Millisecond)}, Count: s.met.Restarts.WithLabelValues(reason)})
 	startTimer.Reset(delay)
 }
 
@@ -1064,9 +1063,9 @@ func (s *Supervisor) restartAfter(reason string, failed bool, delay time.Duratio
 func (s *Supervisor) refuseStart(err error) {
 	s.failed = true
 	s.setState(StateGivenUp)
-	s.record(occurrence{level: slog.LevelError, msg: "refusing to start the agent: its state cannot be restored completely",
-		kind: AuditRestoreRefused, fields: map[string]any{"error": err.Error(), "wal_floor": s.st.wal.Floor(),
-			"wal_last_sequence": s.st.wal.LastSequence()}, count: s.met.restoreRefused})
+	s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: "refusing to start the agent: its state cannot be restored completely",
+		Kind: observe.AuditRestoreRefused, Fields: map[string]any{"error": err.Error(), "wal_floor": s.st.wal.Floor(),
+			"wal_last_sequence": s.st.wal.LastSequence()}, Count: s.met.RestoreRefused})
 }
 
 // walLastSequence is the WAL's last sequence for the metric (0 before the
@@ -1100,37 +1099,4 @@ func framingRule(err error) string {
 		return "truncated"
 	}
 	return "other"
-}
-
-// rateLimiter lets through at most n events per window (for logging and
-// auditing floods of invalid input).
-type rateLimiter struct {
-	mu         sync.Mutex
-	n          int
-	window     time.Duration
-	start      time.Time
-	count      int
-	suppressed int
-}
-
-func newRateLimiter(n int, window time.Duration) *rateLimiter {
-	return &rateLimiter{n: n, window: window}
-}
-
-// allow reports whether to record this event, and how many were suppressed
-// since the last one allowed.
-func (r *rateLimiter) allow(now time.Time) (ok bool, suppressed int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if now.Sub(r.start) >= r.window {
-		r.start, r.count = now, 0
-	}
-	if r.count >= r.n {
-		r.suppressed++
-		return false, 0
-	}
-	r.count++
-	s := r.suppressed
-	r.suppressed = 0
-	return true, s
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor"
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wal"
 )
 
@@ -441,7 +442,7 @@ func (c *auditCmd) Run(_ context.Context, args []string) error {
 		cut = time.Now().Add(-since)
 	}
 	enc := json.NewEncoder(c.stdout)
-	skipped, err := supervisor.ReadAudit(file, cut, func(r supervisor.AuditRecord) error {
+	skipped, err := observe.ReadAudit(file, cut, func(r observe.AuditRecord) error {
 		if *asJSON {
 			return enc.Encode(r)
 		}

@@ -1,4 +1,4 @@
-package supervisor
+package observe
 
 import (
 	"sync"
@@ -15,185 +15,185 @@ import (
 // create, so a misbehaving agent cannot explode the label cardinality.
 const maxGenericAgentGauges = 64
 
-// metrics holds every Prometheus collector of the supervisor, on its own
+// Metrics holds every Prometheus collector of the supervisor, on its own
 // registry. Labels are bounded: message types, directions, error codes, rules,
 // restart reasons, decisions and roles — never ids.
-type metrics struct {
-	reg *prometheus.Registry
+type Metrics struct {
+	Reg *prometheus.Registry
 
-	agentUp          *prometheus.GaugeVec
-	restarts         *prometheus.CounterVec
-	heartbeatAge     prometheus.GaugeFunc
-	frames           *prometheus.CounterVec
-	frameBytes       *prometheus.CounterVec
-	invalid          *prometheus.CounterVec
-	agentErrors      prometheus.Counter
-	outboundDropped  prometheus.Counter
-	walAppends       prometheus.Counter
-	walBytes         prometheus.Counter
-	walDuplicates    prometheus.Counter
-	walGaps          prometheus.Counter
-	walErrors        *prometheus.CounterVec
-	walFsync         prometheus.Histogram
-	walLastSeq       prometheus.GaugeFunc
-	checkpoints      prometheus.Counter
-	checkpointFailed prometheus.Counter
-	checkpointSize   prometheus.Gauge
-	checkpointRaw    prometheus.Gauge
-	checkpointDur    prometheus.Histogram
-	checkpointSkip   prometheus.Counter
-	fallbacks        prometheus.Counter
-	restoreRefused   prometheus.Counter
-	restores         *prometheus.CounterVec
-	restoreEntries   prometheus.Counter
-	evolutions       *prometheus.CounterVec
-	requests         *prometheus.CounterVec
+	AgentUp          *prometheus.GaugeVec
+	Restarts         *prometheus.CounterVec
+	HeartbeatAge     prometheus.GaugeFunc
+	Frames           *prometheus.CounterVec
+	FrameBytes       *prometheus.CounterVec
+	Invalid          *prometheus.CounterVec
+	AgentErrors      prometheus.Counter
+	OutboundDropped  prometheus.Counter
+	WalAppends       prometheus.Counter
+	WalBytes         prometheus.Counter
+	WalDuplicates    prometheus.Counter
+	WalGaps          prometheus.Counter
+	WalErrors        *prometheus.CounterVec
+	WalFsync         prometheus.Histogram
+	WalLastSeq       prometheus.GaugeFunc
+	Checkpoints      prometheus.Counter
+	CheckpointFailed prometheus.Counter
+	CheckpointSize   prometheus.Gauge
+	CheckpointRaw    prometheus.Gauge
+	CheckpointDur    prometheus.Histogram
+	CheckpointSkip   prometheus.Counter
+	Fallbacks        prometheus.Counter
+	RestoreRefused   prometheus.Counter
+	Restores         *prometheus.CounterVec
+	RestoreEntries   prometheus.Counter
+	Evolutions       *prometheus.CounterVec
+	Requests         *prometheus.CounterVec
 
-	agentLatency  *prometheus.GaugeVec
-	agentErrRate  *prometheus.GaugeVec
-	agentMemory   *prometheus.GaugeVec
-	agentThruput  *prometheus.GaugeVec
-	agentTools    *prometheus.GaugeVec
-	agentBlocks   *prometheus.GaugeVec
-	agentGeneric  *prometheus.GaugeVec
+	AgentLatency  *prometheus.GaugeVec
+	AgentErrRate  *prometheus.GaugeVec
+	AgentMemory   *prometheus.GaugeVec
+	AgentThruput  *prometheus.GaugeVec
+	AgentTools    *prometheus.GaugeVec
+	AgentBlocks   *prometheus.GaugeVec
+	AgentGeneric  *prometheus.GaugeVec
 	genericMu     sync.Mutex
 	genericKeys   map[string]struct{}
-	genericDenied prometheus.Counter
+	GenericDenied prometheus.Counter
 
-	extensionMetrics // wal_ack and request results (extension_metrics.go)
+	ExtensionMetrics // wal_ack and request results (extension_metrics.go)
 }
 
-// newMetrics builds every collector on a new registry (promauto.With:
+// NewMetrics builds every collector on a new registry (promauto.With:
 // built is registered). heartbeatAge and walLastSeq are read at scrape time
-// from their owners.
-func newMetrics(heartbeatAge, walLastSeq func() float64) *metrics {
-	m := &metrics{reg: prometheus.NewRegistry(), genericKeys: map[string]struct{}{}}
-	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a := promauto.With(m.reg)
+// from their owners; extra collectors (the build info) are registered too.
+func NewMetrics(heartbeatAge, walLastSeq func() float64, extra ...prometheus.Collector) *Metrics {
+	m := &Metrics{Reg: prometheus.NewRegistry(), genericKeys: map[string]struct{}{}}
+	m.Reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a := promauto.With(m.Reg)
 
-	m.agentUp = a.NewGaugeVec(prometheus.GaugeOpts{
+	m.AgentUp = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_agent_up", Help: "1 while the agent process is running and has sent its first heartbeat, else 0.",
 	}, []string{"role"})
-	m.restarts = a.NewCounterVec(prometheus.CounterOpts{
+	m.Restarts = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_agent_restarts_total", Help: "Agent restarts, by the reason the previous run ended.",
 	}, []string{"reason"})
-	m.heartbeatAge = a.NewGaugeFunc(prometheus.GaugeOpts{
+	m.HeartbeatAge = a.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "supervisor_agent_heartbeat_age_seconds", Help: "Seconds since the primary agent's last heartbeat (0 before the first).",
 	}, heartbeatAge)
-	m.frames = a.NewCounterVec(prometheus.CounterOpts{
+	m.Frames = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_frames_total", Help: "Valid frames exchanged with agents, by direction (in: from the agent) and message type.",
 	}, []string{"direction", "type"})
-	m.frameBytes = a.NewCounterVec(prometheus.CounterOpts{
+	m.FrameBytes = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_frame_bytes_total", Help: "Payload bytes of frames exchanged with agents, by direction.",
 	}, []string{"direction"})
-	m.invalid = a.NewCounterVec(prometheus.CounterOpts{
+	m.Invalid = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_invalid_frames_total", Help: "Frames rejected, by error code (INVALID_MESSAGE for payload errors, FRAMING_ERROR for a broken stream) and rule.",
 	}, []string{"code", "rule"})
-	m.agentErrors = a.NewCounter(prometheus.CounterOpts{
+	m.AgentErrors = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_agent_reported_errors_total", Help: "error messages sent by the agent.",
 	})
-	m.outboundDropped = a.NewCounter(prometheus.CounterOpts{
+	m.OutboundDropped = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_outbound_queue_full_total", Help: "Times a message to the agent found its queue full (the agent stopped reading its input).",
 	})
-	m.walAppends = a.NewCounter(prometheus.CounterOpts{
+	m.WalAppends = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_wal_appends_total", Help: "WAL entries appended.",
 	})
-	m.walBytes = a.NewCounter(prometheus.CounterOpts{
+	m.WalBytes = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_wal_append_bytes_total", Help: "Bytes of WAL entries appended (entry payloads).",
 	})
-	m.walDuplicates = a.NewCounter(prometheus.CounterOpts{
+	m.WalDuplicates = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_wal_duplicates_total", Help: "WAL entries skipped because their sequence was at or below the last appended.",
 	})
-	m.walGaps = a.NewCounter(prometheus.CounterOpts{
+	m.WalGaps = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_wal_gaps_total", Help: "Gaps in WAL sequence numbers (allowed, logged).",
 	})
-	m.walErrors = a.NewCounterVec(prometheus.CounterOpts{
+	m.WalErrors = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_wal_errors_total", Help: "WAL appends that failed, by the error code reported to the agent.",
 	}, []string{"code"})
-	m.walFsync = a.NewHistogram(prometheus.HistogramOpts{
+	m.WalFsync = a.NewHistogram(prometheus.HistogramOpts{
 		Name: "supervisor_wal_fsync_duration_seconds", Help: "Duration of WAL group-commit fsyncs.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 15), // 100µs .. ~1.6s
 	})
-	m.walLastSeq = a.NewGaugeFunc(prometheus.GaugeOpts{
+	m.WalLastSeq = a.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "supervisor_wal_last_sequence", Help: "Highest sequence appended to the WAL.",
 	}, walLastSeq)
-	m.checkpoints = a.NewCounter(prometheus.CounterOpts{
+	m.Checkpoints = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_checkpoints_total", Help: "Checkpoints stored and acknowledged.",
 	})
-	m.checkpointFailed = a.NewCounter(prometheus.CounterOpts{
+	m.CheckpointFailed = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_checkpoint_failures_total", Help: "Checkpoints that could not be stored (CHECKPOINT_FAILED sent).",
 	})
-	m.checkpointSize = a.NewGauge(prometheus.GaugeOpts{
+	m.CheckpointSize = a.NewGauge(prometheus.GaugeOpts{
 		Name: "supervisor_checkpoint_stored_bytes", Help: "Size on disk of the newest stored checkpoint (compressed).",
 	})
-	m.checkpointRaw = a.NewGauge(prometheus.GaugeOpts{
+	m.CheckpointRaw = a.NewGauge(prometheus.GaugeOpts{
 		Name: "supervisor_checkpoint_uncompressed_bytes", Help: "Uncompressed size of the newest stored checkpoint.",
 	})
-	m.checkpointDur = a.NewHistogram(prometheus.HistogramOpts{
+	m.CheckpointDur = a.NewHistogram(prometheus.HistogramOpts{
 		Name: "supervisor_checkpoint_duration_seconds", Help: "Time from a checkpoint frame's arrival to its acknowledgement (WAL wait, compress, fsync).",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14), // 1ms .. ~8s
 	})
-	m.checkpointSkip = a.NewCounter(prometheus.CounterOpts{
+	m.CheckpointSkip = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_checkpoint_corrupt_total", Help: "Checkpoints skipped at restore because they failed their checksum or could not be read.",
 	})
-	m.fallbacks = a.NewCounter(prometheus.CounterOpts{
+	m.Fallbacks = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_crash_loop_fallbacks_total", Help: "Crash loops answered by restoring from an older checkpoint with its whole WAL tail (--fallback-on-crash-loop).",
 	})
-	m.restoreRefused = a.NewCounter(prometheus.CounterOpts{
+	m.RestoreRefused = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_restore_refused_total", Help: "Agent starts refused because no complete restore (a checkpoint plus every WAL entry after it) could be built.",
 	})
-	m.restores = a.NewCounterVec(prometheus.CounterOpts{
+	m.Restores = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_restores_total", Help: "restore messages sent, by trigger (start, operator).",
 	}, []string{"trigger"})
-	m.restoreEntries = a.NewCounter(prometheus.CounterOpts{
+	m.RestoreEntries = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_restore_wal_entries_total", Help: "WAL entries replayed in restore messages.",
 	})
-	m.evolutions = a.NewCounterVec(prometheus.CounterOpts{
+	m.Evolutions = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_evolutions_total", Help: "Evolution decisions, by decision.",
 	}, []string{"decision"})
-	m.requests = a.NewCounterVec(prometheus.CounterOpts{
+	m.Requests = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_http_requests_total", Help: "POST /v1/requests calls, by HTTP status code.",
 	}, []string{"code"})
 
 	role := []string{"role"}
-	m.agentLatency = a.NewGaugeVec(prometheus.GaugeOpts{
+	m.AgentLatency = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_agent_reported_latency_seconds", Help: "Latency the agent reported (avg, p50, p95, p99), converted from milliseconds.",
 	}, []string{"role", "stat"})
-	m.agentErrRate = a.NewGaugeVec(prometheus.GaugeOpts{
+	m.AgentErrRate = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_agent_reported_error_ratio", Help: "Error rate the agent reported (0..1).",
 	}, role)
-	m.agentMemory = a.NewGaugeVec(prometheus.GaugeOpts{
+	m.AgentMemory = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_agent_reported_memory_bytes", Help: "Memory usage the agent reported.",
 	}, role)
-	m.agentThruput = a.NewGaugeVec(prometheus.GaugeOpts{
+	m.AgentThruput = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_agent_reported_throughput_per_second", Help: "Throughput the agent reported.",
 	}, role)
-	m.agentTools = a.NewGaugeVec(prometheus.GaugeOpts{
+	m.AgentTools = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_agent_reported_active_tools", Help: "Active tools the agent reported.",
 	}, role)
-	m.agentBlocks = a.NewGaugeVec(prometheus.GaugeOpts{
+	m.AgentBlocks = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_agent_reported_memory_blocks", Help: "Memory blocks the agent reported.",
 	}, role)
-	m.agentGeneric = a.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "supervisor_agent_reported_value", Help: "Other numeric values the agent reported in metrics, by key (at most 64 distinct keys).",
+	m.AgentGeneric = a.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "supervisor_agent_reported_value", Help: "Other numeric values the agent reported in Metrics, by key (at most 64 distinct keys).",
 	}, []string{"role", "key"})
-	m.genericDenied = a.NewCounter(prometheus.CounterOpts{
+	m.GenericDenied = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_agent_reported_keys_dropped_total", Help: "Agent metric values dropped because the distinct-key cap was reached.",
 	})
 
 	for _, r := range []string{"primary", "shadow"} {
-		m.agentUp.WithLabelValues(r).Set(0)
+		m.AgentUp.WithLabelValues(r).Set(0)
 	}
 	// Series the alert rules (deploy/prometheus/alerts.yml) use exist at 0
 	// from the start, so increase() and rate() see the first event.
 	for _, r := range restartReasons {
-		m.restarts.WithLabelValues(r)
+		m.Restarts.WithLabelValues(r)
 	}
 	for _, code := range []string{"WAL_FULL", "WAL_FAILED", "SEQUENCE_CONFLICT"} {
-		m.walErrors.WithLabelValues(code)
+		m.WalErrors.WithLabelValues(code)
 	}
-	m.reg.MustRegister(newBuildInfoGauge(Build()))
-	m.extensionMetrics = newExtensionMetrics(m.reg)
+	m.Reg.MustRegister(extra...)
+	m.ExtensionMetrics = newExtensionMetrics(m.Reg)
 	return m
 }
 
@@ -202,29 +202,29 @@ func newMetrics(heartbeatAge, walLastSeq func() float64) *metrics {
 var restartReasons = []string{"crashed", "exited", "killed", "hung", "start_timeout",
 	"framing_error", "read_error", "unresponsive", "spawn_failed"}
 
-// agentReport converts an agent's metrics message to base units. The
+// agentReport converts an agent's Metrics message to base units. The
 // known keys are schema's one list (schema.KnownMetrics).
-func (m *metrics) agentReport(role string, data map[string]float64) {
+func (m *Metrics) AgentReport(role string, data map[string]float64) {
 	for k, v := range data {
 		switch k {
 		case schema.MetricAvgLatency:
-			m.agentLatency.WithLabelValues(role, "avg").Set(v / 1000)
+			m.AgentLatency.WithLabelValues(role, "avg").Set(v / 1000)
 		case schema.MetricP50Latency:
-			m.agentLatency.WithLabelValues(role, "p50").Set(v / 1000)
+			m.AgentLatency.WithLabelValues(role, "p50").Set(v / 1000)
 		case schema.MetricP95Latency:
-			m.agentLatency.WithLabelValues(role, "p95").Set(v / 1000)
+			m.AgentLatency.WithLabelValues(role, "p95").Set(v / 1000)
 		case schema.MetricP99Latency:
-			m.agentLatency.WithLabelValues(role, "p99").Set(v / 1000)
+			m.AgentLatency.WithLabelValues(role, "p99").Set(v / 1000)
 		case schema.MetricErrorRate:
-			m.agentErrRate.WithLabelValues(role).Set(v)
+			m.AgentErrRate.WithLabelValues(role).Set(v)
 		case schema.MetricMemoryUsage:
-			m.agentMemory.WithLabelValues(role).Set(v)
+			m.AgentMemory.WithLabelValues(role).Set(v)
 		case schema.MetricThroughput:
-			m.agentThruput.WithLabelValues(role).Set(v)
+			m.AgentThruput.WithLabelValues(role).Set(v)
 		case schema.MetricActiveTools:
-			m.agentTools.WithLabelValues(role).Set(v)
+			m.AgentTools.WithLabelValues(role).Set(v)
 		case schema.MetricMemoryBlocks:
-			m.agentBlocks.WithLabelValues(role).Set(v)
+			m.AgentBlocks.WithLabelValues(role).Set(v)
 		default:
 			m.genericMu.Lock()
 			_, known := m.genericKeys[k]
@@ -234,15 +234,15 @@ func (m *metrics) agentReport(role string, data map[string]float64) {
 			}
 			m.genericMu.Unlock()
 			if known {
-				m.agentGeneric.WithLabelValues(role, k).Set(v)
+				m.AgentGeneric.WithLabelValues(role, k).Set(v)
 			} else {
-				m.genericDenied.Inc()
+				m.GenericDenied.Inc()
 			}
 		}
 	}
 }
 
 // walSynced is the WAL's OnSync hook.
-func (m *metrics) walSynced(d time.Duration, _ int, _ int) {
-	m.walFsync.Observe(d.Seconds())
+func (m *Metrics) WalSynced(d time.Duration, _ int, _ int) {
+	m.WalFsync.Observe(d.Seconds())
 }

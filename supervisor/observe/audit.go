@@ -1,4 +1,4 @@
-package supervisor
+package observe
 
 import (
 	"bufio"
@@ -46,7 +46,7 @@ type AuditRecord struct {
 	Fields map[string]any `json:"fields,omitempty"`
 }
 
-// auditLog appends one JSON object per decision, in the order recorded.
+// AuditLog appends one JSON object per decision, in the order recorded.
 // Record never waits on the disk: it encodes the record and queues it, and
 // the log's own writer goroutine appends what is queued with one write and
 // one fsync (a crash can at worst leave a torn last line, which readers
@@ -54,7 +54,7 @@ type AuditRecord struct {
 // is bounded (auditQueueRecords, auditQueueBytes): a record that does not
 // fit is dropped and counted, and an "audit_records_dropped" record says how
 // many were lost once writing resumes.
-type auditLog struct {
+type AuditLog struct {
 	mu   sync.Mutex // guards f (Reopen swaps it)
 	f    *os.File
 	path string
@@ -69,7 +69,7 @@ type auditLog struct {
 	progress *sync.Cond // on qmu: written advanced, or closed
 	wake     chan struct{}
 	done     chan struct{} // the writer has exited
-	onDrop   func()        // counts a dropped record (metrics); may be nil
+	onDrop   func()        // counts a dropped record (Metrics); may be nil
 	onError  func(error)   // reports a failed write (logs); may be nil
 }
 
@@ -91,15 +91,15 @@ const (
 	maxAuditRecord = 16 << 10
 )
 
-// openAudit opens the audit log and starts its writer; Close stops it.
+// OpenAudit opens the audit log and starts its writer; Close stops it.
 // onDrop counts a record dropped while the queue was full, onError reports
 // a failed write; either may be nil.
-func openAudit(path string, onDrop func(), onError func(error)) (*auditLog, error) {
+func OpenAudit(path string, onDrop func(), onError func(error)) (*AuditLog, error) {
 	f, err := openAuditFile(path)
 	if err != nil {
 		return nil, err
 	}
-	a := &auditLog{f: f, path: path, wake: make(chan struct{}, 1), done: make(chan struct{}), onDrop: onDrop, onError: onError}
+	a := &AuditLog{f: f, path: path, wake: make(chan struct{}, 1), done: make(chan struct{}), onDrop: onDrop, onError: onError}
 	a.progress = sync.NewCond(&a.qmu)
 	go a.writer()
 	return a, nil
@@ -135,7 +135,7 @@ func readLastByte(path string, size int64) (byte, error) {
 
 // Reopen closes the audit log and opens its path again: after logrotate
 // moved it away, records go to a new file.
-func (a *auditLog) Reopen() error {
+func (a *AuditLog) Reopen() error {
 	if a == nil {
 		return nil
 	}
@@ -192,7 +192,7 @@ func boundFields(v any) any {
 // Record queues a record for appending and returns at once. An error means
 // it could not be encoded, or the log is closed; an audit failure never
 // stops supervision.
-func (a *auditLog) Record(kind string, fields map[string]any) error {
+func (a *AuditLog) Record(kind string, fields map[string]any) error {
 	if a == nil {
 		return nil
 	}
@@ -225,7 +225,7 @@ func (a *auditLog) Record(kind string, fields map[string]any) error {
 // encodeAudit renders one bounded record line.
 func encodeAudit(kind string, fields map[string]any) ([]byte, error) {
 	bounded, _ := boundFields(fields).(map[string]any)
-	rec := AuditRecord{ID: newUUID(), Time: time.Now().UTC(), Kind: kind, Fields: bounded}
+	rec := AuditRecord{ID: NewUUID(), Time: time.Now().UTC(), Kind: kind, Fields: bounded}
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return nil, fmt.Errorf("encode audit record: %w", err)
@@ -240,7 +240,7 @@ func encodeAudit(kind string, fields map[string]any) ([]byte, error) {
 }
 
 // writer appends queued records until Close, then what is left.
-func (a *auditLog) writer() {
+func (a *AuditLog) writer() {
 	defer close(a.done)
 	for {
 		a.qmu.Lock()
@@ -274,7 +274,7 @@ func (a *auditLog) writer() {
 }
 
 // write appends records with one write and one fsync.
-func (a *auditLog) write(batch [][]byte) error {
+func (a *AuditLog) write(batch [][]byte) error {
 	var b []byte
 	if len(batch) == 1 {
 		b = batch[0]
@@ -296,7 +296,7 @@ func (a *auditLog) write(batch [][]byte) error {
 }
 
 // Sync waits until every record queued before it is written.
-func (a *auditLog) Sync() {
+func (a *AuditLog) Sync() {
 	if a == nil {
 		return
 	}
@@ -308,7 +308,7 @@ func (a *auditLog) Sync() {
 	}
 }
 
-func (a *auditLog) writerDone() bool {
+func (a *AuditLog) writerDone() bool {
 	select {
 	case <-a.done:
 		return true
@@ -318,7 +318,7 @@ func (a *auditLog) writerDone() bool {
 }
 
 // Close writes what is queued and closes the file.
-func (a *auditLog) Close() error {
+func (a *AuditLog) Close() error {
 	if a == nil {
 		return nil
 	}
@@ -345,7 +345,8 @@ func (a *auditLog) Close() error {
 	return err
 }
 
-func newUUID() string {
+// NewUUID returns a time-ordered UUID (v7; v4 if the clock fails).
+func NewUUID() string {
 	if id, err := uuid.NewV7(); err == nil {
 		return id.String()
 	}
@@ -377,19 +378,5 @@ func ReadAudit(r io.Reader, since time.Time, fn func(AuditRecord) error) (skippe
 	return skipped, sc.Err()
 }
 
-// ReopenAudit reopens DATA_DIR/audit.jsonl, for log rotation (SIGHUP): the
-// old file is closed, and records go to a file at the same path, created if
-// it was moved away. Safe from any goroutine; before Run has opened the data
-// directory it does nothing.
-func (s *Supervisor) ReopenAudit() error {
-	a := s.auditPtr.Load()
-	if a == nil {
-		return nil
-	}
-	if err := a.Reopen(); err != nil {
-		s.log.Error("cannot reopen the audit log; records go to the old file until the next SIGHUP", "err", err)
-		return fmt.Errorf("reopen audit log: %w", err)
-	}
-	s.log.Info("audit log reopened", "path", a.path)
-	return nil
-}
+// Path is the audit log's file.
+func (a *AuditLog) Path() string { return a.path }

@@ -1,4 +1,4 @@
-package supervisor
+package observe
 
 import (
 	"os"
@@ -11,7 +11,7 @@ import (
 
 func TestAuditSurvivesTornLastLine(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "audit.jsonl")
-	a, err := openAudit(path, nil, nil)
+	a, err := OpenAudit(path, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,7 +23,7 @@ func TestAuditSurvivesTornLastLine(t *testing.T) {
 	f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
 	f.WriteString(`{"id":"x","time":"2026-`)
 	f.Close()
-	a, err = openAudit(path, nil, nil)
+	a, err = OpenAudit(path, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestAuditSurvivesTornLastLine(t *testing.T) {
 func TestAuditRecordNeverBlocks(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "audit.jsonl")
 	var dropped atomic.Int64
-	a, err := openAudit(path, func() { dropped.Add(1) }, func(error) {})
+	a, err := OpenAudit(path, func() { dropped.Add(1) }, func(error) {})
 	if err != nil {
 		t.Fatal(err)
 	}
