@@ -252,7 +252,7 @@ func (s *Supervisor) handleControl(call controlCall) ControlResponse {
 		s.pendingPoint = point
 		s.pendingReply = reply
 		s.publish()
-		in.log.Info("operator restore requested: restarting the agent to deliver it", "checkpoint_id", meta.ID, "no_wal", req.NoWAL)
+		in.Log().Info("operator restore requested: restarting the agent to deliver it", "checkpoint_id", meta.ID, "no_wal", req.NoWAL)
 		s.stopInstance(in, reasonOperatorRestore)
 		return ControlResponse{} // answered when the restore has been sent
 	default:

@@ -14,6 +14,7 @@ import (
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
+	"github.com/agent-sidecar/supervisor/supervisor/conn"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wal"
 )
@@ -28,7 +29,7 @@ type trial struct {
 	dir       string // scratch data directory of the shadow
 	wal       *wal.Log
 	store     *checkpoint.Store
-	shadow    *instance
+	shadow    *agent
 	collector *evolution.Collector
 	started   time.Time
 	timer     *time.Timer
@@ -37,7 +38,7 @@ type trial struct {
 }
 
 // evolutionIntent handles an evolution_intent from the primary (owner only).
-func (s *Supervisor) evolutionIntent(in *instance, m *schema.EvolutionIntent) {
+func (s *Supervisor) evolutionIntent(in *agent, m *schema.EvolutionIntent) {
 	h := m.Hypothesis
 	reject := func(reason string) {
 		s.decided(in, nil, h, "", evolution.Decision{Decision: evolution.DecisionRejected, Metrics: map[string]float64{}, Reason: reason})
@@ -70,8 +71,8 @@ func (s *Supervisor) evolutionIntent(in *instance, m *schema.EvolutionIntent) {
 // owner (trialPrepared).
 type trialPrep struct {
 	intent  schema.Hypothesis
-	primary *instance // the primary that proposed it
-	t       *trial    // scratch stores open, backup pinned; nil on failure
+	primary *agent // the primary that proposed it
+	t       *trial // scratch stores open, backup pinned; nil on failure
 	plan    *restorePlan
 	reject  string // why the evolution cannot be tried ("" = ready)
 }
@@ -93,7 +94,7 @@ func (s *Supervisor) prepareTrial(p *trialPrep) {
 	t, plan, err := s.openTrial(p.intent, backup)
 	if err != nil {
 		s.unpinNow(backup.ID)
-		p.primary.log.Error("cannot prepare the shadow agent", "err", err)
+		p.primary.Log().Error("cannot prepare the shadow agent", "err", err)
 		p.reject = "the shadow agent could not be started: " + err.Error()
 		return
 	}
@@ -121,7 +122,7 @@ func (s *Supervisor) trialPrepared(p *trialPrep) {
 func (s *Supervisor) shadowSpawned(r spawnResult) {
 	p := r.trial
 	if r.err != nil {
-		p.primary.log.Error("cannot start the shadow agent", "err", r.err)
+		p.primary.Log().Error("cannot start the shadow agent", "err", r.err)
 		s.rejectTrial(p, "the shadow agent could not be started: "+r.err.Error())
 		return
 	}
@@ -132,16 +133,17 @@ func (s *Supervisor) shadowSpawned(r spawnResult) {
 	}
 	s.trialPrep = false
 	t, proc := p.t, r.proc
-	t.shadow = newInstance(s.incarnation, RoleShadow, proc, s.codec, s.cfg.MaxFrameSize, s.shadowSinks(t), s.events, s.met, s.log.With("trial", t.id))
+	t.shadow = &agent{Instance: conn.Start(conn.Config{N: s.incarnation, Role: RoleShadow, Proc: proc, Codec: s.codec,
+		MaxFrame: s.cfg.MaxFrameSize, Sink: s.shadowSinks(t), Events: s.events, Metrics: s.met, Log: s.log.With("trial", t.id)})}
 	if p.plan != nil {
-		s.sendRestore(t.shadow, p.plan, "shadow")
+		s.sendRestore(t.shadow.Instance, p.plan, "shadow")
 	}
-	t.shadow.sendMsg(&schema.HotReload{Code: t.intent.NewCode, Module: t.intent.Target, BackupCheckpointID: t.backup.ID})
+	t.shadow.SendMsg(&schema.HotReload{Code: t.intent.NewCode, Module: t.intent.Target, BackupCheckpointID: t.backup.ID})
 	t.started = time.Now()
 	t.timer = time.NewTimer(s.cfg.ShadowDuration)
 	s.trial = t
 	s.publish()
-	p.primary.log.Info("evolution trial started", "trial", t.id, "target", t.intent.Target, "backup_checkpoint_id", t.backup.ID,
+	p.primary.Log().Info("evolution trial started", "trial", t.id, "target", t.intent.Target, "backup_checkpoint_id", t.backup.ID,
 		"shadow_pid", proc.ID(), "duration", s.cfg.ShadowDuration)
 }
 
@@ -225,34 +227,34 @@ func (s *Supervisor) trialTimer() <-chan time.Time {
 }
 
 // shadowEvent handles events from a shadow instance (owner only).
-func (s *Supervisor) shadowEvent(ev event) {
+func (s *Supervisor) shadowEvent(ev conn.Event) {
 	t := s.trial
-	if t == nil || ev.inst != t.shadow {
+	if t == nil || t.shadow == nil || ev.Inst != t.shadow.Instance {
 		return
 	}
-	switch ev.kind {
-	case evExited:
-		s.drain(ev.inst)
-	case evFinished:
-		st := ev.status
+	switch ev.Kind {
+	case conn.Exited:
+		s.drain(t.shadow)
+	case conn.Finished:
+		st := ev.Status
 		if !t.decided {
 			desc, _ := st.Describe()
 			t.failure = "shadow " + desc
 			s.concludeTrial()
 		}
 		s.endTrial()
-	case evStreamEnded:
-		if ev.err != nil && !errors.Is(ev.err, io.EOF) && !errors.Is(ev.err, os.ErrClosed) && !t.decided {
-			t.failure = "shadow broke the framing: " + ev.err.Error()
+	case conn.StreamEnded:
+		if ev.Err != nil && !errors.Is(ev.Err, io.EOF) && !errors.Is(ev.Err, os.ErrClosed) && !t.decided {
+			t.failure = "shadow broke the framing: " + ev.Err.Error()
 			s.concludeTrial()
 		}
-	case evUnresponsive:
+	case conn.Unresponsive:
 		if !t.decided {
 			t.failure = "shadow stopped reading its input"
 			s.concludeTrial()
 		}
-	case evEvolutionIntent:
-		ev.inst.sendMsg(&schema.EvolutionResult{Success: false, Decision: evolution.DecisionRejected, Metrics: map[string]float64{},
+	case conn.EvolutionIntent:
+		ev.Inst.SendMsg(&schema.EvolutionResult{Success: false, Decision: evolution.DecisionRejected, Metrics: map[string]float64{},
 			Reason: "a shadow agent cannot propose evolutions"})
 	}
 }
@@ -272,7 +274,7 @@ func (s *Supervisor) checkShadowHeartbeat() {
 // "". During the trial a shadow gets --start-timeout for its first heartbeat;
 // at the decision (final) one that never heartbeated fails outright.
 func (s *Supervisor) shadowHeartbeatFailure(t *trial, final bool) string {
-	age, seen := t.shadow.heartbeatAge(time.Now())
+	age, seen := t.shadow.HeartbeatAge(time.Now())
 	switch {
 	case !seen && final:
 		return "shadow never sent a heartbeat"
@@ -319,7 +321,7 @@ func (s *Supervisor) concludeTrial() {
 	}
 	if !t.shadow.stopping {
 		t.shadow.stopping = true
-		go t.shadow.proc.StopGroup(s.cfg.KillTimeout)
+		go t.shadow.Proc().StopGroup(s.cfg.KillTimeout)
 	}
 }
 
@@ -328,7 +330,7 @@ func (s *Supervisor) concludeTrial() {
 type promotion struct {
 	t       *trial
 	d       evolution.Decision
-	primary *instance
+	primary *agent
 	p       evolution.Promotion
 	err     error
 }
@@ -371,15 +373,15 @@ func (pr *promotion) decision() evolution.Decision {
 }
 
 // decided tells the primary the outcome and records it.
-func (s *Supervisor) decided(primary *instance, t *trial, h schema.Hypothesis, backupID string, d evolution.Decision) {
+func (s *Supervisor) decided(primary *agent, t *trial, h schema.Hypothesis, backupID string, d evolution.Decision) {
 	if d.Metrics == nil {
 		d.Metrics = map[string]float64{}
 	}
 	if primary != nil {
 		if d.Promote {
-			primary.sendMsg(&schema.HotReload{Code: h.NewCode, Module: h.Target, BackupCheckpointID: backupID})
+			primary.SendMsg(&schema.HotReload{Code: h.NewCode, Module: h.Target, BackupCheckpointID: backupID})
 		}
-		primary.sendMsg(&schema.EvolutionResult{Success: d.Promote, Decision: d.Decision, Metrics: d.Metrics, Reason: d.Reason})
+		primary.SendMsg(&schema.EvolutionResult{Success: d.Promote, Decision: d.Decision, Metrics: d.Metrics, Reason: d.Reason})
 	}
 	fields := map[string]any{"decision": d.Decision, "reason": d.Reason, "metrics": d.Metrics, "target": h.Target,
 		"hypothesis_reason": h.Reason, "backup_checkpoint_id": backupID}
@@ -416,7 +418,7 @@ func (s *Supervisor) stopTrial(reason string) {
 		t.failure = reason
 		s.concludeTrial()
 	}
-	_ = t.shadow.proc.SignalGroup(syscall.SIGKILL)
+	_ = t.shadow.Proc().SignalGroup(syscall.SIGKILL)
 	s.drain(t.shadow)
 }
 
@@ -429,15 +431,15 @@ func (s *Supervisor) abortTrial(reason string) {
 		return
 	}
 	s.stopTrial(reason)
-	t.shadow.finish(drainTimeout) // safe beside drain's own finish: both wait for the same ends
+	t.shadow.Finish(drainTimeout) // safe beside drain's own finish: both wait for the same ends
 	s.endTrial()
 }
 
 // resendPromotions re-sends, after a restore from a checkpoint created at
 // created (zero: none), the promoted code newer than that checkpoint.
-func (s *Supervisor) resendPromotions(in *instance, created time.Time) {
+func (s *Supervisor) resendPromotions(in *agent, created time.Time) {
 	for _, p := range s.ledger.Since(created) {
-		in.sendMsg(&schema.HotReload{Code: p.Code, Module: p.Module, BackupCheckpointID: p.BackupCheckpointID})
-		in.log.Info("re-sent promoted code after restore", "module", p.Module, "promoted_at", p.At)
+		in.SendMsg(&schema.HotReload{Code: p.Code, Module: p.Module, BackupCheckpointID: p.BackupCheckpointID})
+		in.Log().Info("re-sent promoted code after restore", "module", p.Module, "promoted_at", p.At)
 	}
 }

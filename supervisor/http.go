@@ -86,7 +86,7 @@ func (s *Supervisor) readiness() (bool, string, Status) {
 			return false, "the agent is not running (state " + st.State + ")", st
 		}
 	}
-	age, seen := in.heartbeatAge(time.Now())
+	age, seen := in.HeartbeatAge(time.Now())
 	switch {
 	case !seen:
 		return false, "waiting for the agent's first heartbeat", st

@@ -20,6 +20,7 @@ import (
 
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/conn"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
 )
 
@@ -279,7 +280,7 @@ func (t *requestTable) gaugesLocked() {
 // never sent or is already answered. A result for an expired request is
 // counted as late and dropped without a reply: the agent did nothing wrong,
 // it was slow.
-func (s *Supervisor) primaryResult(in *instance, m *schema.RequestResult) {
+func (s *Supervisor) primaryResult(in *conn.Instance, m *schema.RequestResult) {
 	data, rerr, err := resultBody(m)
 	if err != nil {
 		s.invalidMessage(in, err)
@@ -293,7 +294,7 @@ func (s *Supervisor) primaryResult(in *instance, m *schema.RequestResult) {
 	s.met.RequestOutcomes.WithLabelValues(outcome).Inc()
 	if outcome == observe.OutcomeLate {
 		if ok, sup := s.rec.Allow(time.Now()); ok {
-			in.log.Info("request_result arrived after its request expired; dropped", "request_id", clip(m.RequestID, 64),
+			in.Log().Info("request_result arrived after its request expired; dropped", "request_id", clip(m.RequestID, 64),
 				"after", took.Round(time.Millisecond), "request_retention", s.cfg.RequestRetention, "suppressed_before", sup)
 		}
 		return
@@ -306,7 +307,7 @@ func (s *Supervisor) primaryResult(in *instance, m *schema.RequestResult) {
 
 // requestResult collects the shadow's answers to mirrored requests for the
 // evolution decision; they never reach an HTTP client.
-func (s *Supervisor) shadowResult(in *instance, t *trial, m *schema.RequestResult) {
+func (s *Supervisor) shadowResult(in *conn.Instance, t *trial, m *schema.RequestResult) {
 	took, err := s.requests.shadowAnswer(m.RequestID, t.id)
 	if err != nil {
 		s.invalidMessage(in, unknownResult(m.RequestID, err))
@@ -454,7 +455,7 @@ func parseWait(r *http.Request) (time.Duration, error) {
 // forwardRequest sends msg to the primary (and its shadow during a trial)
 // and, with wait > 0, waits for the answer: 200 with the result when it
 // comes in time, else 202 {request_id}.
-func (s *Supervisor) forwardRequest(w http.ResponseWriter, r *http.Request, in *instance, id string, frame []byte, wait time.Duration) (int, map[string]any) {
+func (s *Supervisor) forwardRequest(w http.ResponseWriter, r *http.Request, in *conn.Instance, id string, frame []byte, wait time.Duration) (int, map[string]any) {
 	t := s.current().trial
 	trial := ""
 	if t != nil && t.shadow != nil {
@@ -462,12 +463,12 @@ func (s *Supervisor) forwardRequest(w http.ResponseWriter, r *http.Request, in *
 	}
 	req := s.requests.add(id, trial)
 	// Registered before it is sent, so an instant answer is never missed.
-	if !in.sendFrame(schema.TypeProcessRequest, frame) {
+	if !in.SendFrame(schema.TypeProcessRequest, frame) {
 		s.requests.forget(id)
 		return http.StatusServiceUnavailable, map[string]any{"error": "the agent is not accepting input (its input queue is full)"}
 	}
 	if trial != "" {
-		t.shadow.sendFrame(schema.TypeProcessRequest, frame) // during an evolution trial the shadow gets the same traffic
+		t.shadow.SendFrame(schema.TypeProcessRequest, frame) // during an evolution trial the shadow gets the same traffic
 	}
 	accepted := map[string]any{"request_id": id}
 	if wait <= 0 {

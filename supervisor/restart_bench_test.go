@@ -12,6 +12,7 @@ import (
 
 	"github.com/agent-sidecar/supervisor/internal/testagent"
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
+	"github.com/agent-sidecar/supervisor/supervisor/conn"
 )
 
 // runRefAgentSupervisor runs a supervisor in-process over the reference
@@ -57,11 +58,11 @@ func runCommandSupervisor(tb testing.TB, command []string) *Supervisor {
 }
 
 // waitUp waits for an agent instance other than prev to have heartbeated.
-func waitUp(tb testing.TB, s *Supervisor, prev *instance) *instance {
+func waitUp(tb testing.TB, s *Supervisor, prev *conn.Instance) *conn.Instance {
 	tb.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		if in := s.current().cur; in != nil && in != prev && in.firstHBAt.Load() != 0 {
+		if in := s.current().cur; in != nil && in != prev && !in.FirstHeartbeatAt().IsZero() {
 			return in
 		}
 		time.Sleep(200 * time.Microsecond)
@@ -83,14 +84,14 @@ func BenchmarkRestartLatency(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		t0 := time.Now()
-		if err := syscall.Kill(in.proc.ID(), syscall.SIGKILL); err != nil {
+		if err := syscall.Kill(in.Proc().ID(), syscall.SIGKILL); err != nil {
 			b.Fatal(err)
 		}
 		next := waitUp(b, s, in)
-		detect += in.proc.(*agentproc.Process).ExitedAt().Sub(t0)
-		restore += time.Unix(0, next.restoreSentAt.Load()).Sub(t0)
-		heartbeat += time.Unix(0, next.firstHBAt.Load()).Sub(t0)
-		if next.restoreSentAt.Load() == 0 {
+		detect += in.Proc().(*agentproc.Process).ExitedAt().Sub(t0)
+		restore += next.RestoreQueuedAt().Sub(t0)
+		heartbeat += next.FirstHeartbeatAt().Sub(t0)
+		if next.RestoreQueuedAt().IsZero() {
 			b.Fatal("no restore was sent")
 		}
 		in = next

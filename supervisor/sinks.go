@@ -9,6 +9,7 @@ import (
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/conn"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wal"
 )
@@ -19,7 +20,7 @@ import (
 // (this file). The two differ only where the product does: a primary's
 // request results answer HTTP clients and a shadow's feed the trial; only
 // the primary's protocol version is persisted and its checkpoints audited.
-// Called on the instance's reader goroutine.
+// Called on the instance's reader goroutine (a conn.Sink).
 type sinks struct {
 	s     *Supervisor
 	role  string
@@ -40,6 +41,8 @@ type ckptDest struct {
 	save    func(data, zdata []byte, watermark uint64, at int64) (meta checkpoint.Meta, pruned []string, segs int, invalid, err error)
 	primary bool // a stored checkpoint is counted and audited (a shadow's are scratch)
 }
+
+var _ conn.Sink = (*sinks)(nil)
 
 func (s *Supervisor) primarySinks() *sinks {
 	return &sinks{s: s, role: RolePrimary, wal: s.st.wal, add: s.st.append, ckpts: &ckptDest{
@@ -66,12 +69,12 @@ func (k *sinks) collecting() (*trial, evolution.Side) {
 	return k.s.current().trial, evolution.Primary
 }
 
-func (k *sinks) appendWAL(in *instance, recs []schema.WALRecord, ack bool) {
+func (k *sinks) AppendWAL(in *conn.Instance, recs []schema.WALRecord, ack bool) {
 	k.s.appendWAL(in, k.wal, k.add, recs, ack)
 }
 
 // versionSeen: the agent spoke a higher protocol version.
-func (k *sinks) versionSeen(_ *instance, v int32) {
+func (k *sinks) VersionSeen(_ *conn.Instance, v int32) {
 	if k.role == RolePrimary {
 		k.s.st.noteVersion(v)
 	}
@@ -83,40 +86,40 @@ func (k *sinks) versionSeen(_ *instance, v int32) {
 // is queued compressed. The wait is our storage's time, not the agent's: the
 // reader is inside a sink (instance.sinkBegin/sinkEnd), so it does not count
 // against the agent's heartbeat.
-func (k *sinks) checkpoint(in *instance, cp *schema.Checkpoint, arrived time.Time) {
+func (k *sinks) Checkpoint(in *conn.Instance, cp *schema.Checkpoint, arrived time.Time) {
 	s := k.s
 	// The reader appends WAL entries in frame order, so everything the agent
 	// logged before this checkpoint is appended now: that is the watermark.
 	wm, at := k.ckpts.arrived()
 	size := int64(len(cp.Data) + len(cp.Zstd))
-	if _, ok := s.work.gate.acquire(size, in.abandoned); !ok {
+	if _, ok := s.work.gate.acquire(size, in.Abandoned()); !ok {
 		return // the instance is being finished; this checkpoint is not acknowledged
 	}
 	s.bmet.CkptQueueBytes.Add(float64(size))
 	s.work.ckpts <- ckptJob{inst: in, dest: k.ckpts, data: cp.Data, zstd: cp.Zstd, size: size, watermark: wm, tailAt: at, arrived: arrived}
 }
 
-func (k *sinks) agentMetrics(in *instance, m *schema.Metrics) {
+func (k *sinks) AgentMetrics(in *conn.Instance, m *schema.Metrics) {
 	k.s.met.AgentReport(k.role, m.Data)
 	if t, side := k.collecting(); t != nil {
 		t.collector.Add(side, m.Data, time.Now())
 	}
 }
 
-func (k *sinks) agentError(in *instance, m *schema.Error) {
+func (k *sinks) AgentError(in *conn.Instance, m *schema.Error) {
 	if k.role == RolePrimary {
 		k.s.met.AgentErrors.Inc()
 	}
 	if ok, sup := k.s.rec.Allow(time.Now()); ok {
-		in.log.Warn("agent reported an error", "code", m.Error.Code, "message", m.Error.Message, "suppressed_before", sup)
+		in.Log().Warn("agent reported an error", "code", m.Error.Code, "message", m.Error.Message, "suppressed_before", sup)
 	}
 }
 
-func (k *sinks) invalid(in *instance, err error) { k.s.invalidMessage(in, err) }
+func (k *sinks) Invalid(in *conn.Instance, err error) { k.s.invalidMessage(in, err) }
 
 // requestResult: a primary's answer completes its request (requests.go); a
 // shadow's answer to a mirrored request only feeds the trial.
-func (k *sinks) requestResult(in *instance, m *schema.RequestResult) {
+func (k *sinks) RequestResult(in *conn.Instance, m *schema.RequestResult) {
 	if k.trial != nil {
 		k.s.shadowResult(in, k.trial, m)
 		return
@@ -134,14 +137,14 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 	}()
 	in, dest := job.inst, job.dest
 	fail := func(stage string, err error) {
-		in.sendMsg(schema.NewError(schema.CodeCheckpointFailed, fmt.Sprintf("checkpoint not stored (%s): %v", stage, err),
+		in.SendMsg(schema.NewError(schema.CodeCheckpointFailed, fmt.Sprintf("checkpoint not stored (%s): %v", stage, err),
 			map[string]any{"watermark": job.watermark}))
 		if dest.primary {
-			s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: "checkpoint not stored; told the agent CHECKPOINT_FAILED", Log: in.log,
+			s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: "checkpoint not stored; told the agent CHECKPOINT_FAILED", Log: in.Log(),
 				Kind: observe.AuditCheckpointError, Fields: map[string]any{"stage": stage, "error": err.Error(), "watermark": job.watermark},
 				Count: s.met.CheckpointFailed})
 		} else {
-			in.log.Warn("shadow checkpoint not stored; told the shadow CHECKPOINT_FAILED", "stage", stage, "err", err)
+			in.Log().Warn("shadow checkpoint not stored; told the shadow CHECKPOINT_FAILED", "stage", stage, "err", err)
 		}
 	}
 	// Never acknowledge a checkpoint before the WAL entries ahead of it are durable.
@@ -161,7 +164,7 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 		fail("save", err)
 		return
 	}
-	in.sendMsg(&schema.CheckpointAck{CheckpointID: meta.ID, Size: meta.StoredSize})
+	in.SendMsg(&schema.CheckpointAck{CheckpointID: meta.ID, Size: meta.StoredSize})
 	if !dest.primary {
 		return
 	}
@@ -169,7 +172,7 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 	s.met.CheckpointSize.Set(float64(meta.StoredSize))
 	s.met.CheckpointRaw.Set(float64(meta.Size))
 	s.met.CheckpointDur.Observe(took.Seconds())
-	s.rec.Record(observe.Occurrence{Level: slog.LevelInfo, Msg: "checkpoint stored", Log: in.log, Kind: observe.AuditCheckpoint,
+	s.rec.Record(observe.Occurrence{Level: slog.LevelInfo, Msg: "checkpoint stored", Log: in.Log(), Kind: observe.AuditCheckpoint,
 		Fields: map[string]any{"checkpoint_id": meta.ID, "size": meta.Size, "stored_size": meta.StoredSize,
 			"watermark": meta.Watermark, "checksum": meta.Checksum, "pruned": removed},
 		LogOnly: []any{"seconds", took.Seconds(), "wal_segments_removed", truncated}, Count: s.met.Checkpoints})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/conn"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wal"
 )
@@ -24,18 +25,18 @@ func zstdLevel(n int) zstd.EncoderLevel {
 
 // invalidMessage answers a payload error with INVALID_MESSAGE, counts, logs
 // and audits it (logs and audit records are rate-limited). Nothing is stored.
-func (s *Supervisor) invalidMessage(in *instance, err error) {
+func (s *Supervisor) invalidMessage(in *conn.Instance, err error) {
 	rule := string(schema.RuleMalformed)
 	var ve *schema.ValidationError
 	if errors.As(err, &ve) {
 		rule = string(ve.Rule)
 	}
-	in.sendMsg(schema.ErrorReply(err))
-	fields := map[string]any{"role": in.role, "pid": in.proc.ID(), "rule": rule, "error": err.Error()}
+	in.SendMsg(schema.ErrorReply(err))
+	fields := map[string]any{"role": in.Role(), "pid": in.Proc().ID(), "rule": rule, "error": err.Error()}
 	if ve != nil {
 		fields["type"], fields["field"] = ve.Type, ve.Field
 	}
-	s.rec.Record(observe.Occurrence{Level: slog.LevelWarn, Msg: "invalid message from the agent; replied INVALID_MESSAGE", Log: in.log,
+	s.rec.Record(observe.Occurrence{Level: slog.LevelWarn, Msg: "invalid message from the agent; replied INVALID_MESSAGE", Log: in.Log(),
 		Kind: observe.AuditInvalid, Fields: fields, Count: s.met.Invalid.WithLabelValues(schema.CodeInvalidMessage, rule), Limited: true})
 }
 
@@ -46,7 +47,7 @@ func (s *Supervisor) invalidMessage(in *instance, err error) {
 // sends is dropped silently. With ack, accepted entries (replays included)
 // are answered with wal_ack once durable in l; refused ones only with the
 // error.
-func (s *Supervisor) appendWAL(in *instance, l *wal.Log, appendFn func([]wal.Entry) (wal.AppendResult, error), recs []schema.WALRecord, ack bool) {
+func (s *Supervisor) appendWAL(in *conn.Instance, l *wal.Log, appendFn func([]wal.Entry) (wal.AppendResult, error), recs []schema.WALRecord, ack bool) {
 	var one [1]wal.Entry // a wal_entry frame (the common case) needs no slice of its own
 	entries := one[:min(len(recs), 1)]
 	if len(recs) > 1 {
@@ -69,10 +70,10 @@ func (s *Supervisor) appendWAL(in *instance, l *wal.Log, appendFn func([]wal.Ent
 		var ce *wal.SequenceConflictError
 		if errors.As(err, &ce) {
 			details["sequence"], details["last_sequence"] = ce.Sequence, ce.LastSequence
-			in.sendMsg(schema.NewError(schema.CodeSequenceConflict, fmt.Sprintf("WAL entry with sequence %d not appended: %s (the log's last sequence is %d)",
+			in.SendMsg(schema.NewError(schema.CodeSequenceConflict, fmt.Sprintf("WAL entry with sequence %d not appended: %s (the log's last sequence is %d)",
 				ce.Sequence, ce.Reason, ce.LastSequence), details))
-			s.rec.Record(observe.Occurrence{Level: slog.LevelWarn, Msg: "WAL sequence conflict: entries refused; told the agent SEQUENCE_CONFLICT", Log: in.log,
-				Kind: observe.AuditSequenceConflict, Fields: map[string]any{"role": in.role, "sequence": ce.Sequence,
+			s.rec.Record(observe.Occurrence{Level: slog.LevelWarn, Msg: "WAL sequence conflict: entries refused; told the agent SEQUENCE_CONFLICT", Log: in.Log(),
+				Kind: observe.AuditSequenceConflict, Fields: map[string]any{"role": in.Role(), "sequence": ce.Sequence,
 					"last_sequence": ce.LastSequence, "entries": len(recs), "reason": ce.Reason},
 				Count: s.met.WalErrors.WithLabelValues(schema.CodeSequenceConflict), Limited: true})
 			return
@@ -81,13 +82,13 @@ func (s *Supervisor) appendWAL(in *instance, l *wal.Log, appendFn func([]wal.Ent
 		if errors.Is(err, wal.ErrNoSpace) || errors.Is(err, errRestoreFull) {
 			code = schema.CodeWALFull
 		}
-		in.sendMsg(schema.NewError(code, "the supervisor could not append these WAL entries: "+err.Error(), details))
-		s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: "WAL append failed; told the agent", Log: in.log,
-			Kind: observe.AuditWALError, Fields: map[string]any{"role": in.role, "code": code, "error": err.Error(), "first_sequence": recs[0].Sequence},
+		in.SendMsg(schema.NewError(code, "the supervisor could not append these WAL entries: "+err.Error(), details))
+		s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: "WAL append failed; told the agent", Log: in.Log(),
+			Kind: observe.AuditWALError, Fields: map[string]any{"role": in.Role(), "code": code, "error": err.Error(), "first_sequence": recs[0].Sequence},
 			Count: s.met.WalErrors.WithLabelValues(code), Limited: true})
 		return
 	}
-	if in.role == RolePrimary {
+	if in.Role() == RolePrimary {
 		s.met.WalAppends.Add(float64(res.Appended))
 		s.met.WalBytes.Add(float64(size))
 		s.met.WalDuplicates.Add(float64(res.Duplicates))
@@ -95,27 +96,23 @@ func (s *Supervisor) appendWAL(in *instance, l *wal.Log, appendFn func([]wal.Ent
 	}
 	for _, g := range res.Gaps {
 		if ok, _ := s.rec.Allow(time.Now()); ok {
-			in.log.Info("gap in WAL sequences (allowed)", "after", g.After, "next", g.Next)
+			in.Log().Info("gap in WAL sequences (allowed)", "after", g.After, "next", g.Next)
 		}
 	}
 	if ack { // issue 14: the agent waits for durability (acks.go)
-		in.ackWhenDurable(l, recs[len(recs)-1].Sequence)
+		in.AckWhenDurable(l, recs[len(recs)-1].Sequence)
 	}
 }
 
 // sendRestore queues a restore to an instance and records it.
-func (s *Supervisor) sendRestore(in *instance, plan *restorePlan, trigger string) bool {
-	if !in.send(plan.frame) {
-		in.log.Error("could not queue the restore for the agent", "trigger", trigger)
+func (s *Supervisor) sendRestore(in *conn.Instance, plan *restorePlan, trigger string) bool {
+	if !in.SendRestore(plan.frame) {
+		in.Log().Error("could not queue the restore for the agent", "trigger", trigger)
 		return false
 	}
-	s.met.Frames.WithLabelValues("out", schema.TypeRestore).Inc()
-	s.met.FrameBytes.WithLabelValues("out").Add(float64(len(plan.frame)))
-	in.restoredFrom = plan.checkpointID
-	in.restoreSentAt.Store(time.Now().UnixNano())
 	s.met.RestoreEntries.Add(float64(plan.entries))
-	s.rec.Record(observe.Occurrence{Level: slog.LevelInfo, Msg: "restore sent", Log: in.log, Kind: observe.AuditRestore,
-		Fields: map[string]any{"trigger": trigger, "role": in.role, "checkpoint_id": plan.checkpointID,
+	s.rec.Record(observe.Occurrence{Level: slog.LevelInfo, Msg: "restore sent", Log: in.Log(), Kind: observe.AuditRestore,
+		Fields: map[string]any{"trigger": trigger, "role": in.Role(), "checkpoint_id": plan.checkpointID,
 			"watermark": plan.watermark, "wal_entries": plan.entries, "last_sequence": plan.lastSeq, "compressed": plan.compressed},
 		Count: s.met.Restores.WithLabelValues(trigger)})
 	return true

@@ -11,7 +11,7 @@ import "sync"
 //
 // Order is the point: an owner job runs after every checkpoint queued before
 // it was posted. The owner posts a start's restore assembly only once the
-// previous incarnation's reader has ended (evFinished), so the restore sees
+// previous incarnation's reader has ended (conn.Finished), so the restore sees
 // every checkpoint that incarnation sent, without the owner waiting for them.
 type storeWorker struct {
 	ckpts chan ckptJob // from the primary's frame reader; bounded by ckptGate's bytes too

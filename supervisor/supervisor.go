@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -21,6 +22,7 @@ import (
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
+	"github.com/agent-sidecar/supervisor/supervisor/conn"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wire"
 )
@@ -68,7 +70,7 @@ type Supervisor struct {
 	ledger *evolution.Ledger
 	rep    *replicaState // --replica (replica.go); nil when off
 
-	events  chan event
+	events  chan conn.Event
 	control chan controlCall
 	force   chan struct{} // ForceStop: skip the graceful wait
 
@@ -76,7 +78,7 @@ type Supervisor struct {
 	state        State
 	stat         Status // the owner's fields of the status, published by publish
 	failed       bool   // gave up: /healthz fails
-	cur          *instance
+	cur          *agent
 	incarnation  int
 	bo           backoff
 	lastReason   string
@@ -124,7 +126,7 @@ type Supervisor struct {
 }
 
 type ckptJob struct {
-	inst      *instance
+	inst      *conn.Instance
 	dest      *ckptDest
 	data      []byte // uncompressed data, or nil when zstd is set
 	zstd      []byte // the agent's compressed data, validated while it is stored
@@ -153,7 +155,7 @@ func New(cfg Config) (*Supervisor, error) {
 		log:     log,
 		rec:     observe.NewRecorder(log),
 		codec:   schema.NewCodec(schema.Options{ExtraWALOperations: cfg.WALOperations, StreamCheckpoints: true}),
-		events:  make(chan event, 256),
+		events:  make(chan conn.Event, 256),
 		control: make(chan controlCall),
 		force:   make(chan struct{}, 1),
 		bo: backoff{
@@ -345,7 +347,7 @@ func lockDataDir(dir string) (*os.File, error) {
 		b, _ := os.ReadFile(path)
 		f.Close()
 		return nil, fmt.Errorf("%w: %s is locked by pid %s; stop that supervisor or use another --data-dir",
-			ErrDataDirLocked, dir, string(trimNewline(b)))
+			ErrDataDirLocked, dir, strings.TrimSpace(string(b)))
 	}
 	_ = f.Truncate(0)
 	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
@@ -409,20 +411,20 @@ func (s *Supervisor) loop(ctx context.Context) error {
 			s.setState(StateStopping)
 			s.cur.stopping = true
 			s.cur.stopReason = "shutdown"
-			s.cur.sendMsg(&schema.Shutdown{Reason: "supervisor is stopping", CreateCheckpoint: true})
+			s.cur.SendMsg(&schema.Shutdown{Reason: "supervisor is stopping", CreateCheckpoint: true})
 			shutdownTimer = time.After(s.cfg.ShutdownTimeout)
 
 		case <-s.force:
 			if s.cur != nil && s.shutting {
 				s.log.Warn("second stop signal: killing the agent's process group without waiting")
-				_ = s.cur.proc.SignalGroup(syscall.SIGKILL)
+				_ = s.cur.Proc().SignalGroup(syscall.SIGKILL)
 			}
 
 		case <-shutdownTimer:
 			shutdownTimer = nil
 			if s.cur != nil {
 				s.log.Warn("agent did not exit within --shutdown-timeout; killing its process group", "timeout", s.cfg.ShutdownTimeout)
-				_ = s.cur.proc.SignalGroup(syscall.SIGKILL)
+				_ = s.cur.Proc().SignalGroup(syscall.SIGKILL)
 			}
 
 		case <-startTimer.C:
@@ -450,36 +452,37 @@ func (s *Supervisor) loop(ctx context.Context) error {
 			s.checkShadowHeartbeat()
 
 		case ev := <-s.events:
-			if ev.inst.role == RoleShadow {
+			if ev.Inst.Role() == RoleShadow {
 				s.shadowEvent(ev)
 				continue
 			}
-			if ev.inst != s.cur {
+			if s.cur == nil || ev.Inst != s.cur.Instance {
 				continue // an event from an instance already finished
 			}
-			switch ev.kind {
-			case evFirstHeartbeat:
+			cur := s.cur
+			switch ev.Kind {
+			case conn.FirstHeartbeat:
 				if s.state == StateStarting {
 					s.setState(StateRunning)
 					s.met.AgentUp.WithLabelValues(RolePrimary).Set(1)
-					s.log.Info("agent is up", "pid", ev.inst.proc.ID(), "start_seconds", time.Since(ev.inst.started).Seconds())
+					s.log.Info("agent is up", "pid", ev.Inst.Proc().ID(), "start_seconds", time.Since(ev.Inst.Started()).Seconds())
 				}
 				s.armHeartbeat(hbTimer)
-			case evStreamEnded:
-				s.streamEnded(ev)
-			case evUnresponsive:
-				if !ev.inst.stopping {
+			case conn.StreamEnded:
+				s.streamEnded(cur, ev)
+			case conn.Unresponsive:
+				if !cur.stopping {
 					s.log.Error("agent stopped reading its input (outbound queue full); restarting it",
-						"queued_bytes", ev.inst.outQueued.Load(), "max_frames", outboundQueue, "max_bytes", outboundBytes)
-					s.stopInstance(ev.inst, "unresponsive")
+						"queued_bytes", ev.Inst.OutQueued(), "max_frames", conn.OutboundQueue, "max_bytes", conn.OutboundBytes)
+					s.stopInstance(cur, "unresponsive")
 				}
-			case evEvolutionIntent:
-				s.evolutionIntent(ev.inst, ev.msg.(*schema.EvolutionIntent))
-			case evExited:
+			case conn.EvolutionIntent:
+				s.evolutionIntent(cur, ev.Msg.(*schema.EvolutionIntent))
+			case conn.Exited:
 				hbTimer.Stop()
-				s.drainInstance(ev.inst)
-			case evFinished:
-				stop, err := s.instanceExited(ev.inst, ev.status, startTimer)
+				s.drainInstance(cur)
+			case conn.Finished:
+				stop, err := s.instanceExited(cur, ev.Status, startTimer)
 				if stop {
 					return err
 				}
@@ -723,11 +726,12 @@ func (s *Supervisor) startSpawned(p *startPrep, proc agentproc.Proc, err error) 
 	}
 	s.startedOnce = true
 	s.incarnation++
-	inst := newInstance(s.incarnation, RolePrimary, proc, s.codec, s.cfg.MaxFrameSize, s.primarySinks(), s.events, s.met, s.log)
+	inst := &agent{Instance: conn.Start(conn.Config{N: s.incarnation, Role: RolePrimary, Proc: proc, Codec: s.codec,
+		MaxFrame: s.cfg.MaxFrameSize, Sink: s.primarySinks(), Events: s.events, Metrics: s.met, Log: s.log})}
 	s.cur = inst
 	s.stat.PID = proc.ID()
 	s.stat.Incarnation = s.incarnation
-	s.stat.AgentStartedAt = inst.started
+	s.stat.AgentStartedAt = inst.Started()
 	s.setState(StateStarting)
 	s.log.Info("agent started", "pid", proc.ID(), "incarnation", s.incarnation, "command", s.cfg.Command, "restore", plan != nil)
 	created := time.Time{}
@@ -736,7 +740,7 @@ func (s *Supervisor) startSpawned(p *startPrep, proc agentproc.Proc, err error) 
 		trigger = "operator"
 	}
 	if plan != nil {
-		s.sendRestore(inst, plan, trigger)
+		s.sendRestore(inst.Instance, plan, trigger)
 		created = plan.created
 		s.lastRestored = plan.checkpointID
 	}
@@ -800,7 +804,7 @@ func (s *Supervisor) armHeartbeat(t *time.Timer) {
 		t.Stop()
 		return
 	}
-	age, seen := s.cur.heartbeatAge(time.Now())
+	age, seen := s.cur.HeartbeatAge(time.Now())
 	limit := s.cfg.StartTimeout
 	if seen {
 		limit = s.cfg.HeartbeatTimeout
@@ -817,13 +821,13 @@ func (s *Supervisor) checkHeartbeat(t *time.Timer) {
 	if in == nil || in.stopping {
 		return
 	}
-	age, seen := in.heartbeatAge(time.Now())
+	age, seen := in.HeartbeatAge(time.Now())
 	switch {
 	case !seen && age >= s.cfg.StartTimeout:
-		s.log.Error("agent sent no heartbeat within --start-timeout; stopping it", "start_timeout", s.cfg.StartTimeout, "pid", in.proc.ID())
+		s.log.Error("agent sent no heartbeat within --start-timeout; stopping it", "start_timeout", s.cfg.StartTimeout, "pid", in.Proc().ID())
 		s.stopInstance(in, "start_timeout")
 	case seen && age >= s.cfg.HeartbeatTimeout:
-		s.log.Error("agent is hung: no heartbeat within --heartbeat-timeout; stopping it", "heartbeat_timeout", s.cfg.HeartbeatTimeout, "last_heartbeat_age", age.Round(time.Millisecond), "pid", in.proc.ID())
+		s.log.Error("agent is hung: no heartbeat within --heartbeat-timeout; stopping it", "heartbeat_timeout", s.cfg.HeartbeatTimeout, "last_heartbeat_age", age.Round(time.Millisecond), "pid", in.Proc().ID())
 		s.stopInstance(in, "hung")
 	default:
 		s.armHeartbeat(t)
@@ -831,8 +835,8 @@ func (s *Supervisor) checkHeartbeat(t *time.Timer) {
 }
 
 // stopInstance stops an instance in the background: SIGTERM to its group,
-// SIGKILL after --kill-timeout. Its exit arrives as an evExited event.
-func (s *Supervisor) stopInstance(in *instance, reason string) {
+// SIGKILL after --kill-timeout. Its exit arrives as an conn.Exited event.
+func (s *Supervisor) stopInstance(in *agent, reason string) {
 	if in.stopping {
 		return
 	}
@@ -840,67 +844,66 @@ func (s *Supervisor) stopInstance(in *instance, reason string) {
 	in.stopReason = reason
 	if in == s.cur {
 		s.setState(StateStopping)
-		s.met.AgentUp.WithLabelValues(in.role).Set(0)
+		s.met.AgentUp.WithLabelValues(in.Role()).Set(0)
 	}
 	go func() {
-		if in.proc.StopGroup(s.cfg.KillTimeout) {
-			in.log.Warn("agent ignored SIGTERM; killed it with SIGKILL", "kill_timeout", s.cfg.KillTimeout)
+		if in.Proc().StopGroup(s.cfg.KillTimeout) {
+			in.Log().Warn("agent ignored SIGTERM; killed it with SIGKILL", "kill_timeout", s.cfg.KillTimeout)
 		}
 	}()
 }
 
-func (s *Supervisor) streamEnded(ev event) {
-	in := ev.inst
-	if ev.err == nil || errors.Is(ev.err, os.ErrClosed) {
+func (s *Supervisor) streamEnded(in *agent, ev conn.Event) {
+	if ev.Err == nil || errors.Is(ev.Err, os.ErrClosed) {
 		return
 	}
-	if errors.Is(ev.err, io.EOF) {
-		in.log.Debug("agent closed its output")
+	if errors.Is(ev.Err, io.EOF) {
+		in.Log().Debug("agent closed its output")
 		return
 	}
-	if wire.IsFramingError(ev.err) {
-		rule := framingRule(ev.err)
+	if wire.IsFramingError(ev.Err) {
+		rule := framingRule(ev.Err)
 		s.met.Invalid.WithLabelValues("FRAMING_ERROR", rule).Inc()
 		if in.stopping {
 			return
 		}
-		fields := map[string]any{"pid": in.proc.ID(), "error": ev.err.Error(), "rule": rule}
+		fields := map[string]any{"pid": in.Proc().ID(), "error": ev.Err.Error(), "rule": rule}
 		msg := "framing error from the agent: its output can no longer be trusted; restarting it"
-		if d := s.diagnoseFraming(ev.err); d != "" { // diagnose.go
+		if d := s.diagnoseFraming(ev.Err); d != "" { // diagnose.go
 			msg = "framing error from the agent: " + d + "; restarting it"
 			fields["diagnosis"] = d
 		}
-		s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: msg, Log: in.log, Kind: observe.AuditFraming, Fields: fields})
+		s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: msg, Log: in.Log(), Kind: observe.AuditFraming, Fields: fields})
 		s.stopInstance(in, "framing_error")
 		return
 	}
-	in.log.Error("reading from the agent failed", "err", ev.err)
+	in.Log().Error("reading from the agent failed", "err", ev.Err)
 	s.stopInstance(in, "read_error")
 }
 
 // drainInstance finishes an exited primary in the background: its output
 // is read to the end and stored, however long our own storage takes (only a
 // pipe an escaped descendant holds open is cut), then it is reaped, and
-// evFinished reports to the owner. The owner goes on meanwhile.
-func (s *Supervisor) drainInstance(in *instance) {
-	if in.role == RolePrimary && !in.draining {
+// conn.Finished reports to the owner. The owner goes on meanwhile.
+func (s *Supervisor) drainInstance(in *agent) {
+	if in.Role() == RolePrimary && !in.draining {
 		s.setState(StateStopping)
 		s.met.AgentUp.WithLabelValues(RolePrimary).Set(0)
 	}
 	s.drain(in)
 }
 
-// drain finishes an exited instance on its own goroutine; evFinished
+// drain finishes an exited instance on its own goroutine; conn.Finished
 // reports it (owner only).
-func (s *Supervisor) drain(in *instance) {
+func (s *Supervisor) drain(in *agent) {
 	if in.draining {
 		return
 	}
 	in.draining = true
 	go func() {
-		st := in.finish(drainTimeout)
+		st := in.Finish(drainTimeout)
 		select {
-		case s.events <- event{inst: in, kind: evFinished, status: st}:
+		case s.events <- conn.Event{Inst: in.Instance, Kind: conn.Finished, Status: st}:
 		case <-s.loopDone:
 		}
 	}()
@@ -908,7 +911,7 @@ func (s *Supervisor) drain(in *instance) {
 
 // instanceExited decides what happens after a primary has exited and been
 // drained and reaped. stop=true ends Run with err.
-func (s *Supervisor) instanceExited(in *instance, st agentproc.ExitStatus, startTimer *time.Timer) (stop bool, err error) {
+func (s *Supervisor) instanceExited(in *agent, st agentproc.ExitStatus, startTimer *time.Timer) (stop bool, err error) {
 	now := time.Now()
 	s.cur = nil
 	s.stat.PID = 0
@@ -933,8 +936,8 @@ func (s *Supervisor) instanceExited(in *instance, st agentproc.ExitStatus, start
 	if s.trial != nil && !s.trial.decided {
 		s.concludeTrial() // the primary is gone: rejected, with the reason
 	}
-	uptime := now.Sub(in.started)
-	s.log.Info("agent stopped", "pid", in.proc.ID(), "status", desc, "reason", reason, "uptime", uptime.Round(time.Millisecond))
+	uptime := now.Sub(in.Started())
+	s.log.Info("agent stopped", "pid", in.Proc().ID(), "status", desc, "reason", reason, "uptime", uptime.Round(time.Millisecond))
 
 	if s.shutting {
 		// Checkpoints still queued are stored before Run returns (the store
@@ -948,7 +951,7 @@ func (s *Supervisor) instanceExited(in *instance, st agentproc.ExitStatus, start
 		startTimer.Reset(0)
 		return false, nil
 	}
-	if first := in.firstHBAt.Load(); first != 0 && now.Sub(time.Unix(0, first)) >= s.cfg.HealthyReset {
+	if first := in.FirstHeartbeatAt(); !first.IsZero() && now.Sub(first) >= s.cfg.HealthyReset {
 		s.bo.reset()
 	}
 
@@ -1082,7 +1085,7 @@ func (s *Supervisor) heartbeatAgeSeconds() float64 {
 	if in == nil {
 		return 0
 	}
-	age, seen := in.heartbeatAge(time.Now())
+	age, seen := in.HeartbeatAge(time.Now())
 	if !seen {
 		return 0
 	}

@@ -3,6 +3,8 @@ package supervisor
 import (
 	"os"
 	"time"
+
+	"github.com/agent-sidecar/supervisor/supervisor/conn"
 )
 
 // view is what the owner goroutine publishes after every transition: one
@@ -10,9 +12,9 @@ import (
 // metrics, frame readers) read through Supervisor.pub without a lock. The
 // owner never changes a published view; it publishes a new one.
 type view struct {
-	status Status    // the owner's fields of the status
-	cur    *instance // the primary instance, nil between incarnations
-	trial  *trial    // the evolution trial under way, nil: none
+	status Status         // the owner's fields of the status
+	cur    *conn.Instance // the primary instance, nil between incarnations
+	trial  *trial         // the evolution trial under way, nil: none
 	// failed: the supervisor has given up (crash loop, a failure with
 	// --restart never, or a state it cannot restore); /healthz fails.
 	failed bool
@@ -21,7 +23,10 @@ type view struct {
 // publish makes the owner's current state visible to other goroutines.
 // Owner only.
 func (s *Supervisor) publish() {
-	v := &view{status: s.stat, cur: s.cur, trial: s.trial, failed: s.failed}
+	v := &view{status: s.stat, trial: s.trial, failed: s.failed}
+	if s.cur != nil {
+		v.cur = s.cur.Instance
+	}
 	if p := s.pendingPoint; p != nil {
 		v.status.PendingRestore = &PendingRestore{CheckpointID: p.checkpointID, NoWAL: p.noWAL}
 	}
@@ -43,9 +48,9 @@ func (s *Supervisor) Status() Status {
 	b := Build()
 	st.Version, st.Revision = b.Version, b.Revision
 	if in := v.cur; in != nil {
-		st.UptimeSeconds = time.Since(in.started).Seconds()
-		if last := in.lastHeartbeat.Load(); last != 0 {
-			st.LastHeartbeat = time.Unix(0, last).UTC()
+		st.UptimeSeconds = time.Since(in.Started()).Seconds()
+		if last := in.LastHeartbeat(); !last.IsZero() {
+			st.LastHeartbeat = last.UTC()
 		}
 	}
 	if s.st != nil {

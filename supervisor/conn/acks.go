@@ -1,4 +1,4 @@
-package supervisor
+package conn
 
 import (
 	"context"
@@ -32,7 +32,7 @@ type acks struct {
 // ackWhenDurable records that the agent asked for a wal_ack covering seq,
 // an entry that l accepted (appended or skipped as a replay). It returns at
 // once; the ack is sent by the instance's acker.
-func (in *instance) ackWhenDurable(l *wal.Log, seq uint64) {
+func (in *Instance) AckWhenDurable(l *wal.Log, seq uint64) {
 	a := &in.acks
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -57,7 +57,7 @@ func (in *instance) ackWhenDurable(l *wal.Log, seq uint64) {
 
 // stopAcks ends the acker and waits for it; asks after that are ignored. It
 // may be called more than once.
-func (in *instance) stopAcks() {
+func (in *Instance) stopAcks() {
 	a := &in.acks
 	a.mu.Lock()
 	a.stopped = true
@@ -69,7 +69,7 @@ func (in *instance) stopAcks() {
 	}
 }
 
-func (in *instance) ackLoop(ctx context.Context) {
+func (in *Instance) ackLoop(ctx context.Context) {
 	a := &in.acks
 	defer close(a.done)
 	for {
@@ -115,7 +115,7 @@ func (in *instance) ackLoop(ctx context.Context) {
 				continue
 			}
 			a.mu.Unlock()
-			if in.sendMsg(&schema.WALAck{Sequence: d}) {
+			if in.SendMsg(&schema.WALAck{Sequence: d}) {
 				in.met.WalAcks.Inc()
 			}
 		}
@@ -124,7 +124,7 @@ func (in *instance) ackLoop(ctx context.Context) {
 
 // ackFailed answers asks that can no longer be acknowledged (the WAL could
 // not write them) with the storage error, never an ack.
-func (in *instance) ackFailed(err error, first, last uint64) {
+func (in *Instance) ackFailed(err error, first, last uint64) {
 	code := schema.CodeWALFailed
 	if errors.Is(err, wal.ErrNoSpace) {
 		code = schema.CodeWALFull
@@ -132,6 +132,6 @@ func (in *instance) ackFailed(err error, first, last uint64) {
 	in.met.WalErrors.WithLabelValues(code).Inc()
 	in.log.Error("WAL entries asked for wal_ack are not durable; told the agent", "code", code, "err", err,
 		"first_sequence", first, "last_sequence", last)
-	in.sendMsg(schema.NewError(code, fmt.Sprintf("WAL entries %d..%d may not be durable: %v; do not act on them", first, last, err),
+	in.SendMsg(schema.NewError(code, fmt.Sprintf("WAL entries %d..%d may not be durable: %v; do not act on them", first, last, err),
 		map[string]any{"first_sequence": first, "last_sequence": last}))
 }

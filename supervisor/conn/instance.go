@@ -1,4 +1,4 @@
-package supervisor
+package conn
 
 import (
 	"bufio"
@@ -18,19 +18,19 @@ import (
 	"github.com/agent-sidecar/supervisor/wire"
 )
 
-// outboundQueue is how many frames may wait for an agent to read them, and
-// outboundBytes how many bytes. An agent that lets either fill has stopped
+// OutboundQueue is how many frames may wait for an agent to read them, and
+// OutboundBytes how many bytes. An agent that lets either fill has stopped
 // reading its input and is treated as hung.
 const (
-	outboundQueue = 4096
-	outboundBytes = 8 << 20
+	OutboundQueue = 4096
+	OutboundBytes = 8 << 20
 )
 
-// outCharge is what a frame counts against outboundBytes: its size, but at
+// outCharge is what a frame counts against OutboundBytes: its size, but at
 // most a quarter of the bound, so that a large restore (which must be sent
 // whole) still leaves room for the acknowledgements behind it. Memory is
-// then bounded by outboundBytes plus the restore.
-func outCharge(frame []byte) int64 { return min(int64(len(frame)), outboundBytes/4) }
+// then bounded by OutboundBytes plus the restore.
+func outCharge(frame []byte) int64 { return min(int64(len(frame)), OutboundBytes/4) }
 
 // Role of an agent instance.
 const (
@@ -38,39 +38,69 @@ const (
 	RoleShadow  = "shadow"
 )
 
-type eventKind int
+// EventKind says what an Event reports.
+type EventKind int
 
+// What an instance tells its owner.
 const (
-	evFirstHeartbeat  eventKind = iota + 1
-	evStreamEnded               // the frame reader returned (err: io.EOF or a framing/read error)
-	evExited                    // the process exited (not yet reaped)
-	evUnresponsive              // the outbound queue filled up
-	evEvolutionIntent           // msg holds the *schema.EvolutionIntent
-	evFinished                  // drained and reaped after evExited (status set)
+	FirstHeartbeat  EventKind = iota + 1
+	StreamEnded               // the frame reader returned (Err: io.EOF or a framing/read error)
+	Exited                    // the process exited (not yet reaped)
+	Unresponsive              // the outbound queue filled up
+	EvolutionIntent           // Msg holds the *schema.EvolutionIntent
+	Finished                  // drained and reaped after Exited (Status set); sent by the owner's drain
 )
 
-// event is what an instance tells its owner. The owner alone changes
-// lifecycle state.
-type event struct {
-	inst   *instance
-	kind   eventKind
-	err    error
-	msg    schema.Message
-	status agentproc.ExitStatus // evFinished
+// Event is what an instance tells its owner: only what the owner decides on
+// (lifecycle). The owner alone changes lifecycle state.
+type Event struct {
+	Inst   *Instance
+	Kind   EventKind
+	Err    error
+	Msg    schema.Message
+	Status agentproc.ExitStatus // Finished
 }
 
-// instance is one incarnation of an agent: the process, a goroutine reading
+// Sink is where an instance's valid messages go, on its reader goroutine.
+// The owner gives a primary a sink onto its durable stores and a shadow one
+// onto its trial's scratch stores; a sink that blocks (storage, a full
+// checkpoint queue) is time the agent is not charged for (HeartbeatAge).
+type Sink interface {
+	AppendWAL(in *Instance, recs []schema.WALRecord, ack bool)
+	VersionSeen(in *Instance, v int32)
+	Checkpoint(in *Instance, cp *schema.Checkpoint, arrived time.Time)
+	AgentMetrics(in *Instance, m *schema.Metrics)
+	AgentError(in *Instance, m *schema.Error)
+	Invalid(in *Instance, err error)
+	RequestResult(in *Instance, m *schema.RequestResult)
+}
+
+// Config is what an instance is started with.
+type Config struct {
+	N        int    // incarnation number, for logs
+	Role     string // RolePrimary or RoleShadow
+	Proc     agentproc.Proc
+	Codec    *schema.Codec
+	MaxFrame int // the largest frame read from the agent
+	Sink     Sink
+	Events   chan<- Event // where the owner hears of lifecycle events
+	Metrics  *observe.Metrics
+	Log      *slog.Logger
+}
+
+// Instance is one incarnation of an agent: the process, a goroutine reading
 // its frames, one writing frames to it, and one per log pipe. All of them end
-// when the process is reaped and its pipes are closed.
-type instance struct {
+// when the process is reaped and its pipes are closed (Finish). What the
+// owner decides about it (stopping, draining) is the owner's, not here.
+type Instance struct {
 	n       int // incarnation number, for logs
 	role    string
 	proc    agentproc.Proc
 	started time.Time
 	log     *slog.Logger
 	codec   *schema.Codec
-	sinks   *sinks
-	events  chan<- event
+	sink    Sink
+	events  chan<- Event
 	met     *observe.Metrics
 
 	// Per-frame counters resolved once (label lookups hash on every call).
@@ -83,7 +113,7 @@ type instance struct {
 
 	// Liveness measures the agent, not us (SPEC §3). The reader records how
 	// long it spends inside our sinks (the WAL append, the checkpoint queue)
-	// — time the agent may be blocked on our storage — and heartbeatAge
+	// — time the agent may be blocked on our storage — and HeartbeatAge
 	// leaves it out. Written by the reader only.
 	sinkSince   atomic.Int64 // unix nanos the current sink call began; 0 outside one
 	blockedNano atomic.Int64 // time spent in sinks since the last heartbeat
@@ -97,13 +127,8 @@ type instance struct {
 	readerEnd chan struct{}
 	logsEnd   sync.WaitGroup
 
-	// Owner-only fields.
-	restoredFrom   string       // checkpoint id of the restore sent at start
-	restoreSentAt  atomic.Int64 // unix nanos when it was queued
-	stopReason     string       // why we stopped it, if we did
-	stopping       bool
-	draining       bool // exited; being drained and reaped (drainInstance)
-	unresponsiveEv atomic.Bool
+	restoreQueuedAt atomic.Int64 // unix nanos the restore was queued (SendRestore); 0: none
+	unresponsiveEv  atomic.Bool
 	// abandoned is closed when the owner starts finishing the instance: events
 	// sent after that are dropped instead of blocking a goroutine the owner is
 	// waiting for.
@@ -113,24 +138,13 @@ type instance struct {
 	acks acks // wal_ack for ack: true entries (acks.go)
 }
 
-func newInstance(n int, role string, proc agentproc.Proc, codec *schema.Codec, maxFrame int, sk *sinks, events chan<- event, met *observe.Metrics, log *slog.Logger) *instance {
-	inst := &instance{
-		n: n, role: role, proc: proc, started: time.Now(), codec: codec, sinks: sk,
-		events: events, met: met,
-		log:       log.With("role", role, "pid", proc.ID(), "incarnation", n),
-		out:       make(chan []byte, outboundQueue),
-		writerEnd: make(chan struct{}),
-		readerEnd: make(chan struct{}),
-		abandoned: make(chan struct{}),
-		inBytes:   met.FrameBytes.WithLabelValues("in"),
-		inFrames:  map[string]prometheus.Counter{},
-	}
-	for _, typ := range schema.Types(schema.FromAgent) {
-		inst.inFrames[typ] = met.Frames.WithLabelValues("in", typ)
-	}
-	toAgent, fromAgent, logs := proc.Pipes()
+// Start begins serving a spawned agent process: its frames, its log lines
+// and its exit.
+func Start(c Config) *Instance {
+	inst := newInstance(c)
+	toAgent, fromAgent, logs := c.Proc.Pipes()
 	go inst.writeLoop(wire.NewWriter(toAgent, 0))
-	go inst.readLoop(wire.NewReader(fromAgent, maxFrame))
+	go inst.readLoop(wire.NewReader(fromAgent, c.MaxFrame))
 	for i, f := range logs {
 		stream := "stderr"
 		if i == 1 {
@@ -140,16 +154,117 @@ func newInstance(n int, role string, proc agentproc.Proc, codec *schema.Codec, m
 		go inst.logLoop(f, stream)
 	}
 	go func() {
-		<-proc.Exited()
-		inst.emit(event{kind: evExited})
+		<-c.Proc.Exited()
+		inst.emit(Event{Kind: Exited})
 	}()
 	return inst
 }
 
+func newInstance(c Config) *Instance {
+	in := &Instance{
+		n: c.N, role: c.Role, proc: c.Proc, started: time.Now(), codec: c.Codec, sink: c.Sink,
+		events: c.Events, met: c.Metrics,
+		out:       make(chan []byte, OutboundQueue),
+		writerEnd: make(chan struct{}),
+		readerEnd: make(chan struct{}),
+		abandoned: make(chan struct{}),
+		inBytes:   c.Metrics.FrameBytes.WithLabelValues("in"),
+		inFrames:  map[string]prometheus.Counter{},
+	}
+	pid := 0
+	if c.Proc != nil {
+		pid = c.Proc.ID()
+	}
+	in.log = c.Log.With("role", c.Role, "pid", pid, "incarnation", c.N)
+	for _, typ := range schema.Types(schema.FromAgent) {
+		in.inFrames[typ] = c.Metrics.Frames.WithLabelValues("in", typ)
+	}
+	return in
+}
+
+// NewDetached is an instance with no process, for tests: what it sends
+// stays in its outbound queue (Outbound) for the test to read.
+func NewDetached(role string, proc agentproc.Proc, codec *schema.Codec, met *observe.Metrics, log *slog.Logger) *Instance {
+	in := newInstance(Config{Role: role, Proc: proc, Codec: codec, Metrics: met, Log: log})
+	in.writerEnd = nil
+	return in
+}
+
+// Outbound is the queue of frames for the agent: a detached instance's
+// (NewDetached) is read by its test.
+func (in *Instance) Outbound() <-chan []byte { return in.out }
+
+// Acking reports whether the instance's acker goroutine has been started
+// (by an entry that asked for wal_ack).
+func (in *Instance) Acking() bool {
+	in.acks.mu.Lock()
+	defer in.acks.mu.Unlock()
+	return in.acks.done != nil
+}
+
+// Close stops a detached instance's acker (NewDetached).
+func (in *Instance) Close() { in.stopAcks() }
+
+// N is the incarnation number.
+func (in *Instance) N() int { return in.n }
+
+// Role is RolePrimary or RoleShadow.
+func (in *Instance) Role() string { return in.role }
+
+// Proc is the agent process.
+func (in *Instance) Proc() agentproc.Proc { return in.proc }
+
+// Log is the instance's logger (role, pid, incarnation).
+func (in *Instance) Log() *slog.Logger { return in.log }
+
+// Started is when the instance was started.
+func (in *Instance) Started() time.Time { return in.started }
+
+// Abandoned is closed once the owner has begun finishing the instance: a
+// sink waiting for room gives up.
+func (in *Instance) Abandoned() <-chan struct{} { return in.abandoned }
+
+// FirstHeartbeatAt is when the first heartbeat arrived (zero: none yet).
+func (in *Instance) FirstHeartbeatAt() time.Time {
+	if n := in.firstHBAt.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// LastHeartbeat is when the last heartbeat arrived (zero: none yet).
+func (in *Instance) LastHeartbeat() time.Time {
+	if n := in.lastHeartbeat.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// OutQueued is the bytes queued for the agent and not yet written.
+func (in *Instance) OutQueued() int64 { return in.outQueued.Load() }
+
+// RestoreQueuedAt is when SendRestore queued the restore (zero: none).
+func (in *Instance) RestoreQueuedAt() time.Time {
+	if n := in.restoreQueuedAt.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// SendRestore queues a restore frame, encoded, and counts it. It reports
+// false when the queue refused it.
+func (in *Instance) SendRestore(frame []byte) bool {
+	if !in.SendFrame(schema.TypeRestore, frame) {
+		return false
+	}
+	in.restoreQueuedAt.Store(time.Now().UnixNano())
+	return true
+}
+
 // emit hands an event to the owner, or drops it once the owner has abandoned
 // this instance.
-func (in *instance) emit(ev event) {
-	ev.inst = in
+func (in *Instance) emit(ev Event) {
+	ev.Inst = in
 	select {
 	case in.events <- ev:
 	case <-in.abandoned:
@@ -158,18 +273,15 @@ func (in *instance) emit(ev event) {
 
 // send queues an encoded frame for the agent without blocking. It reports
 // false when the instance is gone or its queue is full.
-func (in *instance) send(frame []byte) bool {
+func (in *Instance) Send(frame []byte) bool {
 	in.outMu.Lock()
 	defer in.outMu.Unlock()
 	if in.outClosed {
 		return false
 	}
 	n := outCharge(frame)
-	if q := in.outQueued.Load(); q+n > outboundBytes {
-		in.met.OutboundDropped.Inc()
-		if in.unresponsiveEv.CompareAndSwap(false, true) {
-			go in.emit(event{kind: evUnresponsive})
-		}
+	if q := in.outQueued.Load(); q+n > OutboundBytes {
+		in.queueFull()
 		return false
 	}
 	select {
@@ -177,27 +289,33 @@ func (in *instance) send(frame []byte) bool {
 		in.outQueued.Add(n)
 		return true
 	default:
-		in.met.OutboundDropped.Inc()
-		if in.unresponsiveEv.CompareAndSwap(false, true) {
-			go in.emit(event{kind: evUnresponsive})
-		}
+		in.queueFull()
 		return false
 	}
 }
 
+// queueFull counts a frame the full outbound queue refused and tells the
+// owner, once, that the agent has stopped reading its input.
+func (in *Instance) queueFull() {
+	in.met.OutboundDropped.Inc()
+	if in.unresponsiveEv.CompareAndSwap(false, true) {
+		go in.emit(Event{Kind: Unresponsive})
+	}
+}
+
 // sendMsg encodes and queues a message.
-func (in *instance) sendMsg(m schema.Message) bool {
+func (in *Instance) SendMsg(m schema.Message) bool {
 	b, err := in.codec.Encode(m)
 	if err != nil {
 		in.log.Error("cannot encode message for the agent", "type", m.MessageType(), "err", err)
 		return false
 	}
-	return in.sendFrame(m.MessageType(), b)
+	return in.SendFrame(m.MessageType(), b)
 }
 
 // sendFrame queues a message of type typ already encoded, and counts it.
-func (in *instance) sendFrame(typ string, b []byte) bool {
-	if !in.send(b) {
+func (in *Instance) SendFrame(typ string, b []byte) bool {
+	if !in.Send(b) {
 		return false
 	}
 	in.met.Frames.WithLabelValues("out", typ).Inc()
@@ -207,7 +325,7 @@ func (in *instance) sendFrame(typ string, b []byte) bool {
 
 // closeOutbound stops the writer after it has written what is queued (or
 // failed to: the pipe may be broken).
-func (in *instance) closeOutbound() {
+func (in *Instance) closeOutbound() {
 	in.outMu.Lock()
 	defer in.outMu.Unlock()
 	if !in.outClosed {
@@ -216,7 +334,7 @@ func (in *instance) closeOutbound() {
 	}
 }
 
-func (in *instance) writeLoop(w *wire.Writer) {
+func (in *Instance) writeLoop(w *wire.Writer) {
 	defer close(in.writerEnd)
 	broken := false
 	for frame := range in.out {
@@ -232,18 +350,18 @@ func (in *instance) writeLoop(w *wire.Writer) {
 	}
 }
 
-func (in *instance) readLoop(r *wire.Reader) {
+func (in *Instance) readLoop(r *wire.Reader) {
 	defer close(in.readerEnd)
 	for {
 		payload, err := r.ReadFrame()
 		if err != nil {
-			in.emit(event{kind: evStreamEnded, err: err})
+			in.emit(Event{Kind: StreamEnded, Err: err})
 			return
 		}
 		in.inBytes.Add(float64(len(payload)))
 		msg, err := in.codec.Decode(schema.FromAgent, payload)
 		if err != nil {
-			in.sinks.invalid(in, err)
+			in.sink.Invalid(in, err)
 			continue
 		}
 		if c := in.inFrames[msg.MessageType()]; c != nil {
@@ -251,7 +369,7 @@ func (in *instance) readLoop(r *wire.Reader) {
 		}
 		if v := int32(msg.Head().Version); v > in.version.Load() {
 			in.version.Store(v)
-			in.sinks.versionSeen(in, v)
+			in.sink.VersionSeen(in, v)
 		}
 		switch m := msg.(type) {
 		case *schema.Heartbeat:
@@ -260,28 +378,28 @@ func (in *instance) readLoop(r *wire.Reader) {
 			in.lastFrameAt.Store(now)
 			if in.lastHeartbeat.Swap(now) == 0 {
 				in.firstHBAt.Store(now)
-				in.emit(event{kind: evFirstHeartbeat})
+				in.emit(Event{Kind: FirstHeartbeat})
 			}
 		case *schema.WALEntry:
 			start := in.sinkBegin()
-			in.sinks.appendWAL(in, []schema.WALRecord{m.Entry}, m.Ack)
+			in.sink.AppendWAL(in, []schema.WALRecord{m.Entry}, m.Ack)
 			in.sinkEnd(start)
 		case *schema.WALBatch:
 			start := in.sinkBegin()
-			in.sinks.appendWAL(in, m.Entries, m.Ack)
+			in.sink.AppendWAL(in, m.Entries, m.Ack)
 			in.sinkEnd(start)
 		case *schema.RequestResult:
-			in.sinks.requestResult(in, m)
+			in.sink.RequestResult(in, m)
 		case *schema.Checkpoint:
 			start := in.sinkBegin()
-			in.sinks.checkpoint(in, m, start)
+			in.sink.Checkpoint(in, m, start)
 			in.sinkEnd(start)
 		case *schema.Metrics:
-			in.sinks.agentMetrics(in, m)
+			in.sink.AgentMetrics(in, m)
 		case *schema.Error:
-			in.sinks.agentError(in, m)
+			in.sink.AgentError(in, m)
 		case *schema.EvolutionIntent:
-			in.emit(event{kind: evEvolutionIntent, msg: m})
+			in.emit(Event{Kind: EvolutionIntent, Msg: m})
 		}
 	}
 }
@@ -290,13 +408,13 @@ func (in *instance) readLoop(r *wire.Reader) {
 // our disk (a WAL append, the checkpoint queue): the time between them is
 // recorded as not the agent's (see heartbeatAge). Reader goroutine only; no
 // allocation on the frame path.
-func (in *instance) sinkBegin() time.Time {
+func (in *Instance) sinkBegin() time.Time {
 	start := time.Now()
 	in.sinkSince.Store(start.UnixNano())
 	return start
 }
 
-func (in *instance) sinkEnd(start time.Time) {
+func (in *Instance) sinkEnd(start time.Time) {
 	end := time.Now()
 	in.sinkSince.Store(0)
 	in.blockedNano.Add(int64(end.Sub(start)))
@@ -305,7 +423,7 @@ func (in *instance) sinkEnd(start time.Time) {
 
 // logLoop copies the agent's log stream line by line into our log. Lines are
 // capped so an agent writing without newlines cannot grow our memory.
-func (in *instance) logLoop(f io.Reader, stream string) {
+func (in *Instance) logLoop(f io.Reader, stream string) {
 	defer in.logsEnd.Done()
 	const maxLine = 64 << 10
 	br := bufio.NewReaderSize(f, maxLine)
@@ -340,7 +458,7 @@ func trimNewline(b []byte) []byte {
 // when none has arrived yet, and whether one has — less the time the reader
 // spent blocked on our own storage meanwhile (a slow disk is not a hung
 // agent).
-func (in *instance) heartbeatAge(now time.Time) (time.Duration, bool) {
+func (in *Instance) HeartbeatAge(now time.Time) (time.Duration, bool) {
 	since, seen := in.started, false
 	if last := in.lastHeartbeat.Load(); last != 0 {
 		since, seen = time.Unix(0, last), true
@@ -358,7 +476,7 @@ func (in *instance) heartbeatAge(now time.Time) (time.Duration, bool) {
 // lost. Only when the reader has waited drainTimeout for bytes that do not
 // come (the pipe is held open by a descendant that escaped the process
 // group) is the pipe closed.
-func (in *instance) finish(drainTimeout time.Duration) agentproc.ExitStatus {
+func (in *Instance) Finish(drainTimeout time.Duration) agentproc.ExitStatus {
 	in.abandonMu.Do(func() { close(in.abandoned) })
 	st := in.proc.Reap()
 	exited := time.Now().UnixNano()
