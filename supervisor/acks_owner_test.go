@@ -8,6 +8,7 @@ import (
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
 	"github.com/agent-sidecar/supervisor/supervisor/conn"
+	"github.com/agent-sidecar/supervisor/supervisor/durable"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wal"
 	"github.com/vmihailenco/msgpack/v5"
@@ -57,8 +58,14 @@ func TestShadowAcksFromScratchWAL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	primary := openTestWAL(t, wal.SyncBatch)
-	s.st = &stores{wal: primary}
+	st, err := durable.Open(durable.Options{Dir: t.TempDir(), Codec: s.codec, Log: s.log, MaxFrameSize: cfg.MaxFrameSize,
+		WALSegmentSize: 1 << 20, WALSync: wal.SyncBatch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	s.st = st
+	primary := st.WAL()
 	tr := &trial{id: "t1", wal: openTestWAL(t, wal.SyncNone)}
 	in := ackTestInstance(t, RoleShadow)
 	s.shadowSinks(tr).AppendWAL(in, []schema.WALRecord{{Sequence: 9, Raw: []byte{0x80}}}, true)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/replica"
+	"github.com/agent-sidecar/supervisor/supervisor/durable"
 )
 
 // The control socket DATA_DIR/supervisor.sock speaks one JSON request line and
@@ -179,7 +180,7 @@ func (s *Supervisor) serveControlConn(ctx context.Context, conn *net.UnixConn) {
 			respond(ControlResponse{Error: fmt.Sprintf("checkpoint id %q: %v", clip(req.CheckpointID, 64), err)})
 			return
 		}
-		if call.meta, err = s.st.ckpt.Stat(id); err != nil {
+		if call.meta, err = s.st.Checkpoints().Stat(id); err != nil {
 			respond(ControlResponse{Error: fmt.Sprintf("cannot restore: %v", err)})
 			return
 		}
@@ -230,7 +231,7 @@ func (s *Supervisor) handleControl(call controlCall) ControlResponse {
 		return ControlResponse{OK: true, Status: &st}
 	case OpRestore:
 		meta := call.meta
-		point := &restorePoint{checkpointID: meta.ID, noWAL: req.NoWAL}
+		point := &durable.Point{CheckpointID: meta.ID, NoWAL: req.NoWAL}
 		in := s.cur
 		if s.pendingReply != nil {
 			// Another restore is being delivered (the agent is being

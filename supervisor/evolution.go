@@ -15,6 +15,7 @@ import (
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
 	"github.com/agent-sidecar/supervisor/supervisor/conn"
+	"github.com/agent-sidecar/supervisor/supervisor/durable"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wal"
 )
@@ -60,7 +61,7 @@ func (s *Supervisor) evolutionIntent(in *agent, m *schema.EvolutionIntent) {
 	// worker (a 100 MiB checkpoint takes a while); trialPrepared spawns it.
 	p := &trialPrep{intent: h, primary: in}
 	s.trialPrep = true
-	s.work.post(func() {
+	s.work.Post(func() {
 		s.prepareTrial(p)
 		s.report(storeResult{trial: p})
 	})
@@ -73,7 +74,7 @@ type trialPrep struct {
 	intent  schema.Hypothesis
 	primary *agent // the primary that proposed it
 	t       *trial // scratch stores open, backup pinned; nil on failure
-	plan    *restorePlan
+	plan    *durable.Plan
 	reject  string // why the evolution cannot be tried ("" = ready)
 }
 
@@ -82,12 +83,12 @@ type trialPrep struct {
 func (s *Supervisor) prepareTrial(p *trialPrep) {
 	// The newest checkpoint by its header: the shadow's restore loads (and
 	// verifies) it once.
-	backup, ok := s.st.newestGood()
+	backup, ok := s.st.NewestGood()
 	if !ok {
 		p.reject = "no checkpoint to back up: send a checkpoint first, then propose the evolution again"
 		return
 	}
-	if err := s.st.ckpt.Pin(backup.ID); err != nil {
+	if err := s.st.Checkpoints().Pin(backup.ID); err != nil {
 		p.reject = "cannot pin a backup checkpoint: " + err.Error()
 		return
 	}
@@ -163,7 +164,7 @@ func (s *Supervisor) rejectTrial(p *trialPrep, reason string) {
 
 // openTrial creates the scratch stores of a trial and assembles the
 // shadow's restore from the backup. Store worker only.
-func (s *Supervisor) openTrial(h schema.Hypothesis, backup checkpoint.Meta) (t *trial, plan *restorePlan, err error) {
+func (s *Supervisor) openTrial(h schema.Hypothesis, backup checkpoint.Meta) (t *trial, plan *durable.Plan, err error) {
 	id := observe.NewUUID()
 	dir := filepath.Join(s.cfg.DataDir, "shadow", id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -183,7 +184,7 @@ func (s *Supervisor) openTrial(h schema.Hypothesis, backup checkpoint.Meta) (t *
 	if t.store, err = checkpoint.Open(filepath.Join(dir, "checkpoints"), checkpoint.Options{Retain: 2}); err != nil {
 		return nil, nil, fmt.Errorf("open shadow checkpoint store: %w", err)
 	}
-	if plan, err = s.st.buildRestore(restorePoint{checkpointID: backup.ID}); err != nil {
+	if plan, err = s.st.BuildRestore(durable.Point{CheckpointID: backup.ID}); err != nil {
 		return nil, nil, fmt.Errorf("assemble the shadow's restore: %w", err)
 	}
 	return t, plan, nil
@@ -192,7 +193,7 @@ func (s *Supervisor) openTrial(h schema.Hypothesis, backup checkpoint.Meta) (t *
 // dropTrial unpins a trial's backup and removes its scratch stores, on the
 // store worker (owner only; it does not wait).
 func (s *Supervisor) dropTrial(t *trial) {
-	s.work.post(func() {
+	s.work.Post(func() {
 		s.unpinNow(t.backup.ID)
 		t.close()
 	})
@@ -208,12 +209,12 @@ func (t *trial) close() {
 
 // unpin releases an evolution backup, on the store worker (owner only).
 func (s *Supervisor) unpin(id string) {
-	s.work.post(func() { s.unpinNow(id) })
+	s.work.Post(func() { s.unpinNow(id) })
 }
 
 // unpinNow releases an evolution backup. Store worker only.
 func (s *Supervisor) unpinNow(id string) {
-	if err := s.st.ckpt.Unpin(id); err != nil {
+	if err := s.st.Checkpoints().Unpin(id); err != nil {
 		s.log.Warn("cannot unpin evolution backup", "checkpoint_id", id, "err", err)
 	}
 }
@@ -311,7 +312,7 @@ func (s *Supervisor) concludeTrial() {
 		// store worker; promotionRecorded tells the primary.
 		pr := &promotion{t: t, d: d, primary: primary, p: evolution.Promotion{Module: t.intent.Target, Code: t.intent.NewCode,
 			Target: t.intent.Target, Reason: t.intent.Reason, BackupCheckpointID: t.backup.ID, At: time.Now(), Metrics: d.Metrics}}
-		s.work.post(func() {
+		s.work.Post(func() {
 			pr.err = s.ledger.Record(pr.p)
 			s.report(storeResult{promotion: pr})
 		})
@@ -403,7 +404,7 @@ func (s *Supervisor) endTrial() {
 	}
 	s.trial = nil
 	s.publish()
-	s.work.post(t.close)
+	s.work.Post(t.close)
 }
 
 // stopTrial ends a trial when the supervisor starts stopping, without

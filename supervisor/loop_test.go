@@ -232,11 +232,11 @@ func startLoop(t *testing.T, cfg Config, behave func(a *fakeAgent), before ...fu
 	h.cancel = cancel
 	go func() {
 		workerDone := make(chan struct{})
-		go func() { defer close(workerDone); s.work.run(s.storeCheckpoint) }()
+		go func() { defer close(workerDone); s.work.Run(s.storeCheckpoint) }()
 		h.result = s.loop(ctx)
 		close(s.loopDone)
 		s.spawns.Wait()
-		s.work.stop()
+		s.work.Stop()
 		<-workerDone
 		s.settleStored()
 		close(h.done)
@@ -367,7 +367,7 @@ func TestLoopAnswersWhileStoresAreBusy(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		h := startLoop(t, testConfig(t), heartbeatEvery(t, time.Second), func(s *Supervisor) {
-			s.work.post(func() { <-release }) // the first start's restore queues behind this
+			s.work.Post(func() { <-release }) // the first start's restore queues behind this
 		})
 		defer h.stop()
 		time.Sleep(time.Minute) // a minute of frozen disk
@@ -510,7 +510,7 @@ func TestLoopStopDuringTrialDoesNotWaitForTheShadow(t *testing.T) {
 		case <-time.After(time.Minute):
 			t.Fatal("the shadow's checkpoint was not acknowledged")
 		}
-		primaryCkpts, err := h.s.st.ckpt.List()
+		primaryCkpts, err := h.s.st.Checkpoints().List()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -581,7 +581,7 @@ func TestLoopPromotionAnsweredAfterStopIsAudited(t *testing.T) {
 		h.next() // the shadow: the trial runs
 		time.Sleep(9 * time.Second)
 		release := make(chan struct{})
-		h.s.work.post(func() { <-release }) // the disk stalls before the decision's ledger write
+		h.s.work.Post(func() { <-release }) // the disk stalls before the decision's ledger write
 		time.Sleep(2 * time.Second)         // the trial is decided; its promotion waits for the ledger
 		h.cancel()
 		<-h.s.loopDone // the loop returned before the ledger write finished

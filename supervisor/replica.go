@@ -103,6 +103,14 @@ func (s *Supervisor) restoreFromReplica() error {
 	return nil
 }
 
+// replicaRewound tells the replicator that an operator rolled history back
+// (the stores' OnRewind; store worker). Nothing when not replicating.
+func (s *Supervisor) replicaRewound() {
+	if s.rep != nil && s.rep.r != nil {
+		s.rep.r.Rewound()
+	}
+}
+
 // startReplica starts replicating once the stores are open.
 func (s *Supervisor) startReplica() {
 	if s.rep == nil {
@@ -113,10 +121,9 @@ func (s *Supervisor) startReplica() {
 			"checkpoint_id": res.CheckpointID, "watermark": res.Watermark, "wal_entries": res.Entries, "last_sequence": res.LastSequence})
 	}
 	st := s.st
-	r := replica.New(s.rep.client, replica.Local{DataDir: s.cfg.DataDir, WAL: st.wal, Checkpoints: st.ckpt,
-		HoldTruncation: func() func() { st.trunc.RLock(); return st.trunc.RUnlock }},
+	r := replica.New(s.rep.client, replica.Local{DataDir: s.cfg.DataDir, WAL: st.WAL(), Checkpoints: st.Checkpoints(),
+		HoldTruncation: st.HoldTruncation},
 		replica.Options{SyncInterval: s.cfg.ReplicaSyncInterval, Logger: s.log, Registerer: s.met.Reg, Version: Build().Version})
-	st.onRewind = r.Rewound
 	s.rep.r = r
 	r.Start()
 	s.log.Info("replicating the data directory", "replica", s.rep.client.Location().String(), "sync_interval", s.cfg.ReplicaSyncInterval,

@@ -117,7 +117,7 @@ func BenchmarkWALFloodMinimalAgent(b *testing.B) {
 	}
 	s := runCommandSupervisor(b, []string{bin, "-n", strconv.Itoa(n)})
 	deadline := time.Now().Add(10 * time.Minute)
-	for s.st.wal.DurableSequence() < uint64(n) {
+	for s.st.WAL().DurableSequence() < uint64(n) {
 		if time.Now().After(deadline) {
 			b.Fatal("flood not appended in time")
 		}
@@ -136,7 +136,7 @@ func BenchmarkWALFlood(b *testing.B) {
 	s := runRefAgentSupervisor(b, "--heartbeat-interval", "1s", "--wal-rate", "10000000", "--entry-size", "1024",
 		"--wal-max", strconv.Itoa(n), "--memory-limit", "1000", "--checkpoint-interval", "0")
 	start := time.Now()
-	for s.st.wal.LastSequence() < uint64(n) {
+	for s.st.WAL().LastSequence() < uint64(n) {
 		time.Sleep(time.Millisecond)
 	}
 	b.ReportMetric(float64(n)/time.Since(start).Seconds(), "entries/s")

@@ -10,6 +10,7 @@ import (
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/conn"
+	"github.com/agent-sidecar/supervisor/supervisor/durable"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wal"
 )
@@ -45,8 +46,8 @@ type ckptDest struct {
 var _ conn.Sink = (*sinks)(nil)
 
 func (s *Supervisor) primarySinks() *sinks {
-	return &sinks{s: s, role: RolePrimary, wal: s.st.wal, add: s.st.append, ckpts: &ckptDest{
-		wal: s.st.wal, arrived: s.st.checkpointArrived, save: s.st.saveCheckpoint, primary: true}}
+	return &sinks{s: s, role: RolePrimary, wal: s.st.WAL(), add: s.st.Append, ckpts: &ckptDest{
+		wal: s.st.WAL(), arrived: s.st.CheckpointArrived, save: s.st.SaveCheckpoint, primary: true}}
 }
 
 func (s *Supervisor) shadowSinks(t *trial) *sinks {
@@ -54,7 +55,7 @@ func (s *Supervisor) shadowSinks(t *trial) *sinks {
 		ckpts: &ckptDest{wal: t.wal,
 			arrived: func() (uint64, int64) { return t.wal.LastSequence(), 0 },
 			save: func(data, zdata []byte, wm uint64, _ int64) (checkpoint.Meta, []string, int, error, error) {
-				meta, invalid, err := saveCheckpointTo(t.store, s.codec, data, zdata, wm)
+				meta, invalid, err := durable.SaveCheckpointTo(t.store, s.codec, data, zdata, wm)
 				return meta, nil, 0, invalid, err
 			}},
 		trial: t}
@@ -76,7 +77,7 @@ func (k *sinks) AppendWAL(in *conn.Instance, recs []schema.WALRecord, ack bool) 
 // versionSeen: the agent spoke a higher protocol version.
 func (k *sinks) VersionSeen(_ *conn.Instance, v int32) {
 	if k.role == RolePrimary {
-		k.s.st.noteVersion(v)
+		k.s.st.NoteVersion(v)
 	}
 }
 
@@ -92,11 +93,12 @@ func (k *sinks) Checkpoint(in *conn.Instance, cp *schema.Checkpoint, arrived tim
 	// logged before this checkpoint is appended now: that is the watermark.
 	wm, at := k.ckpts.arrived()
 	size := int64(len(cp.Data) + len(cp.Zstd))
-	if _, ok := s.work.gate.acquire(size, in.Abandoned()); !ok {
-		return // the instance is being finished; this checkpoint is not acknowledged
-	}
+	job := ckptJob{inst: in, dest: k.ckpts, data: cp.Data, zstd: cp.Zstd, size: size, watermark: wm, tailAt: at, arrived: arrived}
 	s.bmet.CkptQueueBytes.Add(float64(size))
-	s.work.ckpts <- ckptJob{inst: in, dest: k.ckpts, data: cp.Data, zstd: cp.Zstd, size: size, watermark: wm, tailAt: at, arrived: arrived}
+	if !s.work.Queue(job, size, in.Abandoned()) {
+		// The instance is being finished; this checkpoint is not acknowledged.
+		s.bmet.CkptQueueBytes.Sub(float64(size))
+	}
 }
 
 func (k *sinks) AgentMetrics(in *conn.Instance, m *schema.Metrics) {
@@ -128,11 +130,11 @@ func (k *sinks) RequestResult(in *conn.Instance, m *schema.RequestResult) {
 }
 
 // storeCheckpoint stores one queued checkpoint and acknowledges it. Store
-// worker only (storework.go), in arrival order, for the primary and shadows
+// worker only (durable.Worker), in arrival order, for the primary and shadows
 // alike.
 func (s *Supervisor) storeCheckpoint(job ckptJob) {
 	defer func() {
-		s.work.gate.release(job.size)
+		s.work.Release(job.size)
 		s.bmet.CkptQueueBytes.Sub(float64(job.size))
 	}()
 	in, dest := job.inst, job.dest

@@ -6,11 +6,10 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/klauspost/compress/zstd"
-
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/conn"
+	"github.com/agent-sidecar/supervisor/supervisor/durable"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wal"
 )
@@ -18,10 +17,6 @@ import (
 // walDurableTimeout bounds how long a checkpoint waits for the WAL entries
 // ahead of it to become durable before it is refused with CHECKPOINT_FAILED.
 const walDurableTimeout = 30 * time.Second
-
-func zstdLevel(n int) zstd.EncoderLevel {
-	return zstd.EncoderLevelFromZstd(n)
-}
 
 // invalidMessage answers a payload error with INVALID_MESSAGE, counts, logs
 // and audits it (logs and audit records are rate-limited). Nothing is stored.
@@ -79,7 +74,7 @@ func (s *Supervisor) appendWAL(in *conn.Instance, l *wal.Log, appendFn func([]wa
 			return
 		}
 		code := schema.CodeWALFailed
-		if errors.Is(err, wal.ErrNoSpace) || errors.Is(err, errRestoreFull) {
+		if errors.Is(err, wal.ErrNoSpace) || errors.Is(err, durable.ErrRestoreFull) {
 			code = schema.CodeWALFull
 		}
 		in.SendMsg(schema.NewError(code, "the supervisor could not append these WAL entries: "+err.Error(), details))
@@ -105,15 +100,15 @@ func (s *Supervisor) appendWAL(in *conn.Instance, l *wal.Log, appendFn func([]wa
 }
 
 // sendRestore queues a restore to an instance and records it.
-func (s *Supervisor) sendRestore(in *conn.Instance, plan *restorePlan, trigger string) bool {
-	if !in.SendRestore(plan.frame) {
+func (s *Supervisor) sendRestore(in *conn.Instance, plan *durable.Plan, trigger string) bool {
+	if !in.SendRestore(plan.Frame) {
 		in.Log().Error("could not queue the restore for the agent", "trigger", trigger)
 		return false
 	}
-	s.met.RestoreEntries.Add(float64(plan.entries))
+	s.met.RestoreEntries.Add(float64(plan.Entries))
 	s.rec.Record(observe.Occurrence{Level: slog.LevelInfo, Msg: "restore sent", Log: in.Log(), Kind: observe.AuditRestore,
-		Fields: map[string]any{"trigger": trigger, "role": in.Role(), "checkpoint_id": plan.checkpointID,
-			"watermark": plan.watermark, "wal_entries": plan.entries, "last_sequence": plan.lastSeq, "compressed": plan.compressed},
+		Fields: map[string]any{"trigger": trigger, "role": in.Role(), "checkpoint_id": plan.CheckpointID,
+			"watermark": plan.Watermark, "wal_entries": plan.Entries, "last_sequence": plan.LastSequence, "compressed": plan.Compressed},
 		Count: s.met.Restores.WithLabelValues(trigger)})
 	return true
 }
@@ -121,7 +116,7 @@ func (s *Supervisor) sendRestore(in *conn.Instance, plan *restorePlan, trigger s
 // rewindWAL makes an operator's --no-wal restore to cp stick (stores.rewind)
 // and audits what was set aside.
 func (s *Supervisor) rewindWAL(cp checkpoint.Meta) error {
-	abandoned, removed, last, err := s.st.rewind(cp)
+	abandoned, removed, last, err := s.st.Rewind(cp)
 	if err != nil {
 		return err
 	}

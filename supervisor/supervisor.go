@@ -23,6 +23,7 @@ import (
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
 	"github.com/agent-sidecar/supervisor/supervisor/conn"
+	"github.com/agent-sidecar/supervisor/supervisor/durable"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wire"
 )
@@ -36,6 +37,9 @@ var (
 	ErrAgentFailed = errors.New("agent failed")
 	// ErrDataDirLocked: another supervisor owns the data directory.
 	ErrDataDirLocked = errors.New("data directory is in use by another supervisor")
+	// ErrUnrestorable: no restore satisfying the restore invariant can be
+	// built from the data directory (durable.ErrUnrestorable; exit code 3).
+	ErrUnrestorable = durable.ErrUnrestorable
 )
 
 // State is the lifecycle state of the primary agent.
@@ -63,7 +67,7 @@ type Supervisor struct {
 	cfg    Config
 	log    *slog.Logger
 	codec  *schema.Codec
-	st     *stores // WAL, checkpoints, restore assembly: the restore invariant
+	st     *durable.Stores // WAL, checkpoints, restore assembly: the restore invariant
 	met    *observe.Metrics
 	bmet   *observe.BoundsMetrics
 	lock   *os.File
@@ -83,7 +87,7 @@ type Supervisor struct {
 	bo           backoff
 	lastReason   string
 	restarts     int
-	pendingPoint *restorePoint
+	pendingPoint *durable.Point
 	pendingReply chan ControlResponse // operator restore waiting for the agent's restart
 	shutting     bool
 	startedOnce  bool
@@ -105,7 +109,7 @@ type Supervisor struct {
 
 	// work runs checkpoint saves and the owner's slow storage jobs on one
 	// goroutine (storework.go); they report back on stored.
-	work   *storeWorker
+	work   *durable.Worker[ckptJob]
 	stored chan storeResult
 	// Agents are spawned off the owner loop (spawn.go): answers come back on
 	// spawned; spawns counts the goroutines still out.
@@ -141,6 +145,18 @@ type ckptJob struct {
 // stored is slowed down through its pipe.
 const ckptQueueBytes = 8 << 20
 
+// newCodec is the one codec of a run: streamed checkpoints whatever the
+// frame limit, and restores bounded by --max-frame-size when it is below the
+// default restore limit. One acceptance rule for every --max-frame-size.
+func newCodec(cfg Config) *schema.Codec {
+	restore := schema.DefaultLimits().Restore
+	if cfg.MaxFrameSize > 0 && cfg.MaxFrameSize < restore {
+		restore = cfg.MaxFrameSize
+	}
+	return schema.NewCodec(schema.Options{ExtraWALOperations: cfg.WALOperations, StreamCheckpoints: true,
+		Limits: schema.Limits{Restore: restore}})
+}
+
 // New validates the configuration. Nothing is opened until Run.
 func New(cfg Config) (*Supervisor, error) {
 	if err := cfg.Validate(); err != nil {
@@ -154,7 +170,7 @@ func New(cfg Config) (*Supervisor, error) {
 		cfg:     cfg,
 		log:     log,
 		rec:     observe.NewRecorder(log),
-		codec:   schema.NewCodec(schema.Options{ExtraWALOperations: cfg.WALOperations, StreamCheckpoints: true}),
+		codec:   newCodec(cfg),
 		events:  make(chan conn.Event, 256),
 		control: make(chan controlCall),
 		force:   make(chan struct{}, 1),
@@ -162,7 +178,7 @@ func New(cfg Config) (*Supervisor, error) {
 			initial: cfg.BackoffInitial, max: cfg.BackoffMax,
 			maxRestarts: cfg.MaxRestarts, window: cfg.RestartWindow,
 		},
-		work:     newStoreWorker(ckptQueueBytes),
+		work:     durable.NewWorker[ckptJob](ckptQueueBytes),
 		stored:   make(chan storeResult, 4),
 		spawned:  make(chan spawnResult), // unbuffered: an answer is taken by the loop, or settled by its sender
 		loopDone: make(chan struct{}),
@@ -215,8 +231,8 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 	go func() { defer bgWG.Done(); agentproc.Shared().RunReaper(bg, s.log) }()
 
 	bgWG.Add(1)
-	go func() { defer bgWG.Done(); s.work.run(s.storeCheckpoint) }()
-	defer s.work.stop()   // runs before stopBG/bgWG.Wait above: the worker finishes its queue and exits
+	go func() { defer bgWG.Done(); s.work.Run(s.storeCheckpoint) }()
+	defer s.work.Stop()   // runs before stopBG/bgWG.Wait above: the worker finishes its queue and exits
 	defer s.spawns.Wait() // before the worker stops: an unwanted spawn's trial is released on it
 
 	if ln := httpLn; ln != nil {
@@ -281,12 +297,19 @@ func (s *Supervisor) open() error {
 		return plantedLink(err)
 	}
 	s.rec.AttachAudit(audit)
-	st, err := openStores(dir, s.cfg, s.codec, s.log, s.met.WalSynced)
+	policy, err := s.cfg.walSyncPolicy()
+	if err != nil {
+		return err
+	}
+	st, err := durable.Open(durable.Options{Dir: dir, Codec: s.codec, Log: s.log,
+		CheckpointRetain: s.cfg.CheckpointRetain, CheckpointLevel: s.cfg.CheckpointLevel, MaxFrameSize: s.cfg.MaxFrameSize,
+		WALSegmentSize: s.cfg.WALSegmentSize, WALSync: policy, WALSyncInterval: s.cfg.WALSyncInterval, OnSync: s.met.WalSynced,
+		OnRewind: s.replicaRewound})
 	if err != nil {
 		return err
 	}
 	s.st = st
-	w := st.wal
+	w := st.WAL()
 	rec := w.Recovery()
 	s.log.Info("WAL opened", "segments", rec.Segments, "entries", rec.Entries,
 		"last_sequence", w.LastSequence(), "floor", w.Floor(), "torn_bytes_truncated", rec.TruncatedBytes)
@@ -298,20 +321,15 @@ func (s *Supervisor) open() error {
 		s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: "WAL CORRUPTION: replay stopped at a corrupt record; the good prefix is kept and entries after it are NOT served. Inspect with `supervisor wal dump` and restore the data directory from a backup if those entries matter.",
 			Kind: observe.AuditWALError, Fields: map[string]any{"error": rec.Corruption.Error(), "last_good_sequence": w.LastSequence()}})
 	}
-	if s.cfg.MaxFrameSize < s.codec.Limits().Restore {
-		s.codec = schema.NewCodec(schema.Options{ExtraWALOperations: s.cfg.WALOperations,
-			Limits: schema.Limits{Restore: s.cfg.MaxFrameSize}})
-		st.codec = s.codec
-	}
 	ledger, err := evolution.OpenLedger(filepath.Join(dir, "evolution.json"))
 	if err != nil {
 		return fmt.Errorf("open the evolution ledger: %w", err)
 	}
 	s.ledger = ledger
-	if id, noWAL, ok, err := st.ckpt.TakeRestorePoint(); err != nil {
+	if id, noWAL, ok, err := st.Checkpoints().TakeRestorePoint(); err != nil {
 		s.log.Error("cannot read the recorded restore point; ignoring it", "err", err)
 	} else if ok {
-		s.pendingPoint = &restorePoint{checkpointID: id, noWAL: noWAL}
+		s.pendingPoint = &durable.Point{CheckpointID: id, NoWAL: noWAL}
 		s.log.Info("restore point recorded by an operator will be used", "checkpoint_id", id, "no_wal", noWAL)
 	}
 	s.startReplica()
@@ -322,7 +340,7 @@ func (s *Supervisor) close() error {
 	var errs []error
 	s.stopReplica() // a last bounded upload of what is durable
 	if s.st != nil {
-		if err := s.st.close(); err != nil {
+		if err := s.st.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close WAL: %w", err))
 		}
 	}
@@ -580,12 +598,12 @@ type storeResult struct {
 // startPrep is one start's restore, assembled on the store worker
 // (assembleStart) and answered to the owner (startPrepared).
 type startPrep struct {
-	point        *restorePoint // the operator's restore point; nil: the newest checkpoint
-	fallbackFrom string        // the owner's fallbackFrom; cleared when a newer checkpoint was stored
+	point        *durable.Point // the operator's restore point; nil: the newest checkpoint
+	fallbackFrom string         // the owner's fallbackFrom; cleared when a newer checkpoint was stored
 
-	plan      *restorePlan // nil: no state yet (a fresh start)
-	usedPoint bool         // point was used (false: it could not be, the newest was)
-	err       error        // no restore can be built: the agent is not started
+	plan      *durable.Plan // nil: no state yet (a fresh start)
+	usedPoint bool          // point was used (false: it could not be, the newest was)
+	err       error         // no restore can be built: the agent is not started
 }
 
 // prepareStart asks the store worker to assemble the next start's restore.
@@ -598,7 +616,7 @@ func (s *Supervisor) prepareStart() {
 	}
 	p := &startPrep{point: s.pendingPoint, fallbackFrom: s.fallbackFrom}
 	s.preparing = p
-	s.work.post(func() {
+	s.work.Post(func() {
 		s.assembleStart(p)
 		s.report(storeResult{start: p})
 	})
@@ -650,21 +668,21 @@ func (s *Supervisor) settleStored() {
 // assembleStart builds a start's restore. Store worker only.
 func (s *Supervisor) assembleStart(p *startPrep) {
 	if p.fallbackFrom != "" {
-		if m, ok := s.st.newestGood(); !ok || m.ID != p.fallbackFrom {
+		if m, ok := s.st.NewestGood(); !ok || m.ID != p.fallbackFrom {
 			p.fallbackFrom = "" // a newer checkpoint was stored since the fallback
 		}
 	}
 	if pt := p.point; pt != nil {
-		plan, err := s.st.buildRestore(*pt)
+		plan, err := s.st.BuildRestore(*pt)
 		if err != nil {
 			s.log.Error("the recorded restore point cannot be used; restoring from the newest checkpoint instead",
-				"checkpoint_id", pt.checkpointID, "err", err)
+				"checkpoint_id", pt.CheckpointID, "err", err)
 		} else {
 			p.plan, p.usedPoint = plan, true
 		}
 	}
 	if !p.usedPoint {
-		plan, err := s.st.buildRestore(restorePoint{olderThan: p.fallbackFrom})
+		plan, err := s.st.BuildRestore(durable.Point{OlderThan: p.fallbackFrom})
 		if err != nil {
 			p.err = fmt.Errorf("assemble restore: %w", err)
 			return
@@ -672,15 +690,15 @@ func (s *Supervisor) assembleStart(p *startPrep) {
 		p.plan = plan
 	}
 	if p.plan != nil {
-		s.reportSkipped(p.plan.skipped)
+		s.reportSkipped(p.plan.Skipped)
 	}
-	if p.usedPoint && p.point.noWAL && p.plan != nil {
-		meta, err := s.st.ckpt.Stat(p.point.checkpointID)
+	if p.usedPoint && p.point.NoWAL && p.plan != nil {
+		meta, err := s.st.Checkpoints().Stat(p.point.CheckpointID)
 		if err == nil {
 			err = s.rewindWAL(meta)
 		}
 		if err != nil {
-			p.err = fmt.Errorf("roll back to checkpoint %s for a --no-wal restore: %w", p.point.checkpointID, err)
+			p.err = fmt.Errorf("roll back to checkpoint %s for a --no-wal restore: %w", p.point.CheckpointID, err)
 		}
 	}
 }
@@ -714,7 +732,7 @@ func (s *Supervisor) startPrepared(p *startPrep) error {
 // (owner only).
 func (s *Supervisor) startSpawned(p *startPrep, proc agentproc.Proc, err error) error {
 	plan := p.plan
-	var point *restorePoint
+	var point *durable.Point
 	if p.usedPoint {
 		point = p.point
 	}
@@ -741,15 +759,15 @@ func (s *Supervisor) startSpawned(p *startPrep, proc agentproc.Proc, err error) 
 	}
 	if plan != nil {
 		s.sendRestore(inst.Instance, plan, trigger)
-		created = plan.created
-		s.lastRestored = plan.checkpointID
+		created = plan.Created
+		s.lastRestored = plan.CheckpointID
 	}
 	if s.pendingReply != nil {
 		resp := ControlResponse{Error: "the restore point could not be used; the agent was restored from the newest checkpoint instead"}
 		if plan != nil && point != nil {
 			resp = ControlResponse{OK: true, Message: "restore sent to the restarted agent", Restore: &RestoreInfo{
-				CheckpointID: plan.checkpointID, Watermark: plan.watermark, WALEntries: plan.entries,
-				LastSequence: plan.lastSeq, Sent: true, NoWAL: point.noWAL}}
+				CheckpointID: plan.CheckpointID, Watermark: plan.Watermark, WALEntries: plan.Entries,
+				LastSequence: plan.LastSequence, Sent: true, NoWAL: point.NoWAL}}
 		}
 		s.pendingReply <- resp
 		s.pendingReply = nil
@@ -992,8 +1010,8 @@ func (s *Supervisor) scheduleRestart(reason string, failed bool, startTimer *tim
 		// decides (fallbackAnswered).
 		f := &fallbackAsk{from: s.lastRestored, reason: reason, failed: failed}
 		s.setState(StateBackingOff)
-		s.work.post(func() {
-			f.to, f.ok = s.st.fallbackCandidate(f.from)
+		s.work.Post(func() {
+			f.to, f.ok = s.st.FallbackCandidate(f.from)
 			s.report(storeResult{fallback: f})
 		})
 		return false, nil
@@ -1067,8 +1085,8 @@ func (s *Supervisor) refuseStart(err error) {
 	s.failed = true
 	s.setState(StateGivenUp)
 	s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: "refusing to start the agent: its state cannot be restored completely",
-		Kind: observe.AuditRestoreRefused, Fields: map[string]any{"error": err.Error(), "wal_floor": s.st.wal.Floor(),
-			"wal_last_sequence": s.st.wal.LastSequence()}, Count: s.met.RestoreRefused})
+		Kind: observe.AuditRestoreRefused, Fields: map[string]any{"error": err.Error(), "wal_floor": s.st.WAL().Floor(),
+			"wal_last_sequence": s.st.WAL().LastSequence()}, Count: s.met.RestoreRefused})
 }
 
 // walLastSequence is the WAL's last sequence for the metric (0 before the
@@ -1077,7 +1095,7 @@ func (s *Supervisor) walLastSequence() float64 {
 	if s.st == nil {
 		return 0
 	}
-	return float64(s.st.wal.LastSequence())
+	return float64(s.st.WAL().LastSequence())
 }
 
 func (s *Supervisor) heartbeatAgeSeconds() float64 {

@@ -28,7 +28,7 @@ func (s *Supervisor) publish() {
 		v.cur = s.cur.Instance
 	}
 	if p := s.pendingPoint; p != nil {
-		v.status.PendingRestore = &PendingRestore{CheckpointID: p.checkpointID, NoWAL: p.noWAL}
+		v.status.PendingRestore = &PendingRestore{CheckpointID: p.CheckpointID, NoWAL: p.NoWAL}
 	}
 	s.pub.Store(v)
 }
@@ -54,9 +54,9 @@ func (s *Supervisor) Status() Status {
 		}
 	}
 	if s.st != nil {
-		st.NewestCheckpoint = s.st.newestID()
-		st.LastWALSequence = s.st.wal.LastSequence()
-		st.DurableWALSequence = s.st.wal.DurableSequence()
+		st.NewestCheckpoint = s.st.NewestID()
+		st.LastWALSequence = s.st.WAL().LastSequence()
+		st.DurableWALSequence = s.st.WAL().DurableSequence()
 	}
 	st.Replica = s.replicaStatus()
 	return st

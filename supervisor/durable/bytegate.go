@@ -1,4 +1,4 @@
-package supervisor
+package durable
 
 import "sync"
 
@@ -45,11 +45,4 @@ func (g *byteGate) release(n int64) {
 	close(g.freed)
 	g.freed = make(chan struct{})
 	g.mu.Unlock()
-}
-
-// inUse returns the bytes reserved now.
-func (g *byteGate) inUse() int64 {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.used
 }

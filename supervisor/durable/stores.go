@@ -1,4 +1,4 @@
-package supervisor
+package durable
 
 import (
 	"encoding/json"
@@ -53,7 +53,7 @@ var ErrUnrestorable = errors.New("the agent's state cannot be restored completel
 
 // errRestoreFull: appending would make the restore larger than the agent can
 // be sent. Answered WAL_FULL ("checkpoint first").
-var errRestoreFull = errors.New("the WAL tail after the newest checkpoint is as large as a restore may be")
+var ErrRestoreFull = errors.New("the WAL tail after the newest checkpoint is as large as a restore may be")
 
 // restoreOverhead is what a restore frame takes besides the snapshot and the
 // entries (header fields, checkpoint id, array header), with room to spare.
@@ -70,13 +70,13 @@ type agentInfo struct {
 	ProtocolVersion int32 `json:"protocol_version"`
 }
 
-// stores owns the primary agent's durable state: the WAL, the checkpoint
+// Stores owns the primary agent's durable state: the WAL, the checkpoint
 // store and what is known about the agent's protocol. The primary's frame
 // reader appends (append, checkpointArrived, noteVersion); everything else —
 // saves, retention, restores, rollbacks, pins — runs on the store worker
 // (storework.go), one step at a time: a restore never sees a half-applied
 // retention step, without a lock.
-type stores struct {
+type Stores struct {
 	dir   string
 	wal   *wal.Log
 	ckpt  *checkpoint.Store
@@ -95,10 +95,10 @@ type stores struct {
 	snapCost atomic.Int64
 	newest   atomic.Pointer[checkpoint.Meta] // newest good checkpoint, nil: none
 
-	// trunc is held (read) by the replicator while it reads the WAL, so no
-	// truncation moves the floor under it (replica.go); written around
-	// TruncateBefore and TruncateAfter. onRewind, when set, hears of a
-	// rollback.
+	// trunc is held (read) by the replicator while it reads the WAL
+	// (HoldTruncation), so no truncation moves the floor under it; written
+	// around TruncateBefore and TruncateAfter. onRewind, when set, hears of
+	// a rollback.
 	trunc    sync.RWMutex
 	onRewind func()
 
@@ -106,54 +106,71 @@ type stores struct {
 	infoMu  sync.Mutex   // serialises writes of agent.json
 }
 
-// restorePoint selects what a restore starts from.
-type restorePoint struct {
-	checkpointID string // an operator's choice; "" = the newest good checkpoint
-	noWAL        bool   // the checkpoint alone (operator's --no-wal)
+// Point selects what a restore starts from.
+type Point struct {
+	CheckpointID string // an operator's choice; "" = the newest good checkpoint
+	NoWAL        bool   // the checkpoint alone (operator's --no-wal)
 	// olderThan: the newest good checkpoint older than this id (the crash-loop
 	// fallback); ignored when checkpointID is set.
-	olderThan string
+	OlderThan string
 }
 
-// restorePlan is an assembled restore, ready to send.
-type restorePlan struct {
-	frame        []byte // the encoded restore: one that cannot be encoded never starts an agent
-	checkpointID string
-	created      time.Time
-	watermark    uint64
-	entries      int
-	lastSeq      uint64
-	compressed   bool
-	skipped      []checkpoint.Skipped
+// Plan is an assembled restore, ready to send.
+type Plan struct {
+	Frame        []byte // the encoded restore: one that cannot be encoded never starts an agent
+	CheckpointID string
+	Created      time.Time
+	Watermark    uint64
+	Entries      int
+	LastSequence uint64
+	Compressed   bool
+	Skipped      []checkpoint.Skipped
 }
 
-// openStores opens the checkpoint store, then the WAL (told the newest
+// Options configure the stores; they are fixed at Open.
+type Options struct {
+	Dir   string // the data directory: wal/, checkpoints/, agent.json
+	Codec *schema.Codec
+	Log   *slog.Logger
+
+	CheckpointRetain int // checkpoints kept (checkpoint.Options.Retain)
+	CheckpointLevel  int // zstd level of stored checkpoints; 0: the store's default
+	// MaxFrameSize bounds a restore with the codec's restore limit.
+	MaxFrameSize int
+
+	WALSegmentSize  int64
+	WALSync         wal.SyncPolicy
+	WALSyncInterval time.Duration
+	OnSync          func(d time.Duration, entries, bytes int) // each WAL fsync, for metrics
+	// OnRewind hears of an operator's rollback (Rewind): the replica's
+	// history is no longer ours. May be nil.
+	OnRewind func()
+}
+
+// Open opens the checkpoint store, then the WAL (told the newest
 // checkpoint's watermark, so damage below it costs nothing), and the
 // restorability accounting.
-func openStores(dir string, cfg Config, codec *schema.Codec, log *slog.Logger, onSync func(time.Duration, int, int)) (*stores, error) {
-	opts := checkpoint.Options{Retain: cfg.CheckpointRetain, Logger: log.With("component", "checkpoint")}
-	if cfg.CheckpointLevel > 0 {
-		opts.Level = zstdLevel(cfg.CheckpointLevel)
+func Open(o Options) (*Stores, error) {
+	dir, log, codec := o.Dir, o.Log, o.Codec
+	opts := checkpoint.Options{Retain: o.CheckpointRetain, Logger: log.With("component", "checkpoint")}
+	if o.CheckpointLevel > 0 {
+		opts.Level = zstdLevel(o.CheckpointLevel)
 	}
 	ck, err := checkpoint.Open(filepath.Join(dir, "checkpoints"), opts)
 	if err != nil {
 		return nil, fmt.Errorf("open checkpoint store: %w", err)
 	}
-	st := &stores{dir: dir, ckpt: ck, codec: codec, log: log,
-		restoreLimit: int64(min(cfg.MaxFrameSize, codec.Limits().Restore))}
+	st := &Stores{dir: dir, ckpt: ck, codec: codec, log: log, onRewind: o.OnRewind,
+		restoreLimit: int64(min(o.MaxFrameSize, codec.Limits().Restore))}
 	var covered uint64
-	if m, ok := st.newestGood(); ok {
+	if m, ok := st.NewestGood(); ok {
 		covered = m.Watermark
 		st.newest.Store(&m)
 	}
-	policy, err := cfg.walSyncPolicy()
-	if err != nil {
-		return nil, err
-	}
 	w, err := wal.Open(wal.Options{
-		Dir: filepath.Join(dir, "wal"), SegmentSize: cfg.WALSegmentSize, Sync: policy,
-		SyncInterval: cfg.WALSyncInterval, Logger: log.With("component", "wal"),
-		OnSync: onSync, CoveredThrough: covered,
+		Dir: filepath.Join(dir, "wal"), SegmentSize: o.WALSegmentSize, Sync: o.WALSync,
+		SyncInterval: o.WALSyncInterval, Logger: log.With("component", "wal"),
+		OnSync: o.OnSync, CoveredThrough: covered,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open WAL in %s: %w", filepath.Join(dir, "wal"), err)
@@ -173,10 +190,28 @@ func openStores(dir string, cfg Config, codec *schema.Codec, log *slog.Logger, o
 	return st, nil
 }
 
-func (st *stores) close() error { return st.wal.Close() }
+// Close closes the WAL (syncing what it holds).
+func (st *Stores) Close() error { return st.wal.Close() }
+
+// WAL is the primary's log.
+func (st *Stores) WAL() *wal.Log { return st.wal }
+
+// Checkpoints is the primary's checkpoint store.
+func (st *Stores) Checkpoints() *checkpoint.Store { return st.ckpt }
+
+// Codec is the codec restores are encoded with.
+func (st *Stores) Codec() *schema.Codec { return st.codec }
+
+// HoldTruncation keeps the WAL's floor where it is until release is called:
+// the replicator holds it while it reads the WAL. Truncation (retention,
+// a rollback) waits meanwhile.
+func (st *Stores) HoldTruncation() (release func()) {
+	st.trunc.RLock()
+	return st.trunc.RUnlock
+}
 
 // newestID is the id of the newest good checkpoint ("" = none).
-func (st *stores) newestID() string {
+func (st *Stores) NewestID() string {
 	if m := st.newest.Load(); m != nil {
 		return m.ID
 	}
@@ -185,7 +220,7 @@ func (st *stores) newestID() string {
 
 // newestGood is the newest checkpoint not marked bad whose header reads,
 // by the store's order (its body is verified when a restore loads it).
-func (st *stores) newestGood() (checkpoint.Meta, bool) {
+func (st *Stores) NewestGood() (checkpoint.Meta, bool) {
 	metas, err := st.ckpt.List()
 	if err != nil {
 		st.log.Warn("cannot list checkpoints", "err", err)
@@ -201,7 +236,7 @@ func (st *stores) newestGood() (checkpoint.Meta, bool) {
 
 // snapshotCost is the bytes a checkpoint's snapshot takes in a restore: its
 // size, or for a v2 agent (compressed restores) about its stored size.
-func (st *stores) snapshotCost(m checkpoint.Meta) int64 {
+func (st *Stores) snapshotCost(m checkpoint.Meta) int64 {
 	if st.version.Load() >= 2 {
 		return min(m.Size, m.StoredSize+m.StoredSize/8+64<<10)
 	}
@@ -209,9 +244,9 @@ func (st *stores) snapshotCost(m checkpoint.Meta) int64 {
 }
 
 // append appends entries as one unit (wal.Log.Append's contract), refusing
-// with errRestoreFull entries that would make the restore from the newest
+// with ErrRestoreFull entries that would make the restore from the newest
 // checkpoint larger than restoreLimit.
-func (st *stores) append(entries []wal.Entry) (wal.AppendResult, error) {
+func (st *Stores) Append(entries []wal.Entry) (wal.AppendResult, error) {
 	last := st.wal.LastSequence()
 	var add int64
 	for _, e := range entries {
@@ -223,7 +258,7 @@ func (st *stores) append(entries []wal.Entry) (wal.AppendResult, error) {
 		size := restoreOverhead + st.snapCost.Load() + st.appended.Load() - st.base.Load() + add
 		if size > st.restoreLimit {
 			return wal.AppendResult{Last: last}, fmt.Errorf("%w: a restore would take %d bytes, over the %d-byte limit; "+
-				"send a checkpoint first (it empties the tail), then send these entries again", errRestoreFull, size, st.restoreLimit)
+				"send a checkpoint first (it empties the tail), then send these entries again", ErrRestoreFull, size, st.restoreLimit)
 		}
 	}
 	res, err := st.wal.Append(entries...)
@@ -241,19 +276,19 @@ func (st *stores) append(entries []wal.Entry) (wal.AppendResult, error) {
 // arrives, in frame order with the appends: everything appended before it is
 // in the log, so the WAL's last sequence is its watermark, and appended is
 // where its tail accounting restarts.
-func (st *stores) checkpointArrived() (watermark uint64, at int64) {
+func (st *Stores) CheckpointArrived() (watermark uint64, at int64) {
 	return st.wal.LastSequence(), st.appended.Load()
 }
 
-// saveCheckpoint stores a checkpoint (its WAL entries are already durable),
+// saveCheckpoint Stores a checkpoint (its WAL entries are already durable),
 // applies retention to the checkpoints and then the WAL, and moves the
 // restorability accounting to it. at is checkpointArrived's value. A
 // compressed checkpoint (zdata, the agent's zstd frame) is validated and
 // stored as one stream: its decompressed body (up to 100 MiB) is never held.
 // invalid is the payload error that aborted such a save (reply
 // INVALID_MESSAGE; nothing was stored); err a storage failure.
-func (st *stores) saveCheckpoint(data, zdata []byte, watermark uint64, at int64) (meta checkpoint.Meta, pruned []string, segs int, invalid, err error) {
-	meta, invalid, err = saveCheckpointTo(st.ckpt, st.codec, data, zdata, watermark)
+func (st *Stores) SaveCheckpoint(data, zdata []byte, watermark uint64, at int64) (meta checkpoint.Meta, pruned []string, segs int, invalid, err error) {
+	meta, invalid, err = SaveCheckpointTo(st.ckpt, st.codec, data, zdata, watermark)
 	if invalid != nil || err != nil {
 		return meta, nil, 0, invalid, err
 	}
@@ -280,12 +315,12 @@ func (st *stores) saveCheckpoint(data, zdata []byte, watermark uint64, at int64)
 	return meta, pruned, segs, nil, nil
 }
 
-// saveCheckpointTo writes one checkpoint into store: data as it is, or the
+// SaveCheckpointTo writes one checkpoint into store: data as it is, or the
 // agent's zstd frame zdata validated and stored as one stream (its
 // decompressed body, up to 100 MiB, is never held). invalid is the payload
 // error that aborted such a save (nothing was stored); err a storage failure.
-// The primary's stores and a trial's scratch store share it.
-func saveCheckpointTo(store *checkpoint.Store, codec *schema.Codec, data, zdata []byte, watermark uint64) (meta checkpoint.Meta, invalid, err error) {
+// The primary's Stores and a trial's scratch store share it.
+func SaveCheckpointTo(store *checkpoint.Store, codec *schema.Codec, data, zdata []byte, watermark uint64) (meta checkpoint.Meta, invalid, err error) {
 	if zdata == nil {
 		meta, err = store.Save(data, watermark)
 		return meta, nil, err
@@ -316,7 +351,7 @@ func saveCheckpointTo(store *checkpoint.Store, codec *schema.Codec, data, zdata 
 
 // noteVersion records that the agent spoke protocol version v, persisting a
 // rise so the next supervisor run knows it too.
-func (st *stores) noteVersion(v int32) {
+func (st *Stores) NoteVersion(v int32) {
 	for {
 		cur := st.version.Load()
 		if v <= cur {
@@ -338,7 +373,7 @@ func (st *stores) noteVersion(v int32) {
 	}
 }
 
-func (st *stores) loadInfo() {
+func (st *Stores) loadInfo() {
 	b, err := os.ReadFile(filepath.Join(st.dir, agentFile))
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
@@ -355,7 +390,7 @@ func (st *stores) loadInfo() {
 }
 
 // unrestorable wraps ErrUnrestorable with what is missing and what to do.
-func (st *stores) unrestorable(format string, args ...any) error {
+func (st *Stores) unrestorable(format string, args ...any) error {
 	return fmt.Errorf("%w: %s. The agent is not started without its state. Inspect with `supervisor checkpoints list --data-dir %s` "+
 		"and `supervisor wal dump --data-dir %s`; restore the data directory from a backup, or choose a checkpoint to roll back to "+
 		"with `supervisor restore --data-dir %s --checkpoint ID --no-wal` (that discards the WAL entries after it)",
@@ -366,8 +401,8 @@ func (st *stores) unrestorable(format string, args ...any) error {
 // checkpoint's watermark; nil when there is no state at all. It wraps
 // ErrUnrestorable when the invariant cannot be met; other errors (a WAL that
 // cannot be written right now, say) may pass.
-func (st *stores) buildRestore(point restorePoint) (*restorePlan, error) {
-	plan := &restorePlan{}
+func (st *Stores) BuildRestore(point Point) (*Plan, error) {
+	plan := &Plan{}
 	var (
 		meta checkpoint.Meta
 		data []byte
@@ -384,30 +419,30 @@ func (st *stores) buildRestore(point restorePoint) (*restorePlan, error) {
 	}
 	var zdata []byte
 	switch {
-	case point.checkpointID != "":
-		meta, data, err = load(point.checkpointID)
+	case point.CheckpointID != "":
+		meta, data, err = load(point.CheckpointID)
 		if errors.Is(err, checkpoint.ErrNoContentSize) {
 			v2 = false
-			meta, data, err = st.ckpt.Load(point.checkpointID)
+			meta, data, err = st.ckpt.Load(point.CheckpointID)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("load checkpoint %s: %w", point.checkpointID, err)
+			return nil, fmt.Errorf("load checkpoint %s: %w", point.CheckpointID, err)
 		}
 	default:
-		if point.olderThan != "" {
-			meta, data, plan.skipped, err = previous(point.olderThan)
+		if point.OlderThan != "" {
+			meta, data, plan.Skipped, err = previous(point.OlderThan)
 			if errors.Is(err, checkpoint.ErrNoContentSize) {
 				v2 = false
-				meta, data, plan.skipped, err = st.ckpt.Previous(point.olderThan)
+				meta, data, plan.Skipped, err = st.ckpt.Previous(point.OlderThan)
 			}
 		} else {
-			meta, data, plan.skipped, err = latest()
+			meta, data, plan.Skipped, err = latest()
 			if errors.Is(err, checkpoint.ErrNoContentSize) {
 				v2 = false
-				meta, data, plan.skipped, err = st.ckpt.Latest()
+				meta, data, plan.Skipped, err = st.ckpt.Latest()
 			}
 		}
-		if errors.Is(err, checkpoint.ErrNotFound) && point.olderThan == "" {
+		if errors.Is(err, checkpoint.ErrNotFound) && point.OlderThan == "" {
 			err, meta = nil, checkpoint.Meta{}
 		}
 		if err != nil {
@@ -424,9 +459,9 @@ func (st *stores) buildRestore(point restorePoint) (*restorePlan, error) {
 			}
 		}
 	}
-	plan.checkpointID, plan.created, plan.watermark = meta.ID, meta.Created, meta.Watermark
+	plan.CheckpointID, plan.Created, plan.Watermark = meta.ID, meta.Created, meta.Watermark
 	lastSeq := max(st.wal.LastSequence(), meta.Watermark)
-	if point.noWAL {
+	if point.NoWAL {
 		lastSeq = meta.Watermark
 	} else if floor := st.wal.Floor(); floor > meta.Watermark {
 		what := "no checkpoint"
@@ -436,28 +471,28 @@ func (st *stores) buildRestore(point restorePoint) (*restorePlan, error) {
 		return nil, st.unrestorable("the restore would be %s plus the WAL after it, but the WAL no longer holds the entries up to sequence %d",
 			what, floor)
 	}
-	plan.compressed = zdata != nil || (st.version.Load() >= 2 && len(data) > schema.CompressThreshold)
+	plan.Compressed = zdata != nil || (st.version.Load() >= 2 && len(data) > schema.CompressThreshold)
 	hint := len(data) + len(zdata) + restoreOverhead
-	if !point.noWAL {
+	if !point.NoWAL {
 		hint += int(min(st.appended.Load()-st.base.Load(), st.restoreLimit))
 	}
-	rb, err := st.codec.NewRestore(schema.Header{}, meta.ID, data, zdata, plan.compressed, lastSeq, hint)
+	rb, err := st.codec.NewRestore(schema.Header{}, meta.ID, data, zdata, plan.Compressed, lastSeq, hint)
 	if err != nil {
 		return nil, st.unrestorable("checkpoint %s cannot be sent: %v", meta.ID, err)
 	}
 	if int64(rb.Len()) > st.restoreLimit {
 		return nil, st.unrestorable("checkpoint %s alone makes a restore of %d bytes, over the %d-byte limit (--max-frame-size)", meta.ID, rb.Len(), st.restoreLimit)
 	}
-	if !point.noWAL {
+	if !point.NoWAL {
 		err := st.wal.ReadAfter(meta.Watermark, func(e wal.Entry) error {
 			if int64(rb.Len()+len(e.Data)) > st.restoreLimit {
 				return fmt.Errorf("%w: checkpoint %q plus the WAL after it is more than %d bytes (--max-frame-size); at sequence %d",
-					errRestoreFull, meta.ID, st.restoreLimit, e.Sequence)
+					ErrRestoreFull, meta.ID, st.restoreLimit, e.Sequence)
 			}
 			return rb.Add(e.Data)
 		})
 		switch {
-		case errors.Is(err, wal.ErrCorrupt), errors.Is(err, errRestoreFull):
+		case errors.Is(err, wal.ErrCorrupt), errors.Is(err, ErrRestoreFull):
 			return nil, st.unrestorable("%v", err)
 		case err != nil:
 			var ve *schema.ValidationError
@@ -470,16 +505,16 @@ func (st *stores) buildRestore(point restorePoint) (*restorePlan, error) {
 	if meta.ID == "" && rb.Entries() == 0 {
 		return nil, nil
 	}
-	plan.entries = rb.Entries()
-	plan.lastSeq = lastSeq
-	plan.frame = rb.Frame()
+	plan.Entries = rb.Entries()
+	plan.LastSequence = lastSeq
+	plan.Frame = rb.Frame()
 	return plan, nil
 }
 
 // fallbackCandidate returns the newest good checkpoint older than id whose
 // whole WAL tail is still held: where --fallback-on-crash-loop may restore
 // from. ok is false when there is none.
-func (st *stores) fallbackCandidate(id string) (checkpoint.Meta, bool) {
+func (st *Stores) FallbackCandidate(id string) (checkpoint.Meta, bool) {
 	metas, err := st.ckpt.List()
 	if err != nil {
 		return checkpoint.Meta{}, false
@@ -503,7 +538,7 @@ func (st *stores) fallbackCandidate(id string) (checkpoint.Meta, bool) {
 // abandoned. The entries are removed (the agent's next sequences continue
 // from the checkpoint) and the newer checkpoints are marked bad (a later
 // crash must not restore the abandoned history). It returns what it did.
-func (st *stores) rewind(cp checkpoint.Meta) (abandoned []string, removed int, prevLast uint64, err error) {
+func (st *Stores) Rewind(cp checkpoint.Meta) (abandoned []string, removed int, prevLast uint64, err error) {
 	metas, err := st.ckpt.List()
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("list checkpoints: %w", err)
@@ -536,4 +571,8 @@ func (st *stores) rewind(cp checkpoint.Meta) (abandoned []string, removed int, p
 	st.appended.Store(0)
 	st.base.Store(0)
 	return abandoned, removed, prevLast, nil
+}
+
+func zstdLevel(n int) zstd.EncoderLevel {
+	return zstd.EncoderLevelFromZstd(n)
 }

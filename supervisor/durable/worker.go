@@ -1,8 +1,8 @@
-package supervisor
+package durable
 
 import "sync"
 
-// storeWorker is the stores' one worker goroutine. It runs, one at a time,
+// Worker is the stores' one worker goroutine. It runs, one at a time,
 // the checkpoint saves the primary's frame reader queues and the owner's slow
 // jobs (assembling a restore, rolling history back for a --no-wal restore,
 // preparing an evolution's backup, closing a trial's scratch stores). The
@@ -13,8 +13,8 @@ import "sync"
 // it was posted. The owner posts a start's restore assembly only once the
 // previous incarnation's reader has ended (conn.Finished), so the restore sees
 // every checkpoint that incarnation sent, without the owner waiting for them.
-type storeWorker struct {
-	ckpts chan ckptJob // from the primary's frame reader; bounded by ckptGate's bytes too
+type Worker[J any] struct {
+	ckpts chan J // from the primary's frame reader; bounded by ckptGate's bytes too
 	gate  *byteGate
 
 	mu     sync.Mutex
@@ -25,9 +25,11 @@ type storeWorker struct {
 	exited chan struct{} // closed when run returns
 }
 
-func newStoreWorker(queueBytes int64) *storeWorker {
-	return &storeWorker{
-		ckpts:  make(chan ckptJob, 16),
+// NewWorker returns a worker whose checkpoint queue holds at most
+// queueBytes (Queue, Release).
+func NewWorker[J any](queueBytes int64) *Worker[J] {
+	return &Worker[J]{
+		ckpts:  make(chan J, 16),
 		gate:   newByteGate(queueBytes),
 		wake:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
@@ -35,9 +37,9 @@ func newStoreWorker(queueBytes int64) *storeWorker {
 	}
 }
 
-// post queues an owner job. It never blocks; after stop it drops the job
+// Post queues an owner job. It never blocks; after stop it drops the job
 // and reports false.
-func (w *storeWorker) post(job func()) bool {
+func (w *Worker[J]) Post(job func()) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
@@ -51,9 +53,9 @@ func (w *storeWorker) post(job func()) bool {
 	return true
 }
 
-// run executes jobs until stop, then finishes what is queued. saveCkpt
+// Run executes jobs until stop, then finishes what is queued. saveCkpt
 // stores one checkpoint.
-func (w *storeWorker) run(saveCkpt func(ckptJob)) {
+func (w *Worker[J]) Run(saveCkpt func(J)) {
 	defer close(w.exited)
 	for {
 		select {
@@ -71,7 +73,7 @@ func (w *storeWorker) run(saveCkpt func(ckptJob)) {
 
 // runJobs runs the owner's queued jobs, each after the checkpoints queued
 // before it.
-func (w *storeWorker) runJobs(saveCkpt func(ckptJob)) {
+func (w *Worker[J]) runJobs(saveCkpt func(J)) {
 	for {
 		w.mu.Lock()
 		if len(w.jobs) == 0 {
@@ -87,7 +89,7 @@ func (w *storeWorker) runJobs(saveCkpt func(ckptJob)) {
 	}
 }
 
-func (w *storeWorker) drainCkpts(saveCkpt func(ckptJob)) {
+func (w *Worker[J]) drainCkpts(saveCkpt func(J)) {
 	for {
 		select {
 		case job := <-w.ckpts:
@@ -98,9 +100,9 @@ func (w *storeWorker) drainCkpts(saveCkpt func(ckptJob)) {
 	}
 }
 
-// stop makes run finish the queued work and return; it does not wait (see
+// Stop makes Run finish the queued work and return; it does not wait (see
 // exited). Called once no reader can queue checkpoints any more.
-func (w *storeWorker) stop() {
+func (w *Worker[J]) Stop() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.closed {
@@ -108,3 +110,20 @@ func (w *storeWorker) stop() {
 		close(w.done)
 	}
 }
+
+// Queue queues a checkpoint job of size bytes, waiting while the queue holds
+// its bound (the agent's pipe fills: back-pressure). It reports false, and
+// queues nothing, when cancel closes first.
+func (w *Worker[J]) Queue(job J, size int64, cancel <-chan struct{}) bool {
+	if _, ok := w.gate.acquire(size, cancel); !ok {
+		return false
+	}
+	w.ckpts <- job
+	return true
+}
+
+// Release returns the bytes of a queued job once it has been handled.
+func (w *Worker[J]) Release(size int64) { w.gate.release(size) }
+
+// Exited is closed when Run has returned.
+func (w *Worker[J]) Exited() <-chan struct{} { return w.exited }
