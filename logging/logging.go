@@ -12,7 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
+
+	"github.com/agent-sidecar/supervisor/internal/clip"
 )
 
 // Defaults for zero Options fields.
@@ -171,27 +172,6 @@ func clipAttr(a slog.Attr, n int) slog.Attr {
 }
 
 // Clip returns s cut to at most n bytes on a rune boundary, marked with the
-// original length when cut.
-func Clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…(" + itoa(len(s)) + " bytes)"
-}
+// original length when cut (clip.String).
+func Clip(s string, n int) string { return clip.String(s, n) }
 
-func itoa(n int) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-		if n == 0 {
-			return string(b[i:])
-		}
-	}
-}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"strconv"
 
+	"github.com/agent-sidecar/supervisor/internal/clip"
 	"github.com/klauspost/compress/zstd"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -230,7 +231,7 @@ func (s *decodeState) message(p []byte, top *[nTop][]byte) error {
 // ---- errors and paths
 
 func (s *decodeState) fail(field string, rule Rule, format string, args ...any) *ValidationError {
-	return &ValidationError{Type: s.typ, Field: clip(field, maxErrField), Rule: rule, Reason: clip(fmt.Sprintf(format, args...), maxErrReason)}
+	return &ValidationError{Type: s.typ, Field: clip.String(field, maxErrField), Rule: rule, Reason: clip.String(fmt.Sprintf(format, args...), maxErrReason)}
 }
 
 // Error texts quote what the agent sent (a key, a type name); they are
@@ -240,18 +241,6 @@ const (
 	maxErrField  = 128
 	maxErrReason = 512
 )
-
-// clip shortens s to at most n bytes (on a UTF-8 boundary), marking the cut.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n
-	for cut > 0 && cut < len(s) && s[cut]&0xc0 == 0x80 {
-		cut--
-	}
-	return s[:cut] + fmt.Sprintf("...(%d bytes)", len(s))
-}
 
 // path joins a parent path, an optional array index (-1 for none) and a
 // child name; it is only called to build error messages.
@@ -517,7 +506,7 @@ func (s *decodeState) numberMap(v []byte, field string) (map[string]float64, err
 		}
 		f, err := s.number(e, "")
 		if err != nil {
-			err.(*ValidationError).Field = clip(path(field, -1, string(key)), maxErrField)
+			err.(*ValidationError).Field = clip.String(path(field, -1, string(key)), maxErrField)
 			return err
 		}
 		if _, dup := out[string(key)]; dup {
@@ -558,7 +547,7 @@ func (s *decodeState) messageType(v []byte, dir Direction) (string, error) {
 		}
 		return t, nil
 	}
-	return "", s.fail("type", RuleUnknownType, "unknown message type %q (valid from this side: %s)", truncate(name, 64), typeList(dir))
+	return "", s.fail("type", RuleUnknownType, "unknown message type %q (valid from this side: %s)", clip.Bytes(name, 64), typeList(dir))
 }
 
 func typeList(dir Direction) string {
@@ -570,13 +559,6 @@ func typeList(dir Direction) string {
 		b.WriteString(t)
 	}
 	return b.String()
-}
-
-func truncate(b []byte, n int) string {
-	if len(b) > n {
-		return string(b[:n]) + "..."
-	}
-	return string(b)
 }
 
 func (s *decodeState) header(top *[nTop][]byte, h *Header) error {
@@ -646,7 +628,7 @@ func (s *decodeState) compressedBody(top *[nTop][]byte, idx int, field string) (
 		return nil, false, s.fail("compression", RuleCompression, "must be the string %q, got %s", CompressionZstd, describe(algo))
 	}
 	if name := content(algo); string(name) != CompressionZstd {
-		return nil, false, s.fail("compression", RuleCompression, "unsupported compression %q; only %q is supported", truncate(name, 32), CompressionZstd)
+		return nil, false, s.fail("compression", RuleCompression, "unsupported compression %q; only %q is supported", clip.Bytes(name, 32), CompressionZstd)
 	}
 	raw := top[idx]
 	if raw == nil {
@@ -746,7 +728,7 @@ func (s *decodeState) checkpointStatus(data []byte) (string, error) {
 	case StatusEvolving:
 		return StatusEvolving, nil
 	default:
-		return "", s.fail("data.agent_state.status", RuleFieldValue, "must be one of idle, thinking, acting, evolving; got %q", truncate(v, 32))
+		return "", s.fail("data.agent_state.status", RuleFieldValue, "must be one of idle, thinking, acting, evolving; got %q", clip.Bytes(v, 32))
 	}
 }
 
@@ -797,7 +779,7 @@ func (s *decodeState) walRecordAt(v []byte, agent bool) (WALRecord, error) {
 		r.Operation = canon
 	} else if agent || len(name) == 0 {
 		return r, s.fail("operation", RuleFieldValue,
-			"%q is not an accepted WAL operation (accepted: %s); to accept it, add it to the supervisor's --wal-operations", truncate(name, 64), s.c.opNames)
+			"%q is not an accepted WAL operation (accepted: %s); to accept it, add it to the supervisor's --wal-operations", clip.Bytes(name, 64), s.c.opNames)
 	}
 	var err error
 	if r.Params, err = s.reqMap(f[1], "params"); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/agent-sidecar/supervisor/internal/clip"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -74,7 +75,7 @@ func ErrorReply(err error) *Error {
 		if err != nil {
 			msg = err.Error()
 		}
-		ve = &ValidationError{Rule: RuleMalformed, Reason: clip(msg, maxErrReason)}
+		ve = &ValidationError{Rule: RuleMalformed, Reason: clip.String(msg, maxErrReason)}
 	}
 	details := map[string]any{"rule": string(ve.Rule)}
 	if ve.Type != "" {

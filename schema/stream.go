@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/agent-sidecar/supervisor/internal/clip"
 	"github.com/klauspost/compress/zstd"
 )
 
@@ -32,7 +33,7 @@ const StreamWindow = 8 << 20
 func (c *Codec) CheckpointData(zdata []byte, w io.Writer) (status string, n int64, err error) {
 	limit := c.limits.Checkpoint
 	fail := func(rule Rule, format string, args ...any) *ValidationError {
-		return &ValidationError{Type: TypeCheckpoint, Field: "data", Rule: rule, Reason: clip(fmt.Sprintf(format, args...), maxErrReason)}
+		return &ValidationError{Type: TypeCheckpoint, Field: "data", Rule: rule, Reason: clip.String(fmt.Sprintf(format, args...), maxErrReason)}
 	}
 	var h zstd.Header
 	if err := h.Decode(zdata); err != nil {
@@ -285,7 +286,7 @@ func (w *streamWalker) strKey(depth int) (k []byte, ok bool, err error) {
 // malformed, agent_state must be a map (or nil), status one of the four.
 func (w *streamWalker) checkpointData() (string, error) {
 	fail := func(field string, rule Rule, format string, args ...any) error {
-		return &ValidationError{Type: TypeCheckpoint, Field: field, Rule: rule, Reason: clip(fmt.Sprintf(format, args...), maxErrReason)}
+		return &ValidationError{Type: TypeCheckpoint, Field: field, Rule: rule, Reason: clip.String(fmt.Sprintf(format, args...), maxErrReason)}
 	}
 	c, n, kind, err := w.head()
 	if err != nil {
@@ -368,7 +369,7 @@ func (w *streamWalker) checkpointData() (string, error) {
 			case vn == take && v == StatusIdle, vn == take && v == StatusThinking, vn == take && v == StatusActing, vn == take && v == StatusEvolving:
 				status = v
 			default:
-				return "", fail("data.agent_state.status", RuleFieldValue, "must be one of idle, thinking, acting, evolving; got %q", truncate(buf[:take], 32))
+				return "", fail("data.agent_state.status", RuleFieldValue, "must be one of idle, thinking, acting, evolving; got %q", clip.Bytes(buf[:take], 32))
 			}
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/agent-sidecar/supervisor/internal/clip"
 )
 
 // envPrefix prefixes the environment variable of a flag: --heartbeat-timeout
@@ -232,9 +234,4 @@ func (f *flagSet) metaOf(fl *flag.Flag) string {
 }
 
 // truncate caps text that came from outside before it goes into a message.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
+func truncate(s string, n int) string { return clip.String(s, n) }
