@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/agent-sidecar/supervisor/evolution"
+	"github.com/agent-sidecar/supervisor/supervisor/api"
 	"github.com/agent-sidecar/supervisor/wal"
 )
 
@@ -204,7 +205,7 @@ func (c *Config) Validate() error {
 	if c.RequestRetention == 0 {
 		c.RequestRetention = 10 * time.Minute
 	}
-	if c.HTTPAddr != "" && c.HTTPTokenFile == "" && !c.HTTPAllowRemote && !isLoopbackAddr(c.HTTPAddr) {
+	if c.HTTPAddr != "" && c.HTTPTokenFile == "" && !c.HTTPAllowRemote && !api.IsLoopbackAddr(c.HTTPAddr) {
 		return bad("--http-addr %s is not a loopback address and no --http-token-file protects /v1/requests: "+
 			"anyone who can reach it could send work to the agent. Give --http-token-file FILE (a bearer token), "+
 			"or --http-allow-remote to expose it without one (e.g. behind an authenticating proxy or a network policy)", c.HTTPAddr)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -24,18 +25,21 @@ import (
 // backup, hot-reloaded with the proposed code, compared with the primary for
 // --shadow-duration. The owner goroutine alone changes it.
 type trial struct {
-	id        string
-	intent    schema.Hypothesis
-	backup    checkpoint.Meta
-	dir       string // scratch data directory of the shadow
-	wal       *wal.Log
-	store     *checkpoint.Store
-	shadow    *agent
-	collector *evolution.Collector
-	started   time.Time
-	timer     *time.Timer
-	failure   string // why the shadow failed, "" while healthy
-	decided   bool
+	id     string
+	intent schema.Hypothesis
+	backup checkpoint.Meta
+	dir    string // scratch data directory of the shadow
+	wal    *wal.Log
+	store  *checkpoint.Store
+	shadow *agent
+	// shadowConn is the shadow's connection for the API's goroutines
+	// (mirrored requests); set once, when the shadow starts.
+	shadowConn atomic.Pointer[conn.Instance]
+	collector  *evolution.Collector
+	started    time.Time
+	timer      *time.Timer
+	failure    string // why the shadow failed, "" while healthy
+	decided    bool
 }
 
 // evolutionIntent handles an evolution_intent from the primary (owner only).
@@ -136,6 +140,7 @@ func (s *Supervisor) shadowSpawned(r spawnResult) {
 	t, proc := p.t, r.proc
 	t.shadow = &agent{Instance: conn.Start(conn.Config{N: s.incarnation, Role: RoleShadow, Proc: proc, Codec: s.codec,
 		MaxFrame: s.cfg.MaxFrameSize, Sink: s.shadowSinks(t), Events: s.events, Metrics: s.met, Log: s.log.With("trial", t.id)})}
+	t.shadowConn.Store(t.shadow.Instance)
 	if p.plan != nil {
 		s.sendRestore(t.shadow.Instance, p.plan, "shadow")
 	}

@@ -70,7 +70,7 @@ func (s *Supervisor) appendWAL(in *conn.Instance, l *wal.Log, appendFn func([]wa
 			s.rec.Record(observe.Occurrence{Level: slog.LevelWarn, Msg: "WAL sequence conflict: entries refused; told the agent SEQUENCE_CONFLICT", Log: in.Log(),
 				Kind: observe.AuditSequenceConflict, Fields: map[string]any{"role": in.Role(), "sequence": ce.Sequence,
 					"last_sequence": ce.LastSequence, "entries": len(recs), "reason": ce.Reason},
-				Count: s.met.WalErrors.WithLabelValues(schema.CodeSequenceConflict), Limited: true})
+				Count: s.met.WALErrors.WithLabelValues(schema.CodeSequenceConflict), Limited: true})
 			return
 		}
 		code := schema.CodeWALFailed
@@ -80,14 +80,14 @@ func (s *Supervisor) appendWAL(in *conn.Instance, l *wal.Log, appendFn func([]wa
 		in.SendMsg(schema.NewError(code, "the supervisor could not append these WAL entries: "+err.Error(), details))
 		s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: "WAL append failed; told the agent", Log: in.Log(),
 			Kind: observe.AuditWALError, Fields: map[string]any{"role": in.Role(), "code": code, "error": err.Error(), "first_sequence": recs[0].Sequence},
-			Count: s.met.WalErrors.WithLabelValues(code), Limited: true})
+			Count: s.met.WALErrors.WithLabelValues(code), Limited: true})
 		return
 	}
 	if in.Role() == RolePrimary {
-		s.met.WalAppends.Add(float64(res.Appended))
-		s.met.WalBytes.Add(float64(size))
-		s.met.WalDuplicates.Add(float64(res.Duplicates))
-		s.met.WalGaps.Add(float64(len(res.Gaps)))
+		s.met.WALAppends.Add(float64(res.Appended))
+		s.met.WALBytes.Add(float64(size))
+		s.met.WALDuplicates.Add(float64(res.Duplicates))
+		s.met.WALGaps.Add(float64(len(res.Gaps)))
 	}
 	for _, g := range res.Gaps {
 		if ok, _ := s.rec.Allow(time.Now()); ok {

@@ -7,7 +7,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +21,7 @@ import (
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
+	"github.com/agent-sidecar/supervisor/supervisor/api"
 	"github.com/agent-sidecar/supervisor/supervisor/conn"
 	"github.com/agent-sidecar/supervisor/supervisor/durable"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
@@ -123,10 +123,8 @@ type Supervisor struct {
 	// owner loop's tests.
 	spawn func(agentproc.Spec) (agentproc.Proc, error)
 
-	// The request API (requests.go): results of process_request, and the
-	// SHA-256 of the --http-token-file bearer token (nil: no token).
-	requests  *requestTable
-	tokenHash []byte
+	// api is the HTTP API, its request table and the control socket.
+	api *api.Server
 }
 
 type ckptJob struct {
@@ -186,13 +184,13 @@ func New(cfg Config) (*Supervisor, error) {
 	}
 	s.setState(StateStarting) // the first start is scheduled at once
 	s.met = observe.NewMetrics(s.heartbeatAgeSeconds, s.walLastSequence)
-	s.requests = newRequestTable(cfg.RequestRetention, s.met)
-	tok, err := loadToken(cfg.HTTPTokenFile)
-	if err != nil {
-		return nil, err
-	}
-	s.tokenHash = tok
 	s.bmet = observe.NewBoundsMetrics(s.met.Reg, cfg.LogDropped)
+	srv, err := api.New(api.Options{Log: log, Metrics: s.met, Bounds: s.bmet, Codec: s.codec,
+		TokenFile: cfg.HTTPTokenFile, Retention: cfg.RequestRetention}, apiOwner{s})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	s.api = srv
 	return s, nil
 }
 
@@ -236,30 +234,26 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 	defer s.spawns.Wait() // before the worker stops: an unwanted spawn's trial is released on it
 
 	if ln := httpLn; ln != nil {
-		srv := s.newHTTPServer()
-		connCap := httpConnCap()
-		ln = newLimitListener(ln, connCap, func(d int) { s.bmet.HttpConns.Add(float64(d)) }, s.bmet.HttpWaits.Inc)
-		s.log.Info("HTTP listener up", "addr", ln.Addr().String(), "max_connections", connCap)
 		bgWG.Add(1)
 		go func() {
 			defer bgWG.Done()
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := s.api.Serve(ln); err != nil {
 				s.log.Error("HTTP server stopped", "err", err)
 			}
 		}()
 		defer func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
-			_ = srv.Shutdown(sctx)
+			s.api.Shutdown(sctx)
 		}()
 	}
 
-	cl, err := s.listenControl()
+	cl, err := api.ListenControl(s.cfg.DataDir)
 	if err != nil {
 		return err
 	}
 	bgWG.Add(1)
-	go func() { defer bgWG.Done(); s.serveControl(bg, cl) }()
+	go func() { defer bgWG.Done(); s.api.ServeControl(bg, cl) }()
 	defer cl.Close()
 
 	s.rec.Audit(observe.AuditStart, map[string]any{"pid": os.Getpid(), "command": s.cfg.Command, "data_dir": s.cfg.DataDir})
@@ -303,7 +297,7 @@ func (s *Supervisor) open() error {
 	}
 	st, err := durable.Open(durable.Options{Dir: dir, Codec: s.codec, Log: s.log,
 		CheckpointRetain: s.cfg.CheckpointRetain, CheckpointLevel: s.cfg.CheckpointLevel, MaxFrameSize: s.cfg.MaxFrameSize,
-		WALSegmentSize: s.cfg.WALSegmentSize, WALSync: policy, WALSyncInterval: s.cfg.WALSyncInterval, OnSync: s.met.WalSynced,
+		WALSegmentSize: s.cfg.WALSegmentSize, WALSync: policy, WALSyncInterval: s.cfg.WALSyncInterval, OnSync: s.met.WALSynced,
 		OnRewind: s.replicaRewound})
 	if err != nil {
 		return err
@@ -348,7 +342,7 @@ func (s *Supervisor) close() error {
 		_ = a.Close()
 	}
 	if s.lock != nil {
-		_ = os.Remove(filepath.Join(s.cfg.DataDir, socketName))
+		_ = os.Remove(filepath.Join(s.cfg.DataDir, api.SocketName))
 		_ = s.lock.Close()
 	}
 	return errors.Join(errs...)

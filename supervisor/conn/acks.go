@@ -116,7 +116,7 @@ func (in *Instance) ackLoop(ctx context.Context) {
 			}
 			a.mu.Unlock()
 			if in.SendMsg(&schema.WALAck{Sequence: d}) {
-				in.met.WalAcks.Inc()
+				in.met.WALAcks.Inc()
 			}
 		}
 	}
@@ -129,7 +129,7 @@ func (in *Instance) ackFailed(err error, first, last uint64) {
 	if errors.Is(err, wal.ErrNoSpace) {
 		code = schema.CodeWALFull
 	}
-	in.met.WalErrors.WithLabelValues(code).Inc()
+	in.met.WALErrors.WithLabelValues(code).Inc()
 	in.log.Error("WAL entries asked for wal_ack are not durable; told the agent", "code", code, "err", err,
 		"first_sequence", first, "last_sequence", last)
 	in.SendMsg(schema.NewError(code, fmt.Sprintf("WAL entries %d..%d may not be durable: %v; do not act on them", first, last, err),

@@ -9,8 +9,8 @@ import (
 // log records dropped, HTTP connections held and refused.
 type BoundsMetrics struct {
 	CkptQueueBytes prometheus.Gauge
-	HttpConns      prometheus.Gauge
-	HttpWaits      prometheus.Counter
+	HTTPConns      prometheus.Gauge
+	HTTPWaits      prometheus.Counter
 	AuditDropped   prometheus.Counter
 }
 
@@ -20,13 +20,13 @@ func NewBoundsMetrics(reg *prometheus.Registry, logDropped func() uint64) *Bound
 		CkptQueueBytes: a.NewGauge(prometheus.GaugeOpts{
 			Name: "supervisor_checkpoint_queue_bytes", Help: "Bytes of checkpoints received and waiting to be stored (compressed ones at their compressed size); bounded, the agent is slowed down beyond it.",
 		}),
-		HttpConns: a.NewGauge(prometheus.GaugeOpts{
+		HTTPConns: a.NewGauge(prometheus.GaugeOpts{
 			Name: "supervisor_http_connections", Help: "HTTP connections open now (capped).",
 		}),
 		AuditDropped: a.NewCounter(prometheus.CounterOpts{
 			Name: "supervisor_audit_dropped_total", Help: "Audit records dropped because the audit log could not be written as fast as they came (a stuck disk); an audit_records_dropped record counts them in the log.",
 		}),
-		HttpWaits: a.NewCounter(prometheus.CounterOpts{
+		HTTPWaits: a.NewCounter(prometheus.CounterOpts{
 			Name: "supervisor_http_connection_cap_waits_total", Help: "Times the HTTP listener reached its connection cap and new clients waited in the backlog.",
 		}),
 	}

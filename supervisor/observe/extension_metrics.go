@@ -16,7 +16,7 @@ const (
 // ExtensionMetrics are the Metrics of the opt-in protocol extensions:
 // wal_ack and request results.
 type ExtensionMetrics struct {
-	WalAcks         prometheus.Counter
+	WALAcks         prometheus.Counter
 	RequestLatency  *prometheus.HistogramVec
 	RequestOutcomes *prometheus.CounterVec
 	RequestsStored  prometheus.Gauge
@@ -26,7 +26,7 @@ type ExtensionMetrics struct {
 func newExtensionMetrics(reg prometheus.Registerer) ExtensionMetrics {
 	a := promauto.With(reg) // built is registered
 	m := ExtensionMetrics{
-		WalAcks: a.NewCounter(prometheus.CounterOpts{
+		WALAcks: a.NewCounter(prometheus.CounterOpts{
 			Name: "supervisor_wal_acks_total", Help: "wal_ack messages sent (each acknowledges every entry up to its sequence as durable).",
 		}),
 		RequestLatency: a.NewHistogramVec(prometheus.HistogramOpts{

@@ -29,13 +29,13 @@ type Metrics struct {
 	Invalid          *prometheus.CounterVec
 	AgentErrors      prometheus.Counter
 	OutboundDropped  prometheus.Counter
-	WalAppends       prometheus.Counter
-	WalBytes         prometheus.Counter
-	WalDuplicates    prometheus.Counter
-	WalGaps          prometheus.Counter
-	WalErrors        *prometheus.CounterVec
-	WalFsync         prometheus.Histogram
-	WalLastSeq       prometheus.GaugeFunc
+	WALAppends       prometheus.Counter
+	WALBytes         prometheus.Counter
+	WALDuplicates    prometheus.Counter
+	WALGaps          prometheus.Counter
+	WALErrors        *prometheus.CounterVec
+	WALFsync         prometheus.Histogram
+	WALLastSeq       prometheus.GaugeFunc
 	Checkpoints      prometheus.Counter
 	CheckpointFailed prometheus.Counter
 	CheckpointSize   prometheus.Gauge
@@ -95,26 +95,26 @@ func NewMetrics(heartbeatAge, walLastSeq func() float64, extra ...prometheus.Col
 	m.OutboundDropped = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_outbound_queue_full_total", Help: "Times a message to the agent found its queue full (the agent stopped reading its input).",
 	})
-	m.WalAppends = a.NewCounter(prometheus.CounterOpts{
+	m.WALAppends = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_wal_appends_total", Help: "WAL entries appended.",
 	})
-	m.WalBytes = a.NewCounter(prometheus.CounterOpts{
+	m.WALBytes = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_wal_append_bytes_total", Help: "Bytes of WAL entries appended (entry payloads).",
 	})
-	m.WalDuplicates = a.NewCounter(prometheus.CounterOpts{
+	m.WALDuplicates = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_wal_duplicates_total", Help: "WAL entries skipped because their sequence was at or below the last appended.",
 	})
-	m.WalGaps = a.NewCounter(prometheus.CounterOpts{
+	m.WALGaps = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_wal_gaps_total", Help: "Gaps in WAL sequence numbers (allowed, logged).",
 	})
-	m.WalErrors = a.NewCounterVec(prometheus.CounterOpts{
+	m.WALErrors = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_wal_errors_total", Help: "WAL appends that failed, by the error code reported to the agent.",
 	}, []string{"code"})
-	m.WalFsync = a.NewHistogram(prometheus.HistogramOpts{
+	m.WALFsync = a.NewHistogram(prometheus.HistogramOpts{
 		Name: "supervisor_wal_fsync_duration_seconds", Help: "Duration of WAL group-commit fsyncs.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 15), // 100µs .. ~1.6s
 	})
-	m.WalLastSeq = a.NewGaugeFunc(prometheus.GaugeOpts{
+	m.WALLastSeq = a.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "supervisor_wal_last_sequence", Help: "Highest sequence appended to the WAL.",
 	}, walLastSeq)
 	m.Checkpoints = a.NewCounter(prometheus.CounterOpts{
@@ -190,7 +190,7 @@ func NewMetrics(heartbeatAge, walLastSeq func() float64, extra ...prometheus.Col
 		m.Restarts.WithLabelValues(r)
 	}
 	for _, code := range []string{"WAL_FULL", "WAL_FAILED", "SEQUENCE_CONFLICT"} {
-		m.WalErrors.WithLabelValues(code)
+		m.WALErrors.WithLabelValues(code)
 	}
 	m.Reg.MustRegister(extra...)
 	m.ExtensionMetrics = newExtensionMetrics(m.Reg)
@@ -243,6 +243,6 @@ func (m *Metrics) AgentReport(role string, data map[string]float64) {
 }
 
 // walSynced is the WAL's OnSync hook.
-func (m *Metrics) WalSynced(d time.Duration, _ int, _ int) {
-	m.WalFsync.Observe(d.Seconds())
+func (m *Metrics) WALSynced(d time.Duration, _ int, _ int) {
+	m.WALFsync.Observe(d.Seconds())
 }

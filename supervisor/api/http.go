@@ -1,9 +1,10 @@
-package supervisor
+package api
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -18,21 +19,22 @@ import (
 // maxRequestBody caps POST /v1/requests bodies.
 const maxRequestBody = 1 << 20
 
-func (s *Supervisor) httpHandler() http.Handler {
+// Handler is the HTTP API (docs/cli.md lists the endpoints).
+func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", s.handleHealthz)
 	mux.HandleFunc("GET /readyz", s.handleReadyz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.met.Reg, promhttp.HandlerOpts{
-		ErrorLog: slogPrinter{s}, Registry: s.met.Reg,
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.opts.Metrics.Reg, promhttp.HandlerOpts{
+		ErrorLog: slogPrinter{s.opts.Log}, Registry: s.opts.Metrics.Reg,
 	}))
 	mux.Handle("POST /v1/requests", s.requireToken(http.HandlerFunc(s.handleRequest)))
 	mux.Handle("GET /v1/requests/{id}", s.requireToken(http.HandlerFunc(s.handleGetRequest)))
 	return mux
 }
 
-type slogPrinter struct{ s *Supervisor }
+type slogPrinter struct{ log *slog.Logger }
 
-func (p slogPrinter) Println(v ...any) { p.s.log.Error("metrics endpoint", "err", fmt.Sprint(v...)) }
+func (p slogPrinter) Println(v ...any) { p.log.Error("metrics endpoint", "err", fmt.Sprint(v...)) }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
@@ -42,23 +44,24 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 
 // /healthz is the sidecar's own liveness: 200 while it supervises (even while
 // the agent restarts), 503 once it has given up on a crash loop.
-func (s *Supervisor) handleHealthz(w http.ResponseWriter, _ *http.Request) {
-	st := s.Status()
-	if s.current().failed {
+func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request) {
+	st := s.owner.Status()
+	givenUp, stalled, age, limit := s.owner.Health(time.Now())
+	if givenUp {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "given_up", "state": st.State})
 		return
 	}
-	if stalled, age := s.loopStalled(time.Now()); stalled {
+	if stalled {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "stalled", "state": st.State,
-			"reason": fmt.Sprintf("the supervisor's event loop has made no progress for %s (limit %s); it may be blocked on its own storage", age.Round(time.Second), s.stallLimit())})
+			"reason": fmt.Sprintf("the supervisor's event loop has made no progress for %s (limit %s); it may be blocked on its own storage", age.Round(time.Second), limit)})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "state": st.State})
 }
 
 // /readyz is 200 while the primary agent is up and heartbeating.
-func (s *Supervisor) handleReadyz(w http.ResponseWriter, _ *http.Request) {
-	ready, reason, st := s.readiness()
+func (s *Server) handleReadyz(w http.ResponseWriter, _ *http.Request) {
+	ready, reason, st := s.owner.Readiness()
 	body := map[string]any{"ready": ready, "state": st.State}
 	if st.PID != 0 {
 		body["agent_pid"] = st.PID
@@ -71,33 +74,6 @@ func (s *Supervisor) handleReadyz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, body)
 }
 
-func (s *Supervisor) readiness() (bool, string, Status) {
-	st := s.Status()
-	in := s.current().cur
-	if in == nil {
-		switch State(st.State) {
-		case StateStarting: // before the first spawn: the listener is bound first (preflight.go)
-			return false, "waiting for the agent's first heartbeat (it is being started)", st
-		case StateBackingOff:
-			return false, "the agent is restarting (back-off after: " + st.LastRestartReason + ")", st
-		case StateGivenUp:
-			return false, "the supervisor gave up on a crash-looping agent", st
-		default:
-			return false, "the agent is not running (state " + st.State + ")", st
-		}
-	}
-	age, seen := in.HeartbeatAge(time.Now())
-	switch {
-	case !seen:
-		return false, "waiting for the agent's first heartbeat", st
-	case st.State == string(StateStopping):
-		return false, "the agent is being stopped", st
-	case age >= s.cfg.HeartbeatTimeout:
-		return false, fmt.Sprintf("no heartbeat for %s", age.Round(time.Millisecond)), st
-	}
-	return true, "", st
-}
-
 type requestBody struct {
 	Message *string        `json:"message"`
 	Context map[string]any `json:"context"`
@@ -106,13 +82,13 @@ type requestBody struct {
 
 // POST /v1/requests forwards work to the agent as process_request; with
 // ?wait=D it waits up to D for the agent's request_result.
-func (s *Supervisor) handleRequest(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleRequest(w http.ResponseWriter, r *http.Request) {
 	code, body := s.acceptRequest(w, r)
-	s.met.Requests.WithLabelValues(strconv.Itoa(code)).Inc()
+	s.opts.Metrics.Requests.WithLabelValues(strconv.Itoa(code)).Inc()
 	writeJSON(w, code, body)
 }
 
-func (s *Supervisor) acceptRequest(w http.ResponseWriter, r *http.Request) (int, map[string]any) {
+func (s *Server) acceptRequest(w http.ResponseWriter, r *http.Request) (int, map[string]any) {
 	wait, err := parseWait(r)
 	if err != nil {
 		return http.StatusBadRequest, map[string]any{"error": err.Error()}
@@ -136,8 +112,8 @@ func (s *Supervisor) acceptRequest(w http.ResponseWriter, r *http.Request) (int,
 	if d := jsonDepth(req.Context, maxContextDepth+1); d > maxContextDepth {
 		return http.StatusBadRequest, map[string]any{"error": fmt.Sprintf("context is nested more than %d levels deep; the agent protocol does not carry it", maxContextDepth)}
 	}
-	in := s.current().cur
-	if ready, reason, _ := s.readiness(); !ready || in == nil {
+	in, shadow, trial := s.owner.Target()
+	if ready, reason, _ := s.owner.Readiness(); !ready || in == nil {
 		return http.StatusServiceUnavailable, map[string]any{"error": "no agent is ready: " + reason}
 	}
 	var ctxRaw msgpack.RawMessage
@@ -152,7 +128,7 @@ func (s *Supervisor) acceptRequest(w http.ResponseWriter, r *http.Request) (int,
 	msg := &schema.ProcessRequest{RequestID: id, Data: schema.RequestData{Message: *req.Message, Context: ctxRaw, UserID: req.UserID}}
 	// Encoded here, so that a request the protocol cannot carry is the
 	// client's error (4xx), not an ERROR line per request and a 503.
-	frame, err := s.codec.Encode(msg)
+	frame, err := s.opts.Codec.Encode(msg)
 	if err != nil {
 		code := http.StatusBadRequest
 		if schema.RuleOf(err) == schema.RuleTooLarge {
@@ -160,25 +136,7 @@ func (s *Supervisor) acceptRequest(w http.ResponseWriter, r *http.Request) (int,
 		}
 		return code, map[string]any{"error": "the request cannot be sent to the agent: " + err.Error()}
 	}
-	return s.forwardRequest(w, r, in, id, frame, wait) // requests.go
-}
-
-// loopStalled reports whether the owner loop has not turned for longer than
-// the stall limit, and for how long it has not.
-func (s *Supervisor) loopStalled(now time.Time) (bool, time.Duration) {
-	last := s.loopBeat.Load()
-	if last == 0 {
-		return false, 0
-	}
-	age := now.Sub(time.Unix(0, last))
-	return age > s.stallLimit(), age
-}
-
-func (s *Supervisor) stallLimit() time.Duration {
-	if s.cfg.LoopStallTimeout > 0 {
-		return s.cfg.LoopStallTimeout
-	}
-	return 60 * time.Second
+	return s.forwardRequest(w, r, in, shadow, trial, id, frame, wait) // requests.go
 }
 
 // maxContextDepth is the deepest nesting of a request's context that fits a

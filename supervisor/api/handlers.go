@@ -1,0 +1,80 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/agent-sidecar/supervisor/internal/clip"
+	"github.com/agent-sidecar/supervisor/schema"
+)
+
+// parseWait reads ?wait=DURATION: 0 when absent.
+func parseWait(r *http.Request) (time.Duration, error) {
+	q := r.URL.Query().Get("wait")
+	if q == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(q)
+	if err != nil {
+		return 0, fmt.Errorf("wait=%q is not a duration (use e.g. wait=30s)", clip.String(q, 32))
+	}
+	if d < 0 || d > maxRequestWait {
+		return 0, fmt.Errorf("wait=%s is out of range: 0 to %s", d, maxRequestWait)
+	}
+	return d, nil
+}
+
+// forwardRequest sends msg to the primary (and its shadow during a trial)
+// and, with wait > 0, waits for the answer: 200 with the result when it
+// comes in time, else 202 {request_id}.
+func (s *Server) forwardRequest(w http.ResponseWriter, r *http.Request, in, shadow Agent, trial, id string, frame []byte, wait time.Duration) (int, map[string]any) {
+	if shadow == nil {
+		trial = ""
+	}
+	req := s.requests.add(id, trial)
+	// Registered before it is sent, so an instant answer is never missed.
+	if !in.SendFrame(schema.TypeProcessRequest, frame) {
+		s.requests.forget(id)
+		return http.StatusServiceUnavailable, map[string]any{"error": "the agent is not accepting input (its input queue is full)"}
+	}
+	if trial != "" {
+		shadow.SendFrame(schema.TypeProcessRequest, frame) // during an evolution trial the shadow gets the same traffic
+	}
+	accepted := map[string]any{"request_id": id}
+	if wait <= 0 {
+		return http.StatusAccepted, accepted
+	}
+	// The server's write timeout must not cut a legitimate wait short.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + 10*time.Second))
+	// A request expires after --request-retention: no answer can come later.
+	timer := time.NewTimer(min(wait, s.opts.Retention))
+	defer timer.Stop()
+	select {
+	case <-req.done:
+	case <-timer.C:
+		return http.StatusAccepted, accepted
+	case <-r.Context().Done():
+		return http.StatusAccepted, accepted
+	}
+	v, ok := s.requests.view(id)
+	switch {
+	case ok && v.Status == statusAnswered:
+		return http.StatusOK, map[string]any{"request_id": v.RequestID, "data": v.Data}
+	case ok && v.Status == statusFailed:
+		return http.StatusOK, map[string]any{"request_id": v.RequestID, "error": v.Error}
+	}
+	return http.StatusAccepted, accepted // expired (wait above --request-retention) or forgotten
+}
+
+// GET /v1/requests/{id}: the request's status and result.
+func (s *Server) handleGetRequest(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	v, ok := s.requests.view(id)
+	if !ok {
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": fmt.Sprintf("no request %q: never sent, or forgotten after --request-retention (%s)",
+			clip.String(id, 64), s.opts.Retention)})
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}

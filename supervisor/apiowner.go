@@ -1,0 +1,83 @@
+package supervisor
+
+import (
+	"context"
+	"time"
+
+	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/supervisor/api"
+)
+
+// The API's types, under the names the CLI and clients have always used.
+type (
+	Status          = api.Status
+	ControlRequest  = api.ControlRequest
+	ControlResponse = api.ControlResponse
+	RestoreInfo     = api.RestoreInfo
+	PendingRestore  = api.PendingRestore
+)
+
+// Control operations (api.OpStatus, api.OpRestore).
+const (
+	OpStatus  = api.OpStatus
+	OpRestore = api.OpRestore
+)
+
+// Control socket errors (api.ErrNotRunning, api.ErrBusy).
+var (
+	ErrNotRunning = api.ErrNotRunning
+	ErrBusy       = api.ErrBusy
+)
+
+// Call sends one request to the supervisor running on dataDir (api.Call).
+func Call(dataDir string, req ControlRequest, timeout time.Duration) (ControlResponse, error) {
+	return api.Call(dataDir, req, timeout)
+}
+
+// apiOwner is the supervisor as the API sees it (api.Owner): published
+// snapshots to read, and one channel to the owner loop for control calls.
+// It never touches owner state.
+type apiOwner struct{ s *Supervisor }
+
+var _ api.Owner = apiOwner{}
+
+func (o apiOwner) Status() api.Status { return o.s.Status() }
+
+func (o apiOwner) Health(now time.Time) (givenUp, stalled bool, age, limit time.Duration) {
+	stalled, age = o.s.loopStalled(now)
+	return o.s.current().failed, stalled, age, o.s.stallLimit()
+}
+
+func (o apiOwner) Readiness() (bool, string, api.Status) { return o.s.readiness() }
+
+func (o apiOwner) Target() (primary, shadow api.Agent, trial string) {
+	v := o.s.current()
+	if v.cur != nil {
+		primary = v.cur
+	}
+	if t := v.trial; t != nil {
+		if sc := t.shadowConn.Load(); sc != nil {
+			shadow, trial = sc, t.id
+		}
+	}
+	return primary, shadow, trial
+}
+
+func (o apiOwner) CheckpointMeta(id string) (checkpoint.Meta, error) {
+	return o.s.st.Checkpoints().Stat(id)
+}
+
+func (o apiOwner) Control(ctx context.Context, req api.ControlRequest, meta checkpoint.Meta) api.ControlResponse {
+	call := controlCall{req: req, reply: make(chan api.ControlResponse, 1), meta: meta}
+	select {
+	case o.s.control <- call:
+	case <-ctx.Done():
+		return api.ControlResponse{Error: "supervisor is stopping"}
+	}
+	select {
+	case r := <-call.reply:
+		return r
+	case <-ctx.Done():
+		return api.ControlResponse{Error: "supervisor is stopping"}
+	}
+}
