@@ -70,7 +70,7 @@ func (o apiOwner) CheckpointMeta(id string) (checkpoint.Meta, error) {
 func (o apiOwner) Control(ctx context.Context, req api.ControlRequest, meta checkpoint.Meta) api.ControlResponse {
 	call := controlCall{req: req, reply: make(chan api.ControlResponse, 1), meta: meta}
 	select {
-	case o.s.control <- call:
+	case o.s.inbox.control <- call:
 	case <-ctx.Done():
 		return api.ControlResponse{Error: "supervisor is stopping"}
 	}

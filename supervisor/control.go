@@ -28,15 +28,15 @@ func (s *Supervisor) handleControl(call controlCall) ControlResponse {
 	case OpRestore:
 		meta := call.meta
 		point := &durable.Point{CheckpointID: meta.ID, NoWAL: req.NoWAL}
-		in := s.cur
-		if s.pendingReply != nil {
+		in := s.lc.cur
+		if s.lc.pendingReply != nil {
 			// Another restore is being delivered (the agent is being
 			// restarted for it): recording this one now would silently
 			// replace, or be replaced by, the one under way.
 			return ControlResponse{Busy: true, Error: ErrBusy.Error()}
 		}
-		if in == nil || in.stopping || s.shutting {
-			s.pendingPoint = point
+		if in == nil || in.stopping || s.lc.shutting {
+			s.lc.pendingPoint = point
 			s.publish()
 			return ControlResponse{OK: true, Message: "the agent is not running; the restore will be sent when it next starts",
 				Restore: &RestoreInfo{CheckpointID: meta.ID, Watermark: meta.Watermark, NoWAL: req.NoWAL}}
@@ -46,8 +46,8 @@ func (s *Supervisor) handleControl(call controlCall) ControlResponse {
 		// history, and nothing in the protocol tells them apart from the new
 		// one. Stopping it, draining its output and starting it with the
 		// restore as its first frame leaves no such window.
-		s.pendingPoint = point
-		s.pendingReply = reply
+		s.lc.pendingPoint = point
+		s.lc.pendingReply = reply
 		s.publish()
 		in.Log().Info("operator restore requested: restarting the agent to deliver it", "checkpoint_id", meta.ID, "no_wal", req.NoWAL)
 		s.stopInstance(in, reasonOperatorRestore)

@@ -22,7 +22,7 @@ func (s *Supervisor) diagnoseFraming(err error) string {
 	if !s.cfg.Stdio {
 		d = fmt.Sprintf("the agent wrote text to its protocol stream (fd 4); write only frames there and log to stdout or stderr (it wrote %q)", te.Text)
 	}
-	s.stat.Diagnosis = d
+	s.lc.stat.Diagnosis = d
 	s.publish()
 	return d
 }
@@ -34,7 +34,7 @@ func (s *Supervisor) failureHint(reason string) string {
 	if reason != "framing_error" {
 		return ""
 	}
-	d := s.stat.Diagnosis
+	d := s.lc.stat.Diagnosis
 	if d == "" {
 		return ""
 	}

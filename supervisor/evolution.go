@@ -48,23 +48,23 @@ func (s *Supervisor) evolutionIntent(in *agent, m *schema.EvolutionIntent) {
 	reject := func(reason string) {
 		s.decided(in, nil, h, "", evolution.Decision{Decision: evolution.DecisionRejected, Metrics: map[string]float64{}, Reason: reason})
 	}
-	if s.trial != nil {
+	if s.lc.trial != nil {
 		reject(fmt.Sprintf("another evolution (target %q, started %s ago) is being tested; propose again after its evolution_result",
-			s.trial.intent.Target, time.Since(s.trial.started).Round(time.Second)))
+			s.lc.trial.intent.Target, time.Since(s.lc.trial.started).Round(time.Second)))
 		return
 	}
-	if s.shutting || in.stopping {
+	if s.lc.shutting || in.stopping {
 		reject("the supervisor is stopping the agent")
 		return
 	}
-	if s.trialPrep {
+	if s.lc.trialPrep {
 		reject("another evolution is being prepared; propose again after its evolution_result")
 		return
 	}
 	// The backup is pinned and the shadow's restore assembled on the store
 	// worker (a 100 MiB checkpoint takes a while); trialPrepared spawns it.
 	p := &trialPrep{intent: h, primary: in}
-	s.trialPrep = true
+	s.lc.trialPrep = true
 	s.work.Post(func() {
 		s.prepareTrial(p)
 		s.report(storeResult{trial: p})
@@ -113,11 +113,11 @@ func (s *Supervisor) trialPrepared(p *trialPrep) {
 	case p.reject != "":
 		s.rejectTrial(p, p.reject)
 		return
-	case s.shutting || p.primary != s.cur || p.primary.stopping:
+	case s.lc.shutting || p.primary != s.lc.cur || p.primary.stopping:
 		s.rejectTrial(p, "the primary agent restarted or is stopping; propose the evolution again")
 		return
 	}
-	// Still preparing (s.trialPrep) until shadowSpawned takes the process.
+	// Still preparing (s.lc.trialPrep) until shadowSpawned takes the process.
 	s.spawnAsync(agentproc.Spec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RoleShadow, p.plan != nil), Stdio: s.cfg.Stdio},
 		spawnResult{trial: p})
 }
@@ -131,15 +131,15 @@ func (s *Supervisor) shadowSpawned(r spawnResult) {
 		s.rejectTrial(p, "the shadow agent could not be started: "+r.err.Error())
 		return
 	}
-	if s.shutting || p.primary != s.cur || p.primary.stopping {
+	if s.lc.shutting || p.primary != s.lc.cur || p.primary.stopping {
 		go agentproc.Discard(r.proc)
 		s.rejectTrial(p, "the primary agent restarted or is stopping; propose the evolution again")
 		return
 	}
-	s.trialPrep = false
+	s.lc.trialPrep = false
 	t, proc := p.t, r.proc
-	t.shadow = &agent{Instance: conn.Start(conn.Config{N: s.incarnation, Role: RoleShadow, Proc: proc, Codec: s.codec,
-		MaxFrame: s.cfg.MaxFrameSize, Sink: s.shadowSinks(t), Events: s.events, Metrics: s.met, Log: s.log.With("trial", t.id)})}
+	t.shadow = &agent{Instance: conn.Start(conn.Config{N: s.lc.incarnation, Role: RoleShadow, Proc: proc, Codec: s.codec,
+		MaxFrame: s.cfg.MaxFrameSize, Sink: s.shadowSinks(t), Events: s.inbox.events, Metrics: s.met, Log: s.log.With("trial", t.id)})}
 	t.shadowConn.Store(t.shadow.Instance)
 	if p.plan != nil {
 		s.sendRestore(t.shadow.Instance, p.plan, "shadow")
@@ -147,7 +147,7 @@ func (s *Supervisor) shadowSpawned(r spawnResult) {
 	t.shadow.SendMsg(&schema.HotReload{Code: t.intent.NewCode, Module: t.intent.Target, BackupCheckpointID: t.backup.ID})
 	t.started = time.Now()
 	t.timer = time.NewTimer(s.cfg.ShadowDuration)
-	s.trial = t
+	s.lc.trial = t
 	s.publish()
 	p.primary.Log().Info("evolution trial started", "trial", t.id, "target", t.intent.Target, "backup_checkpoint_id", t.backup.ID,
 		"shadow_pid", proc.ID(), "duration", s.cfg.ShadowDuration)
@@ -156,12 +156,12 @@ func (s *Supervisor) shadowSpawned(r spawnResult) {
 // rejectTrial ends a trial that never started: what it holds is released
 // and the primary that proposed it, if it still runs, is told (owner only).
 func (s *Supervisor) rejectTrial(p *trialPrep, reason string) {
-	s.trialPrep = false
+	s.lc.trialPrep = false
 	if p.t != nil {
 		s.dropTrial(p.t)
 	}
 	in := p.primary
-	if in != s.cur {
+	if in != s.lc.cur {
 		in = nil // that primary is gone; nobody to tell
 	}
 	s.decided(in, nil, p.intent, "", evolution.Decision{Decision: evolution.DecisionRejected, Metrics: map[string]float64{}, Reason: reason})
@@ -226,15 +226,15 @@ func (s *Supervisor) unpinNow(id string) {
 
 // trialTimer returns the running trial's timer channel (nil: none).
 func (s *Supervisor) trialTimer() <-chan time.Time {
-	if s.trial == nil || s.trial.decided || s.trial.timer == nil {
+	if s.lc.trial == nil || s.lc.trial.decided || s.lc.trial.timer == nil {
 		return nil
 	}
-	return s.trial.timer.C
+	return s.lc.trial.timer.C
 }
 
 // shadowEvent handles events from a shadow instance (owner only).
 func (s *Supervisor) shadowEvent(ev conn.Event) {
-	t := s.trial
+	t := s.lc.trial
 	if t == nil || t.shadow == nil || ev.Inst != t.shadow.Instance {
 		return
 	}
@@ -267,7 +267,7 @@ func (s *Supervisor) shadowEvent(ev conn.Event) {
 
 // checkShadowHeartbeat fails the trial when the shadow stops heartbeating.
 func (s *Supervisor) checkShadowHeartbeat() {
-	t := s.trial
+	t := s.lc.trial
 	if t == nil || t.decided || t.shadow == nil {
 		return
 	}
@@ -295,7 +295,7 @@ func (s *Supervisor) shadowHeartbeatFailure(t *trial, final bool) string {
 // concludeTrial decides, tells the primary, records the decision and stops
 // the shadow. The trial ends when the shadow has exited (endTrial).
 func (s *Supervisor) concludeTrial() {
-	t := s.trial
+	t := s.lc.trial
 	if t == nil || t.decided {
 		return
 	}
@@ -307,7 +307,7 @@ func (s *Supervisor) concludeTrial() {
 	d := evolution.Decide(t.collector.Summary(evolution.Primary), t.collector.Summary(evolution.Shadow),
 		evolution.Outcome{ShadowAlive: t.failure == "", ShadowFailure: t.failure, MinReports: s.cfg.EvolutionMinReports},
 		s.cfg.EvolutionThresholds)
-	primary := s.cur
+	primary := s.lc.cur
 	if d.Promote && (primary == nil || primary.stopping) {
 		d = evolution.Decision{Decision: evolution.DecisionRejected, Metrics: d.Metrics,
 			Reason: "the primary agent restarted during the trial; propose the evolution again"}
@@ -349,7 +349,7 @@ func (s *Supervisor) promotionRecorded(pr *promotion) {
 		s.unpin(pr.t.backup.ID)
 	}
 	primary := pr.primary
-	if primary != s.cur || primary.stopping {
+	if primary != s.lc.cur || primary.stopping {
 		// It restarted meanwhile: its successor gets the recorded code from
 		// the ledger with its restore (resendPromotions).
 		primary = nil
@@ -403,11 +403,11 @@ func (s *Supervisor) decided(primary *agent, t *trial, h schema.Hypothesis, back
 
 // endTrial forgets a finished trial once its shadow has exited.
 func (s *Supervisor) endTrial() {
-	t := s.trial
+	t := s.lc.trial
 	if t == nil {
 		return
 	}
-	s.trial = nil
+	s.lc.trial = nil
 	s.publish()
 	s.work.Post(t.close)
 }
@@ -416,7 +416,7 @@ func (s *Supervisor) endTrial() {
 // waiting: it is decided, its shadow killed and drained; shadowEvent ends it
 // when the shadow has finished (owner only).
 func (s *Supervisor) stopTrial(reason string) {
-	t := s.trial
+	t := s.lc.trial
 	if t == nil {
 		return
 	}
@@ -432,7 +432,7 @@ func (s *Supervisor) stopTrial(reason string) {
 // it waits for the shadow to finish (after the loop, nothing else will),
 // so its checkpoints are queued before its scratch stores are closed.
 func (s *Supervisor) abortTrial(reason string) {
-	t := s.trial
+	t := s.lc.trial
 	if t == nil {
 		return
 	}

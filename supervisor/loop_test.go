@@ -234,7 +234,7 @@ func startLoop(t *testing.T, cfg Config, behave func(a *fakeAgent), before ...fu
 		workerDone := make(chan struct{})
 		go func() { defer close(workerDone); s.work.Run(s.storeCheckpoint) }()
 		h.result = s.loop(ctx)
-		close(s.loopDone)
+		close(s.inbox.loopDone)
 		s.spawns.Wait()
 		s.work.Stop()
 		<-workerDone
@@ -451,7 +451,7 @@ func (h *loopHarness) control(req ControlRequest) ControlResponse {
 	h.t.Helper()
 	call := controlCall{req: req, reply: make(chan ControlResponse, 1)}
 	select {
-	case h.s.control <- call:
+	case h.s.inbox.control <- call:
 	case <-time.After(time.Second):
 		h.t.Fatal("the owner loop did not take a control request within a second")
 	}
@@ -584,7 +584,7 @@ func TestLoopPromotionAnsweredAfterStopIsAudited(t *testing.T) {
 		h.s.work.Post(func() { <-release }) // the disk stalls before the decision's ledger write
 		time.Sleep(2 * time.Second)         // the trial is decided; its promotion waits for the ledger
 		h.cancel()
-		<-h.s.loopDone // the loop returned before the ledger write finished
+		<-h.s.inbox.loopDone // the loop returned before the ledger write finished
 		close(release)
 		if err := h.wait(); err != nil {
 			t.Fatalf("stop: %v", err)
@@ -661,7 +661,7 @@ func TestLoopSpawnDoesNotHoldTheOwner(t *testing.T) {
 func (h *loopHarness) waitLoop() error {
 	h.t.Helper()
 	select {
-	case <-h.s.loopDone:
+	case <-h.s.inbox.loopDone:
 		return h.result
 	case <-time.After(time.Hour):
 		h.t.Fatal("the owner loop did not return within an hour of fake time")

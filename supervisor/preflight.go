@@ -40,7 +40,7 @@ func (s *Supervisor) preflight() (net.Listener, error) {
 		return nil, fmt.Errorf("%w: cannot listen on --http-addr %s: %v (is another supervisor using it? pick another address, or --http-addr \"\" to disable HTTP)",
 			ErrConfig, s.cfg.HTTPAddr, unwrapOpError(err))
 	}
-	s.stat.HTTPAddr = ln.Addr().String()
+	s.lc.stat.HTTPAddr = ln.Addr().String()
 	// Requests can arrive before the loop spawns the first agent: say so,
 	// rather than report an empty state.
 	s.setState(StateStarting)

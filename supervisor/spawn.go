@@ -18,7 +18,7 @@ type spawnResult struct {
 	err   error
 }
 
-// spawnAsync starts spec on its own goroutine and answers r on s.spawned.
+// spawnAsync starts spec on its own goroutine and answers r on s.inbox.spawned.
 // Once the loop has returned nobody takes the answer: the process is killed
 // and what a trial held is released (Run waits for these goroutines, in
 // s.spawns, before it stops the store worker).
@@ -28,8 +28,8 @@ func (s *Supervisor) spawnAsync(spec agentproc.Spec, r spawnResult) {
 		defer s.spawns.Done()
 		r.proc, r.err = s.spawn(spec)
 		select {
-		case s.spawned <- r:
-		case <-s.loopDone:
+		case s.inbox.spawned <- r:
+		case <-s.inbox.loopDone:
 			if r.proc != nil {
 				agentproc.Discard(r.proc)
 			}

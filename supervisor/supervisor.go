@@ -63,29 +63,63 @@ const reasonOperatorRestore = "operator_restore"
 const drainTimeout = 2 * time.Second
 
 // Supervisor runs one primary agent. Build it with New, then call Run.
+//
+// Its parts are built once, by New (the API, the store worker, the metrics)
+// and by Run's open (the data directory's stores, ledger and replica), and
+// never swapped. Lifecycle state is the owner loop's alone (lc); other
+// goroutines read what it publishes (pub) and reach it only through inbox.
 type Supervisor struct {
-	cfg    Config
-	log    *slog.Logger
-	codec  *schema.Codec
+	cfg   Config
+	log   *slog.Logger
+	codec *schema.Codec
+	rec   *observe.Recorder // logs, counts and audits occurrences (its audit log attached by open)
+	met   *observe.Metrics
+	bmet  *observe.BoundsMetrics
+	api   *api.Server // the HTTP API, its request table and the control socket
+	// work runs checkpoint saves and the owner's slow storage jobs on one
+	// goroutine (storejobs.go); they report back on inbox.stored.
+	work *durable.Worker[ckptJob]
+	// spawn starts an agent: spawnProcess, or an in-memory agent in the
+	// owner loop's tests.
+	spawn func(agentproc.Spec) (agentproc.Proc, error)
+
+	// The data directory's parts, opened by Run (open) before the loop.
 	st     *durable.Stores // WAL, checkpoints, restore assembly: the restore invariant
-	met    *observe.Metrics
-	bmet   *observe.BoundsMetrics
 	lock   *os.File
 	ledger *evolution.Ledger
 	rep    *replicaState // --replica (replica.go); nil when off
 
-	events  chan conn.Event
-	control chan controlCall
-	force   chan struct{} // ForceStop: skip the graceful wait
+	inbox inbox     // every way into the owner loop
+	lc    lifecycle // the owner loop's state: nobody else reads or writes it
+	// pub is the owner's last published view (view.go): the only way other
+	// goroutines see owner state.
+	pub      atomic.Pointer[view]
+	loopBeat atomic.Int64 // unix nanos of the owner loop's last turn; 0 before Run
+	// spawns counts the spawn goroutines still out (spawn.go).
+	spawns sync.WaitGroup
+}
 
-	// Owner-only state (the Run goroutine).
+// inbox is every channel into the owner loop.
+type inbox struct {
+	events  chan conn.Event  // from agent instances, and their drains
+	control chan controlCall // operators, through the control socket
+	force   chan struct{}    // ForceStop: skip the graceful wait
+	stored  chan storeResult // store worker answers to owner jobs
+	spawned chan spawnResult // spawned processes (spawn.go)
+	// loopDone is closed when the owner loop has returned: goroutines
+	// reporting to it stop waiting.
+	loopDone chan struct{}
+}
+
+// lifecycle is the owner loop's state. Only the loop's goroutine (Run)
+// reads or writes it; what others need is published (view.go).
+type lifecycle struct {
 	state        State
 	stat         Status // the owner's fields of the status, published by publish
 	failed       bool   // gave up: /healthz fails
 	cur          *agent
 	incarnation  int
 	bo           backoff
-	lastReason   string
 	restarts     int
 	pendingPoint *durable.Point
 	pendingReply chan ControlResponse // operator restore waiting for the agent's restart
@@ -100,31 +134,6 @@ type Supervisor struct {
 	lastRestored string // checkpoint id of the newest restore sent to a primary
 	trial        *trial
 	trialPrep    bool // an evolution's backup is being prepared (storeResult.trial)
-
-	// pub is the owner's last published view (view.go): the only way other
-	// goroutines see owner state.
-	pub      atomic.Pointer[view]
-	rec      *observe.Recorder // logs, counts and audits occurrences (its audit log attached by open)
-	loopBeat atomic.Int64      // unix nanos of the owner loop's last turn; 0 before Run
-
-	// work runs checkpoint saves and the owner's slow storage jobs on one
-	// goroutine (storework.go); they report back on stored.
-	work   *durable.Worker[ckptJob]
-	stored chan storeResult
-	// Agents are spawned off the owner loop (spawn.go): answers come back on
-	// spawned; spawns counts the goroutines still out.
-	spawned chan spawnResult
-	spawns  sync.WaitGroup
-	// loopDone is closed when the owner loop has returned: goroutines
-	// reporting to it stop waiting.
-	loopDone chan struct{}
-
-	// spawn starts an agent: startProcess, or an in-memory agent in the
-	// owner loop's tests.
-	spawn func(agentproc.Spec) (agentproc.Proc, error)
-
-	// api is the HTTP API, its request table and the control socket.
-	api *api.Server
 }
 
 type ckptJob struct {
@@ -165,22 +174,24 @@ func New(cfg Config) (*Supervisor, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Supervisor{
-		cfg:     cfg,
-		log:     log,
-		rec:     observe.NewRecorder(log),
-		codec:   newCodec(cfg),
-		events:  make(chan conn.Event, 256),
-		control: make(chan controlCall),
-		force:   make(chan struct{}, 1),
-		bo: backoff{
+		cfg:   cfg,
+		log:   log,
+		rec:   observe.NewRecorder(log),
+		codec: newCodec(cfg),
+		work:  durable.NewWorker[ckptJob](ckptQueueBytes),
+		spawn: spawnProcess,
+		inbox: inbox{
+			events:   make(chan conn.Event, 256),
+			control:  make(chan controlCall),
+			force:    make(chan struct{}, 1),
+			stored:   make(chan storeResult, 4),
+			spawned:  make(chan spawnResult), // unbuffered: an answer is taken by the loop, or settled by its sender
+			loopDone: make(chan struct{}),
+		},
+		lc: lifecycle{bo: backoff{
 			initial: cfg.BackoffInitial, max: cfg.BackoffMax,
 			maxRestarts: cfg.MaxRestarts, window: cfg.RestartWindow,
-		},
-		work:     durable.NewWorker[ckptJob](ckptQueueBytes),
-		stored:   make(chan storeResult, 4),
-		spawned:  make(chan spawnResult), // unbuffered: an answer is taken by the loop, or settled by its sender
-		loopDone: make(chan struct{}),
-		spawn:    spawnProcess,
+		}},
 	}
 	s.setState(StateStarting) // the first start is scheduled at once
 	s.met = observe.NewMetrics(s.heartbeatAgeSeconds, s.walLastSequence)
@@ -258,8 +269,8 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 
 	s.rec.Audit(observe.AuditStart, map[string]any{"pid": os.Getpid(), "command": s.cfg.Command, "data_dir": s.cfg.DataDir})
 	runErr := s.loop(ctx)
-	close(s.loopDone)
-	fields := map[string]any{"restarts": s.restarts}
+	close(s.inbox.loopDone)
+	fields := map[string]any{"restarts": s.lc.restarts}
 	if runErr != nil {
 		fields["error"] = runErr.Error()
 	}
@@ -323,7 +334,7 @@ func (s *Supervisor) open() error {
 	if id, noWAL, ok, err := st.Checkpoints().TakeRestorePoint(); err != nil {
 		s.log.Error("cannot read the recorded restore point; ignoring it", "err", err)
 	} else if ok {
-		s.pendingPoint = &durable.Point{CheckpointID: id, NoWAL: noWAL}
+		s.lc.pendingPoint = &durable.Point{CheckpointID: id, NoWAL: noWAL}
 		s.log.Info("restore point recorded by an operator will be used", "checkpoint_id", id, "no_wal", noWAL)
 	}
 	s.startReplica()
@@ -385,7 +396,7 @@ func DataDirInUse(dir string) bool {
 // synced before Run returns.
 func (s *Supervisor) ForceStop() {
 	select {
-	case s.force <- struct{}{}:
+	case s.inbox.force <- struct{}{}:
 	default:
 	}
 }
@@ -412,44 +423,44 @@ func (s *Supervisor) loop(ctx context.Context) error {
 
 		case <-done:
 			done = nil
-			s.shutting = true
+			s.lc.shutting = true
 			startTimer.Stop()
 			s.stopTrial("the supervisor is stopping")
-			if s.cur == nil {
+			if s.lc.cur == nil {
 				s.setState(StateStopped)
 				return nil
 			}
 			s.log.Info("stopping: asking the agent to shut down", "timeout", s.cfg.ShutdownTimeout)
 			s.setState(StateStopping)
-			s.cur.stopping = true
-			s.cur.stopReason = "shutdown"
-			s.cur.SendMsg(&schema.Shutdown{Reason: "supervisor is stopping", CreateCheckpoint: true})
+			s.lc.cur.stopping = true
+			s.lc.cur.stopReason = "shutdown"
+			s.lc.cur.SendMsg(&schema.Shutdown{Reason: "supervisor is stopping", CreateCheckpoint: true})
 			shutdownTimer = time.After(s.cfg.ShutdownTimeout)
 
-		case <-s.force:
-			if s.cur != nil && s.shutting {
+		case <-s.inbox.force:
+			if s.lc.cur != nil && s.lc.shutting {
 				s.log.Warn("second stop signal: killing the agent's process group without waiting")
-				_ = s.cur.Proc().SignalGroup(syscall.SIGKILL)
+				_ = s.lc.cur.Proc().SignalGroup(syscall.SIGKILL)
 			}
 
 		case <-shutdownTimer:
 			shutdownTimer = nil
-			if s.cur != nil {
+			if s.lc.cur != nil {
 				s.log.Warn("agent did not exit within --shutdown-timeout; killing its process group", "timeout", s.cfg.ShutdownTimeout)
-				_ = s.cur.Proc().SignalGroup(syscall.SIGKILL)
+				_ = s.lc.cur.Proc().SignalGroup(syscall.SIGKILL)
 			}
 
 		case <-startTimer.C:
-			if !s.shutting {
+			if !s.lc.shutting {
 				s.prepareStart()
 			}
 
-		case r := <-s.stored:
+		case r := <-s.inbox.stored:
 			if stop, err := s.storeDone(r, startTimer, hbTimer); stop {
 				return err
 			}
 
-		case r := <-s.spawned:
+		case r := <-s.inbox.spawned:
 			if stop, err := s.spawnDone(r, startTimer, hbTimer); stop {
 				return err
 			}
@@ -463,18 +474,18 @@ func (s *Supervisor) loop(ctx context.Context) error {
 		case <-trialTick.C:
 			s.checkShadowHeartbeat()
 
-		case ev := <-s.events:
+		case ev := <-s.inbox.events:
 			if ev.Inst.Role() == RoleShadow {
 				s.shadowEvent(ev)
 				continue
 			}
-			if s.cur == nil || ev.Inst != s.cur.Instance {
+			if s.lc.cur == nil || ev.Inst != s.lc.cur.Instance {
 				continue // an event from an instance already finished
 			}
-			cur := s.cur
+			cur := s.lc.cur
 			switch ev.Kind {
 			case conn.FirstHeartbeat:
-				if s.state == StateStarting {
+				if s.lc.state == StateStarting {
 					s.setState(StateRunning)
 					s.met.AgentUp.WithLabelValues(RolePrimary).Set(1)
 					s.log.Info("agent is up", "pid", ev.Inst.Proc().ID(), "start_seconds", time.Since(ev.Inst.Started()).Seconds())
@@ -500,7 +511,7 @@ func (s *Supervisor) loop(ctx context.Context) error {
 				}
 			}
 
-		case call := <-s.control:
+		case call := <-s.inbox.control:
 			if resp := s.handleControl(call); resp.OK || resp.Error != "" {
 				call.reply <- resp
 			}
@@ -509,8 +520,8 @@ func (s *Supervisor) loop(ctx context.Context) error {
 }
 
 func (s *Supervisor) setState(st State) {
-	s.state = st
-	s.stat.State = string(st)
+	s.lc.state = st
+	s.lc.stat.State = string(st)
 	s.publish()
 }
 
@@ -540,14 +551,14 @@ func (s *Supervisor) spawnDone(r spawnResult, startTimer, hbTimer *time.Timer) (
 		return false, nil
 	}
 	p := r.start
-	if p != s.preparing || s.shutting {
+	if p != s.lc.preparing || s.lc.shutting {
 		if r.proc != nil {
 			go agentproc.Discard(r.proc)
 		}
 		return false, nil
 	}
-	s.preparing = nil
-	if s.pendingPoint != p.point {
+	s.lc.preparing = nil
+	if s.lc.pendingPoint != p.point {
 		// An operator recorded another restore point while the agent was
 		// being started. It has not been sent a frame: it is stopped, and
 		// the start begins again from that point.
@@ -557,7 +568,7 @@ func (s *Supervisor) spawnDone(r spawnResult, startTimer, hbTimer *time.Timer) (
 		s.prepareStart()
 		return false, nil
 	}
-	s.pendingPoint = nil
+	s.lc.pendingPoint = nil
 	if err := s.startSpawned(p, r.proc, r.err); err != nil {
 		return s.startFailed(err, startTimer)
 	}
@@ -605,11 +616,11 @@ type startPrep struct {
 // previous incarnation sent; the owner goes on meanwhile, and spawns the
 // agent when the answer comes (startPrepared).
 func (s *Supervisor) prepareStart() {
-	if s.preparing != nil {
+	if s.lc.preparing != nil {
 		return
 	}
-	p := &startPrep{point: s.pendingPoint, fallbackFrom: s.fallbackFrom}
-	s.preparing = p
+	p := &startPrep{point: s.lc.pendingPoint, fallbackFrom: s.lc.fallbackFrom}
+	s.lc.preparing = p
 	s.work.Post(func() {
 		s.assembleStart(p)
 		s.report(storeResult{start: p})
@@ -620,14 +631,14 @@ func (s *Supervisor) prepareStart() {
 // take the answer: it is settled here (unanswered).
 func (s *Supervisor) report(r storeResult) {
 	select {
-	case <-s.loopDone:
+	case <-s.inbox.loopDone:
 		s.unanswered(r)
 		return
 	default:
 	}
 	select {
-	case s.stored <- r:
-	case <-s.loopDone:
+	case s.inbox.stored <- r:
+	case <-s.inbox.loopDone:
 		s.unanswered(r)
 	}
 }
@@ -646,12 +657,12 @@ func (s *Supervisor) unanswered(r storeResult) {
 	}
 }
 
-// settleStored settles the answers left in s.stored when the loop returned.
+// settleStored settles the answers left in s.inbox.stored when the loop returned.
 // Call once the store worker has exited.
 func (s *Supervisor) settleStored() {
 	for {
 		select {
-		case r := <-s.stored:
+		case r := <-s.inbox.stored:
 			s.unanswered(r)
 		default:
 			return
@@ -700,23 +711,23 @@ func (s *Supervisor) assembleStart(p *startPrep) {
 // startPrepared spawns the agent with the restore the store worker
 // assembled, and queues the restore as its first frame.
 func (s *Supervisor) startPrepared(p *startPrep) error {
-	if p != s.preparing || s.shutting {
+	if p != s.lc.preparing || s.lc.shutting {
 		return nil
 	}
-	if s.pendingPoint != p.point {
+	if s.lc.pendingPoint != p.point {
 		// An operator recorded another restore point while this one was
 		// assembled: that one is what the agent must start from.
-		s.preparing = nil
+		s.lc.preparing = nil
 		s.prepareStart()
 		return nil
 	}
-	s.fallbackFrom = p.fallbackFrom
+	s.lc.fallbackFrom = p.fallbackFrom
 	if p.err != nil {
-		s.preparing, s.pendingPoint = nil, nil
+		s.lc.preparing, s.lc.pendingPoint = nil, nil
 		s.publish()
 		return p.err
 	}
-	// Still preparing (s.preparing) until spawnDone takes the process.
+	// Still preparing (s.lc.preparing) until spawnDone takes the process.
 	s.spawnAsync(agentproc.Spec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RolePrimary, p.plan != nil), Stdio: s.cfg.Stdio},
 		spawnResult{start: p})
 	return nil
@@ -731,40 +742,40 @@ func (s *Supervisor) startSpawned(p *startPrep, proc agentproc.Proc, err error) 
 		point = p.point
 	}
 	if err != nil {
-		if !s.startedOnce && (errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission)) {
+		if !s.lc.startedOnce && (errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission)) {
 			return fmt.Errorf("%w: %v", ErrConfig, err)
 		}
 		return err
 	}
-	s.startedOnce = true
-	s.incarnation++
-	inst := &agent{Instance: conn.Start(conn.Config{N: s.incarnation, Role: RolePrimary, Proc: proc, Codec: s.codec,
-		MaxFrame: s.cfg.MaxFrameSize, Sink: s.primarySinks(), Events: s.events, Metrics: s.met, Log: s.log})}
-	s.cur = inst
-	s.stat.PID = proc.ID()
-	s.stat.Incarnation = s.incarnation
-	s.stat.AgentStartedAt = inst.Started()
+	s.lc.startedOnce = true
+	s.lc.incarnation++
+	inst := &agent{Instance: conn.Start(conn.Config{N: s.lc.incarnation, Role: RolePrimary, Proc: proc, Codec: s.codec,
+		MaxFrame: s.cfg.MaxFrameSize, Sink: s.primarySinks(), Events: s.inbox.events, Metrics: s.met, Log: s.log})}
+	s.lc.cur = inst
+	s.lc.stat.PID = proc.ID()
+	s.lc.stat.Incarnation = s.lc.incarnation
+	s.lc.stat.AgentStartedAt = inst.Started()
 	s.setState(StateStarting)
-	s.log.Info("agent started", "pid", proc.ID(), "incarnation", s.incarnation, "command", s.cfg.Command, "restore", plan != nil)
+	s.log.Info("agent started", "pid", proc.ID(), "incarnation", s.lc.incarnation, "command", s.cfg.Command, "restore", plan != nil)
 	created := time.Time{}
 	trigger := "start"
-	if s.pendingReply != nil {
+	if s.lc.pendingReply != nil {
 		trigger = "operator"
 	}
 	if plan != nil {
 		s.sendRestore(inst.Instance, plan, trigger)
 		created = plan.Created
-		s.lastRestored = plan.CheckpointID
+		s.lc.lastRestored = plan.CheckpointID
 	}
-	if s.pendingReply != nil {
+	if s.lc.pendingReply != nil {
 		resp := ControlResponse{Error: "the restore point could not be used; the agent was restored from the newest checkpoint instead"}
 		if plan != nil && point != nil {
 			resp = ControlResponse{OK: true, Message: "restore sent to the restarted agent", Restore: &RestoreInfo{
 				CheckpointID: plan.CheckpointID, Watermark: plan.Watermark, WALEntries: plan.Entries,
 				LastSequence: plan.LastSequence, Sent: true, NoWAL: point.NoWAL}}
 		}
-		s.pendingReply <- resp
-		s.pendingReply = nil
+		s.lc.pendingReply <- resp
+		s.lc.pendingReply = nil
 	}
 	// Promoted code newer than the restored state is applied again.
 	s.resendPromotions(inst, created)
@@ -786,9 +797,9 @@ func (s *Supervisor) reportSkipped(skipped []checkpoint.Skipped) {
 
 // answerPending fails an operator restore still waiting for its answer.
 func (s *Supervisor) answerPending(msg string) {
-	if s.pendingReply != nil {
-		s.pendingReply <- ControlResponse{Error: msg}
-		s.pendingReply = nil
+	if s.lc.pendingReply != nil {
+		s.lc.pendingReply <- ControlResponse{Error: msg}
+		s.lc.pendingReply = nil
 	}
 }
 
@@ -812,11 +823,11 @@ func (s *Supervisor) agentEnv(role string, restorePending bool) []string {
 
 // armHeartbeat sets the timer to the current instance's heartbeat deadline.
 func (s *Supervisor) armHeartbeat(t *time.Timer) {
-	if s.cur == nil || s.cur.stopping {
+	if s.lc.cur == nil || s.lc.cur.stopping {
 		t.Stop()
 		return
 	}
-	age, seen := s.cur.HeartbeatAge(time.Now())
+	age, seen := s.lc.cur.HeartbeatAge(time.Now())
 	limit := s.cfg.StartTimeout
 	if seen {
 		limit = s.cfg.HeartbeatTimeout
@@ -829,7 +840,7 @@ func (s *Supervisor) armHeartbeat(t *time.Timer) {
 }
 
 func (s *Supervisor) checkHeartbeat(t *time.Timer) {
-	in := s.cur
+	in := s.lc.cur
 	if in == nil || in.stopping {
 		return
 	}
@@ -854,7 +865,7 @@ func (s *Supervisor) stopInstance(in *agent, reason string) {
 	}
 	in.stopping = true
 	in.stopReason = reason
-	if in == s.cur {
+	if in == s.lc.cur {
 		s.setState(StateStopping)
 		s.met.AgentUp.WithLabelValues(in.Role()).Set(0)
 	}
@@ -915,8 +926,8 @@ func (s *Supervisor) drain(in *agent) {
 	go func() {
 		st := in.Finish(drainTimeout)
 		select {
-		case s.events <- conn.Event{Inst: in.Instance, Kind: conn.Finished, Status: st}:
-		case <-s.loopDone:
+		case s.inbox.events <- conn.Event{Inst: in.Instance, Kind: conn.Finished, Status: st}:
+		case <-s.inbox.loopDone:
 		}
 	}()
 }
@@ -925,9 +936,9 @@ func (s *Supervisor) drain(in *agent) {
 // drained and reaped. stop=true ends Run with err.
 func (s *Supervisor) instanceExited(in *agent, st agentproc.ExitStatus, startTimer *time.Timer) (stop bool, err error) {
 	now := time.Now()
-	s.cur = nil
-	s.stat.PID = 0
-	s.stat.AgentStartedAt = time.Time{}
+	s.lc.cur = nil
+	s.lc.stat.PID = 0
+	s.lc.stat.AgentStartedAt = time.Time{}
 	s.publish()
 	s.met.AgentUp.WithLabelValues(RolePrimary).Set(0)
 	desc, failed := st.Describe()
@@ -945,13 +956,13 @@ func (s *Supervisor) instanceExited(in *agent, st agentproc.ExitStatus, startTim
 	if reason != "exited" && reason != "shutdown" && reason != reasonOperatorRestore {
 		failed = true
 	}
-	if s.trial != nil && !s.trial.decided {
+	if s.lc.trial != nil && !s.lc.trial.decided {
 		s.concludeTrial() // the primary is gone: rejected, with the reason
 	}
 	uptime := now.Sub(in.Started())
 	s.log.Info("agent stopped", "pid", in.Proc().ID(), "status", desc, "reason", reason, "uptime", uptime.Round(time.Millisecond))
 
-	if s.shutting {
+	if s.lc.shutting {
 		// Checkpoints still queued are stored before Run returns (the store
 		// worker finishes its queue).
 		s.setState(StateStopped)
@@ -964,13 +975,13 @@ func (s *Supervisor) instanceExited(in *agent, st agentproc.ExitStatus, startTim
 		return false, nil
 	}
 	if first := in.FirstHeartbeatAt(); !first.IsZero() && now.Sub(first) >= s.cfg.HealthyReset {
-		s.bo.reset()
+		s.lc.bo.reset()
 	}
 
 	switch s.cfg.Restart {
 	case RestartNever:
 		if failed {
-			s.failed = true
+			s.lc.failed = true
 		}
 		s.setState(StateStopped)
 		if failed {
@@ -993,16 +1004,16 @@ func (s *Supervisor) instanceExited(in *agent, st agentproc.ExitStatus, startTim
 // scheduleRestart applies back-off and the crash-loop limit.
 func (s *Supervisor) scheduleRestart(reason string, failed bool, startTimer *time.Timer) (stop bool, err error) {
 	now := time.Now()
-	delay, giveUp := s.bo.next(now)
+	delay, giveUp := s.lc.bo.next(now)
 	if !giveUp {
 		s.restartAfter(reason, failed, delay, startTimer)
 		return false, nil
 	}
-	if s.cfg.FallbackOnCrashLoop && s.lastRestored != "" {
+	if s.cfg.FallbackOnCrashLoop && s.lc.lastRestored != "" {
 		// Whether an older checkpoint has its whole WAL tail is the store
 		// worker's to find out (it lists and reads the store); the answer
 		// decides (fallbackAnswered).
-		f := &fallbackAsk{from: s.lastRestored, reason: reason, failed: failed}
+		f := &fallbackAsk{from: s.lc.lastRestored, reason: reason, failed: failed}
 		s.setState(StateBackingOff)
 		s.work.Post(func() {
 			f.to, f.ok = s.st.FallbackCandidate(f.from)
@@ -1029,26 +1040,26 @@ type fallbackAsk struct {
 // otherwise. Nothing is marked bad.
 func (s *Supervisor) fallbackAnswered(f *fallbackAsk, startTimer *time.Timer) (stop bool, err error) {
 	now := time.Now()
-	if s.shutting {
+	if s.lc.shutting {
 		return false, nil
 	}
 	if !f.ok {
 		s.log.Error("crash loop: no older checkpoint with a complete WAL tail to fall back to", "checkpoint_id", f.from)
 		return s.giveUp(f.reason, now)
 	}
-	s.fallbackFrom = f.from
-	s.bo.forget()
+	s.lc.fallbackFrom = f.from
+	s.lc.bo.forget()
 	s.rec.Record(observe.Occurrence{Level: slog.LevelWarn, Msg: "crash loop: falling back to an older checkpoint (--fallback-on-crash-loop); it is restored with every WAL entry after it",
 		Kind: observe.AuditFallback, Fields: map[string]any{"from_checkpoint_id": f.from, "to_checkpoint_id": f.to.ID,
 			"to_watermark": f.to.Watermark, "reason": f.reason}, Count: s.met.Fallbacks})
-	delay, _ := s.bo.next(now)
+	delay, _ := s.lc.bo.next(now)
 	s.restartAfter(f.reason, f.failed, delay, startTimer)
 	return false, nil
 }
 
 // giveUp ends supervision after a crash loop (Run returns ErrCrashLoop).
 func (s *Supervisor) giveUp(reason string, now time.Time) (stop bool, err error) {
-	s.failed = true
+	s.lc.failed = true
 	s.setState(StateGivenUp)
 	msg := fmt.Sprintf("agent restarted more than --max-restarts=%d times within --restart-window=%s (last run ended: %s); giving up.%s "+
 		"The agent's state is intact: nothing was marked bad or discarded, and the next start restores the same checkpoint and every WAL entry after it. "+
@@ -1056,19 +1067,18 @@ func (s *Supervisor) giveUp(reason string, now time.Time) (stop bool, err error)
 		"raise --max-restarts or use --max-restarts 0 to keep retrying",
 		s.cfg.MaxRestarts, s.cfg.RestartWindow, reason, s.failureHint(reason), s.cfg.DataDir)
 	s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: msg, Kind: observe.AuditGaveUp,
-		Fields: map[string]any{"reason": reason, "restarts_in_window": s.bo.recent(now), "max_restarts": s.cfg.MaxRestarts, "window": s.cfg.RestartWindow.String()}})
+		Fields: map[string]any{"reason": reason, "restarts_in_window": s.lc.bo.recent(now), "max_restarts": s.cfg.MaxRestarts, "window": s.cfg.RestartWindow.String()}})
 	return true, fmt.Errorf("%w: %s", ErrCrashLoop, msg)
 }
 
 // restartAfter schedules the next start after delay.
 func (s *Supervisor) restartAfter(reason string, failed bool, delay time.Duration, startTimer *time.Timer) {
-	s.restarts++
-	s.lastReason = reason
-	s.stat.Restarts = s.restarts
-	s.stat.LastRestartReason = reason
+	s.lc.restarts++
+	s.lc.stat.Restarts = s.lc.restarts
+	s.lc.stat.LastRestartReason = reason
 	s.setState(StateBackingOff)
 	s.rec.Record(observe.Occurrence{Level: slog.LevelInfo, Msg: "restarting the agent", Kind: observe.AuditRestart,
-		Fields:  map[string]any{"reason": reason, "failed": failed, "delay_seconds": delay.Seconds(), "restarts": s.restarts},
+		Fields:  map[string]any{"reason": reason, "failed": failed, "delay_seconds": delay.Seconds(), "restarts": s.lc.restarts},
 		LogOnly: []any{"delay", delay.Round(time.Millisecond)}, Count: s.met.Restarts.WithLabelValues(reason)})
 	startTimer.Reset(delay)
 }
@@ -1076,7 +1086,7 @@ func (s *Supervisor) restartAfter(reason string, failed bool, delay time.Duratio
 // refuseStart reports that no complete restore can be built: the agent is
 // not started and Run ends with err (exit code 3).
 func (s *Supervisor) refuseStart(err error) {
-	s.failed = true
+	s.lc.failed = true
 	s.setState(StateGivenUp)
 	s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: "refusing to start the agent: its state cannot be restored completely",
 		Kind: observe.AuditRestoreRefused, Fields: map[string]any{"error": err.Error(), "wal_floor": s.st.WAL().Floor(),

@@ -23,11 +23,11 @@ type view struct {
 // publish makes the owner's current state visible to other goroutines.
 // Owner only.
 func (s *Supervisor) publish() {
-	v := &view{status: s.stat, trial: s.trial, failed: s.failed}
-	if s.cur != nil {
-		v.cur = s.cur.Instance
+	v := &view{status: s.lc.stat, trial: s.lc.trial, failed: s.lc.failed}
+	if s.lc.cur != nil {
+		v.cur = s.lc.cur.Instance
 	}
-	if p := s.pendingPoint; p != nil {
+	if p := s.lc.pendingPoint; p != nil {
 		v.status.PendingRestore = &PendingRestore{CheckpointID: p.CheckpointID, NoWAL: p.NoWAL}
 	}
 	s.pub.Store(v)
