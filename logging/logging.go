@@ -174,4 +174,3 @@ func clipAttr(a slog.Attr, n int) slog.Attr {
 // Clip returns s cut to at most n bytes on a rune boundary, marked with the
 // original length when cut (clip.String).
 func Clip(s string, n int) string { return clip.String(s, n) }
-
