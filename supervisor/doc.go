@@ -6,10 +6,21 @@
 // start and on an operator's command, and exposes metrics, health and an
 // audit log.
 //
-// One goroutine — the loop in Run — owns the agent's lifecycle state
-// (starting, running, stopping, backing off, given up) and never waits on
-// I/O: storage work runs on the store worker (storework.go) and answers it
-// with an event. Frame readers, the process watcher, the control socket and
-// the HTTP server send it events or read the view it publishes (view.go);
-// none of them changes lifecycle state. See docs/architecture.md.
+// One goroutine — the loop in Run (loop.go) — owns the agent's lifecycle
+// state (starting, running, stopping, backing off, given up; the lifecycle
+// struct) and never waits on I/O: storage work runs on the store worker
+// (durable.Worker, storejobs.go) and answers it on the inbox. The parts it
+// is built from are packages of their own, which do not import this one:
+//
+//   - agentproc: spawning agents, their process groups, pidfds, the reaper
+//     and escaped descendants;
+//   - conn: one agent instance's frames, heartbeats, acks and log lines,
+//     handing valid messages to a Sink and lifecycle events to the owner;
+//   - durable: the WAL, the checkpoint store, restore assembly, retention
+//     and rollbacks — the restore invariant — and their worker;
+//   - api: the HTTP API, the request table and the control socket, which
+//     read the view the owner publishes (view.go) and send it control calls;
+//   - observe: metrics, the audit log and the Recorder.
+//
+// None of them changes lifecycle state. See docs/architecture.md.
 package supervisor

@@ -46,7 +46,7 @@ type trial struct {
 func (s *Supervisor) evolutionIntent(in *agent, m *schema.EvolutionIntent) {
 	h := m.Hypothesis
 	reject := func(reason string) {
-		s.decided(in, nil, h, "", evolution.Decision{Decision: evolution.DecisionRejected, Metrics: map[string]float64{}, Reason: reason})
+		s.decided(in, nil, h, "", rejected(nil, reason))
 	}
 	if s.lc.trial != nil {
 		reject(fmt.Sprintf("another evolution (target %q, started %s ago) is being tested; propose again after its evolution_result",
@@ -164,7 +164,7 @@ func (s *Supervisor) rejectTrial(p *trialPrep, reason string) {
 	if in != s.lc.cur {
 		in = nil // that primary is gone; nobody to tell
 	}
-	s.decided(in, nil, p.intent, "", evolution.Decision{Decision: evolution.DecisionRejected, Metrics: map[string]float64{}, Reason: reason})
+	s.decided(in, nil, p.intent, "", rejected(nil, reason))
 }
 
 // openTrial creates the scratch stores of a trial and assembles the
@@ -196,7 +196,9 @@ func (s *Supervisor) openTrial(h schema.Hypothesis, backup checkpoint.Meta) (t *
 }
 
 // dropTrial unpins a trial's backup and removes its scratch stores, on the
-// store worker (owner only; it does not wait).
+// store worker; it does not wait. Called by the owner, and by a spawn
+// goroutine whose answer the loop will never take (spawn.go): it touches no
+// owner state, only posts to the store worker.
 func (s *Supervisor) dropTrial(t *trial) {
 	s.work.Post(func() {
 		s.unpinNow(t.backup.ID)
@@ -260,8 +262,8 @@ func (s *Supervisor) shadowEvent(ev conn.Event) {
 			s.concludeTrial()
 		}
 	case conn.EvolutionIntent:
-		ev.Inst.SendMsg(&schema.EvolutionResult{Success: false, Decision: evolution.DecisionRejected, Metrics: map[string]float64{},
-			Reason: "a shadow agent cannot propose evolutions"})
+		d := rejected(nil, "a shadow agent cannot propose evolutions")
+		ev.Inst.SendMsg(&schema.EvolutionResult{Success: false, Decision: d.Decision, Metrics: d.Metrics, Reason: d.Reason})
 	}
 }
 
@@ -280,14 +282,13 @@ func (s *Supervisor) checkShadowHeartbeat() {
 // "". During the trial a shadow gets --start-timeout for its first heartbeat;
 // at the decision (final) one that never heartbeated fails outright.
 func (s *Supervisor) shadowHeartbeatFailure(t *trial, final bool) string {
-	age, seen := t.shadow.HeartbeatAge(time.Now())
-	switch {
-	case !seen && final:
+	switch b := s.heartbeat(t.shadow.Instance, time.Now()); {
+	case !b.seen && final:
 		return "shadow never sent a heartbeat"
-	case !seen && age >= s.cfg.StartTimeout:
+	case b.late() && !b.seen:
 		return fmt.Sprintf("shadow sent no heartbeat within --start-timeout (%s)", s.cfg.StartTimeout)
-	case seen && age >= s.cfg.HeartbeatTimeout:
-		return fmt.Sprintf("shadow hung: no heartbeat for %s", age.Round(time.Millisecond))
+	case b.late():
+		return fmt.Sprintf("shadow hung: no heartbeat for %s", b.age.Round(time.Millisecond))
 	}
 	return ""
 }
@@ -309,8 +310,7 @@ func (s *Supervisor) concludeTrial() {
 		s.cfg.EvolutionThresholds)
 	primary := s.lc.cur
 	if d.Promote && (primary == nil || primary.stopping) {
-		d = evolution.Decision{Decision: evolution.DecisionRejected, Metrics: d.Metrics,
-			Reason: "the primary agent restarted during the trial; propose the evolution again"}
+		d = rejected(d.Metrics, "the primary agent restarted during the trial; propose the evolution again")
 	}
 	if d.Promote {
 		// Recorded durably (the ledger fsyncs) before it is applied: on the
@@ -374,8 +374,7 @@ func (pr *promotion) decision() evolution.Decision {
 	if pr.err == nil {
 		return pr.d
 	}
-	return evolution.Decision{Decision: evolution.DecisionRejected, Metrics: pr.d.Metrics,
-		Reason: "the promotion could not be recorded durably, so it was not applied: " + pr.err.Error()}
+	return rejected(pr.d.Metrics, "the promotion could not be recorded durably, so it was not applied: "+pr.err.Error())
 }
 
 // decided tells the primary the outcome and records it.
@@ -448,4 +447,13 @@ func (s *Supervisor) resendPromotions(in *agent, created time.Time) {
 		in.SendMsg(&schema.HotReload{Code: p.Code, Module: p.Module, BackupCheckpointID: p.BackupCheckpointID})
 		in.Log().Info("re-sent promoted code after restore", "module", p.Module, "promoted_at", p.At)
 	}
+}
+
+// rejected is a rejection with its reason (metrics: what was measured, if
+// anything).
+func rejected(metrics map[string]float64, reason string) evolution.Decision {
+	if metrics == nil {
+		metrics = map[string]float64{}
+	}
+	return evolution.Decision{Decision: evolution.DecisionRejected, Metrics: metrics, Reason: reason}
 }

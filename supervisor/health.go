@@ -20,14 +20,13 @@ func (s *Supervisor) readiness() (bool, string, Status) {
 			return false, "the agent is not running (state " + st.State + ")", st
 		}
 	}
-	age, seen := in.HeartbeatAge(time.Now())
-	switch {
-	case !seen:
+	switch b := s.heartbeat(in, time.Now()); {
+	case !b.seen:
 		return false, "waiting for the agent's first heartbeat", st
 	case st.State == string(StateStopping):
 		return false, "the agent is being stopped", st
-	case age >= s.cfg.HeartbeatTimeout:
-		return false, fmt.Sprintf("no heartbeat for %s", age.Round(time.Millisecond)), st
+	case b.late():
+		return false, fmt.Sprintf("no heartbeat for %s", b.age.Round(time.Millisecond)), st
 	}
 	return true, "", st
 }

@@ -15,6 +15,27 @@ import (
 	"github.com/agent-sidecar/supervisor/wire"
 )
 
+// beat is an instance's heartbeat as its deadline sees it.
+type beat struct {
+	age   time.Duration // since the last heartbeat, or the start (HeartbeatAge)
+	seen  bool          // a heartbeat has arrived
+	limit time.Duration // --start-timeout before the first, --heartbeat-timeout after
+}
+
+// late reports whether the instance has missed its deadline.
+func (b beat) late() bool { return b.age >= b.limit }
+
+// heartbeat is the one place the heartbeat deadline is computed: for the
+// primary's timer, its liveness check, a shadow's, and readiness.
+func (s *Supervisor) heartbeat(in *conn.Instance, now time.Time) beat {
+	age, seen := in.HeartbeatAge(now)
+	b := beat{age: age, seen: seen, limit: s.cfg.StartTimeout}
+	if seen {
+		b.limit = s.cfg.HeartbeatTimeout
+	}
+	return b
+}
+
 // armHeartbeat sets the timer to the current instance's heartbeat deadline.
 func (s *Supervisor) armHeartbeat() {
 	t := s.lc.hbTimer
@@ -22,16 +43,8 @@ func (s *Supervisor) armHeartbeat() {
 		t.Stop()
 		return
 	}
-	age, seen := s.lc.cur.HeartbeatAge(time.Now())
-	limit := s.cfg.StartTimeout
-	if seen {
-		limit = s.cfg.HeartbeatTimeout
-	}
-	wait := limit - age
-	if wait < time.Millisecond {
-		wait = time.Millisecond
-	}
-	t.Reset(wait)
+	b := s.heartbeat(s.lc.cur.Instance, time.Now())
+	t.Reset(max(b.limit-b.age, time.Millisecond))
 }
 
 func (s *Supervisor) checkHeartbeat() {
@@ -39,13 +52,12 @@ func (s *Supervisor) checkHeartbeat() {
 	if in == nil || in.stopping {
 		return
 	}
-	age, seen := in.HeartbeatAge(time.Now())
-	switch {
-	case !seen && age >= s.cfg.StartTimeout:
+	switch b := s.heartbeat(in.Instance, time.Now()); {
+	case b.late() && !b.seen:
 		s.log.Error("agent sent no heartbeat within --start-timeout; stopping it", "start_timeout", s.cfg.StartTimeout, "pid", in.Proc().ID())
 		s.stopInstance(in, "start_timeout")
-	case seen && age >= s.cfg.HeartbeatTimeout:
-		s.log.Error("agent is hung: no heartbeat within --heartbeat-timeout; stopping it", "heartbeat_timeout", s.cfg.HeartbeatTimeout, "last_heartbeat_age", age.Round(time.Millisecond), "pid", in.Proc().ID())
+	case b.late():
+		s.log.Error("agent is hung: no heartbeat within --heartbeat-timeout; stopping it", "heartbeat_timeout", s.cfg.HeartbeatTimeout, "last_heartbeat_age", b.age.Round(time.Millisecond), "pid", in.Proc().ID())
 		s.stopInstance(in, "hung")
 	default:
 		s.armHeartbeat()

@@ -119,7 +119,7 @@ func (k *sinks) AgentError(in *conn.Instance, m *schema.Error) {
 
 func (k *sinks) Invalid(in *conn.Instance, err error) { k.s.invalidMessage(in, err) }
 
-// requestResult: a primary's answer completes its request (requests.go); a
+// RequestResult: a primary's answer completes its request (requestresults.go); a
 // shadow's answer to a mirrored request only feeds the trial.
 func (k *sinks) RequestResult(in *conn.Instance, m *schema.RequestResult) {
 	if k.trial != nil {
@@ -205,7 +205,7 @@ func (s *Supervisor) appendWAL(in *conn.Instance, l *wal.Log, appendFn func([]wa
 			in.Log().Info("gap in WAL sequences (allowed)", "after", g.After, "next", g.Next)
 		}
 	}
-	if ack { // issue 14: the agent waits for durability (acks.go)
+	if ack { // the agent waits for durability (conn/acks.go)
 		in.AckWhenDurable(l, recs[len(recs)-1].Sequence)
 	}
 }

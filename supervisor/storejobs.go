@@ -191,6 +191,10 @@ const walDurableTimeout = 30 * time.Second
 // and audits what was set aside.
 func (s *Supervisor) rewindWAL(cp checkpoint.Meta) error {
 	abandoned, removed, last, err := s.st.Rewind(cp)
+	for _, id := range abandoned {
+		s.rec.Record(observe.Occurrence{Level: slog.LevelWarn, Msg: "checkpoint marked bad: it holds history a --no-wal restore abandoned",
+			Kind: observe.AuditCheckpointBad, Fields: map[string]any{"checkpoint_id": id, "reason": "abandoned by a --no-wal restore to " + cp.ID}})
+	}
 	if err != nil {
 		return err
 	}

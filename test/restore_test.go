@@ -239,6 +239,10 @@ func TestRestoreByOperatorCommand(t *testing.T) {
 		if code != 0 || !strings.Contains(out, "abandoned") {
 			t.Fatalf("newer checkpoints not marked abandoned:\n%s", out)
 		}
+		// Each one marked is audited as docs/operations.md says.
+		waitFor(t, 30*time.Second, "a checkpoint_marked_bad audit record", func() bool {
+			return auditKinds(t, s.dataDir)["checkpoint_marked_bad"] > 0
+		})
 	})
 
 	t.Run("bad ids", func(t *testing.T) {

@@ -1,9 +1,13 @@
 package conn
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 )
@@ -112,4 +116,37 @@ func logfmtFields(s string) ([]slog.Attr, bool) {
 		attrs = append(attrs, slog.String(key, val))
 	}
 	return attrs, len(attrs) >= 2
+}
+
+// logLoop copies the agent's log stream line by line into our log. Lines are
+// capped so an agent writing without newlines cannot grow our memory.
+func (in *Instance) logLoop(f io.Reader, stream string) {
+	defer in.logsEnd.Done()
+	const maxLine = 64 << 10
+	br := bufio.NewReaderSize(f, maxLine)
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(line) > 0 {
+			if errors.Is(err, bufio.ErrBufferFull) {
+				in.log.Info("agent output", "stream", stream, "line", string(trimNewline(line)), "truncated", true)
+			} else {
+				// Structured lines (JSON, key=value) become a group, not a
+				// quoted string inside our line: agentlog.go.
+				in.log.Info("agent output", slog.String("stream", stream), agentLineAttr(trimNewline(line)))
+			}
+		}
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrClosed) {
+				in.log.Debug("agent log stream ended", "stream", stream, "err", err)
+			}
+			return
+		}
+	}
+}
+
+func trimNewline(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return b
 }

@@ -1,11 +1,7 @@
 package conn
 
 import (
-	"bufio"
-	"errors"
-	"io"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -402,108 +398,4 @@ func (in *Instance) readLoop(r *wire.Reader) {
 			in.emit(Event{Kind: EvolutionIntent, Msg: m})
 		}
 	}
-}
-
-// sinkBegin and sinkEnd bracket a call into our storage that may block on
-// our disk (a WAL append, the checkpoint queue): the time between them is
-// recorded as not the agent's (see heartbeatAge). Reader goroutine only; no
-// allocation on the frame path.
-func (in *Instance) sinkBegin() time.Time {
-	start := time.Now()
-	in.sinkSince.Store(start.UnixNano())
-	return start
-}
-
-func (in *Instance) sinkEnd(start time.Time) {
-	end := time.Now()
-	in.sinkSince.Store(0)
-	in.blockedNano.Add(int64(end.Sub(start)))
-	in.lastFrameAt.Store(end.UnixNano())
-}
-
-// logLoop copies the agent's log stream line by line into our log. Lines are
-// capped so an agent writing without newlines cannot grow our memory.
-func (in *Instance) logLoop(f io.Reader, stream string) {
-	defer in.logsEnd.Done()
-	const maxLine = 64 << 10
-	br := bufio.NewReaderSize(f, maxLine)
-	for {
-		line, err := br.ReadSlice('\n')
-		if len(line) > 0 {
-			if errors.Is(err, bufio.ErrBufferFull) {
-				in.log.Info("agent output", "stream", stream, "line", string(trimNewline(line)), "truncated", true)
-			} else {
-				// Structured lines (JSON, key=value) become a group, not a
-				// quoted string inside our line: agentlog.go.
-				in.log.Info("agent output", slog.String("stream", stream), agentLineAttr(trimNewline(line)))
-			}
-		}
-		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrClosed) {
-				in.log.Debug("agent log stream ended", "stream", stream, "err", err)
-			}
-			return
-		}
-	}
-}
-
-func trimNewline(b []byte) []byte {
-	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
-		b = b[:len(b)-1]
-	}
-	return b
-}
-
-// heartbeatAge returns the time since the last heartbeat, or since the start
-// when none has arrived yet, and whether one has — less the time the reader
-// spent blocked on our own storage meanwhile (a slow disk is not a hung
-// agent).
-func (in *Instance) HeartbeatAge(now time.Time) (time.Duration, bool) {
-	since, seen := in.started, false
-	if last := in.lastHeartbeat.Load(); last != 0 {
-		since, seen = time.Unix(0, last), true
-	}
-	age := now.Sub(since) - time.Duration(in.blockedNano.Load())
-	if s := in.sinkSince.Load(); s != 0 {
-		age -= now.Sub(time.Unix(0, s))
-	}
-	return max(age, 0), seen
-}
-
-// finish reaps the process and waits for its goroutines. The frame reader
-// reads what the agent wrote before it died to the end, and stores it,
-// however long our own storage takes: the agent's WAL entries must not be
-// lost. Only when the reader has waited drainTimeout for bytes that do not
-// come (the pipe is held open by a descendant that escaped the process
-// group) is the pipe closed.
-func (in *Instance) Finish(drainTimeout time.Duration) agentproc.ExitStatus {
-	in.abandonMu.Do(func() { close(in.abandoned) })
-	st := in.proc.Reap()
-	exited := time.Now().UnixNano()
-	tick := time.NewTicker(min(drainTimeout/4, 100*time.Millisecond))
-	defer tick.Stop()
-wait:
-	for {
-		select {
-		case <-in.readerEnd:
-			break wait
-		case now := <-tick.C:
-			if in.sinkSince.Load() != 0 {
-				continue // busy storing what the agent wrote: ours to wait for
-			}
-			idleSince := max(exited, in.lastFrameAt.Load())
-			if now.Sub(time.Unix(0, idleSince)) >= drainTimeout {
-				in.log.Warn("agent output still open after the agent exited, with nothing more arriving (a descendant escaped its process group?); closing it",
-					"waited", drainTimeout)
-				break wait
-			}
-		}
-	}
-	in.proc.CloseReaders()
-	<-in.readerEnd
-	in.stopAcks()
-	in.logsEnd.Wait()
-	in.closeOutbound()
-	<-in.writerEnd
-	return st
 }

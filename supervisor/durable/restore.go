@@ -1,0 +1,241 @@
+package durable
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/wal"
+)
+
+// Point selects what a restore starts from.
+type Point struct {
+	CheckpointID string // an operator's choice; "" = the newest good checkpoint
+	NoWAL        bool   // the checkpoint alone (operator's --no-wal)
+	// olderThan: the newest good checkpoint older than this id (the crash-loop
+	// fallback); ignored when checkpointID is set.
+	OlderThan string
+}
+
+// Plan is an assembled restore, ready to send.
+type Plan struct {
+	Frame        []byte // the encoded restore: one that cannot be encoded never starts an agent
+	CheckpointID string
+	Created      time.Time
+	Watermark    uint64
+	Entries      int
+	LastSequence uint64
+	Compressed   bool
+	Skipped      []checkpoint.Skipped
+}
+
+// unrestorable wraps ErrUnrestorable with what is missing and what to do.
+func (st *Stores) unrestorable(format string, args ...any) error {
+	return fmt.Errorf("%w: %s. The agent is not started without its state. Inspect with `supervisor checkpoints list --data-dir %s` "+
+		"and `supervisor wal dump --data-dir %s`; restore the data directory from a backup, or choose a checkpoint to roll back to "+
+		"with `supervisor restore --data-dir %s --checkpoint ID --no-wal` (that discards the WAL entries after it)",
+		ErrUnrestorable, fmt.Sprintf(format, args...), st.dir, st.dir, st.dir)
+}
+
+// BuildRestore assembles a restore from point plus the WAL after its
+// checkpoint's watermark; nil when there is no state at all. It wraps
+// ErrUnrestorable when the invariant cannot be met; other errors (a WAL that
+// cannot be written right now, say) may pass.
+func (st *Stores) BuildRestore(point Point) (*Plan, error) {
+	plan := &Plan{}
+	var (
+		meta checkpoint.Meta
+		data []byte
+		err  error
+	)
+	// A v2 agent gets the stored zstd frame of a large snapshot as it is:
+	// it is verified as a stream and never held decompressed. A frame that
+	// does not declare its size (stored by an older supervisor) is loaded
+	// whole instead.
+	v2 := st.version.Load() >= 2
+	var zdata []byte
+	switch {
+	case point.CheckpointID != "":
+		meta, data, v2, err = st.pick(v2, func(c bool) (checkpoint.Meta, []byte, []checkpoint.Skipped, error) {
+			m, d, err := st.load(c, point.CheckpointID)
+			return m, d, nil, err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("load checkpoint %s: %w", point.CheckpointID, err)
+		}
+	default:
+		meta, data, v2, err = st.pick(v2, func(c bool) (m checkpoint.Meta, d []byte, sk []checkpoint.Skipped, err error) {
+			if point.OlderThan != "" {
+				m, d, sk, err = st.previous(c, point.OlderThan)
+			} else {
+				m, d, sk, err = st.latest(c)
+			}
+			plan.Skipped = sk
+			return m, d, sk, err
+		})
+		if errors.Is(err, checkpoint.ErrNotFound) && point.OlderThan == "" {
+			err, meta = nil, checkpoint.Meta{}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("find a checkpoint to restore: %w", err)
+		}
+	}
+	if v2 && meta.ID != "" {
+		zdata, data = data, nil
+		if meta.Size <= schema.CompressThreshold {
+			// Small: sent uncompressed (Load verifies it again).
+			zdata = nil
+			if meta, data, err = st.ckpt.Load(meta.ID); err != nil {
+				return nil, fmt.Errorf("load checkpoint %s: %w", meta.ID, err)
+			}
+		}
+	}
+	plan.CheckpointID, plan.Created, plan.Watermark = meta.ID, meta.Created, meta.Watermark
+	lastSeq := max(st.wal.LastSequence(), meta.Watermark)
+	if point.NoWAL {
+		lastSeq = meta.Watermark
+	} else if floor := st.wal.Floor(); floor > meta.Watermark {
+		what := "no checkpoint"
+		if meta.ID != "" {
+			what = fmt.Sprintf("checkpoint %s (watermark %d)", meta.ID, meta.Watermark)
+		}
+		return nil, st.unrestorable("the restore would be %s plus the WAL after it, but the WAL no longer holds the entries up to sequence %d",
+			what, floor)
+	}
+	plan.Compressed = zdata != nil || (st.version.Load() >= 2 && len(data) > schema.CompressThreshold)
+	hint := len(data) + len(zdata) + restoreOverhead
+	if !point.NoWAL {
+		hint += int(min(st.appended.Load()-st.base.Load(), st.restoreLimit))
+	}
+	rb, err := st.codec.NewRestore(schema.Header{}, meta.ID, data, zdata, plan.Compressed, lastSeq, hint)
+	if err != nil {
+		return nil, st.unrestorable("checkpoint %s cannot be sent: %v", meta.ID, err)
+	}
+	if int64(rb.Len()) > st.restoreLimit {
+		return nil, st.unrestorable("checkpoint %s alone makes a restore of %d bytes, over the %d-byte limit (--max-frame-size)", meta.ID, rb.Len(), st.restoreLimit)
+	}
+	if !point.NoWAL {
+		err := st.wal.ReadAfter(meta.Watermark, func(e wal.Entry) error {
+			if int64(rb.Len()+len(e.Data)) > st.restoreLimit {
+				return fmt.Errorf("%w: checkpoint %q plus the WAL after it is more than %d bytes (--max-frame-size); at sequence %d",
+					ErrRestoreFull, meta.ID, st.restoreLimit, e.Sequence)
+			}
+			return rb.Add(e.Data)
+		})
+		switch {
+		case errors.Is(err, wal.ErrCorrupt), errors.Is(err, ErrRestoreFull):
+			return nil, st.unrestorable("%v", err)
+		case err != nil:
+			var ve *schema.ValidationError
+			if errors.As(err, &ve) {
+				return nil, st.unrestorable("a WAL entry after checkpoint %q cannot be sent: %v", meta.ID, err)
+			}
+			return nil, fmt.Errorf("read WAL after sequence %d: %w", meta.Watermark, err)
+		}
+	}
+	if meta.ID == "" && rb.Entries() == 0 {
+		return nil, nil
+	}
+	plan.Entries = rb.Entries()
+	plan.LastSequence = lastSeq
+	plan.Frame = rb.Frame()
+	return plan, nil
+}
+
+// fallbackCandidate returns the newest good checkpoint older than id whose
+// whole WAL tail is still held: where --fallback-on-crash-loop may restore
+// from. ok is false when there is none.
+func (st *Stores) FallbackCandidate(id string) (checkpoint.Meta, bool) {
+	metas, err := st.ckpt.List()
+	if err != nil {
+		return checkpoint.Meta{}, false
+	}
+	floor := st.wal.Floor()
+	older := id == ""
+	for _, m := range metas {
+		if m.ID == id {
+			older = true
+			continue
+		}
+		if older && !m.Bad && m.Watermark >= floor {
+			return m, true
+		}
+	}
+	return checkpoint.Meta{}, false
+}
+
+// rewind makes an operator's --no-wal restore to cp stick: WAL entries after
+// its watermark and checkpoints newer than it describe history the operator
+// abandoned. The entries are removed (the agent's next sequences continue
+// from the checkpoint) and the newer checkpoints are marked bad (a later
+// crash must not restore the abandoned history). It returns what it did.
+func (st *Stores) Rewind(cp checkpoint.Meta) (abandoned []string, removed int, prevLast uint64, err error) {
+	metas, err := st.ckpt.List()
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("list checkpoints: %w", err)
+	}
+	for _, m := range metas { // newest first: everything before cp is newer
+		if m.ID == cp.ID {
+			break
+		}
+		if m.Bad {
+			continue
+		}
+		if err := st.ckpt.MarkBad(m.ID, "abandoned by a --no-wal restore to "+cp.ID); err != nil {
+			return abandoned, 0, 0, fmt.Errorf("mark checkpoint %s abandoned: %w", m.ID, err)
+		}
+		abandoned = append(abandoned, m.ID)
+	}
+	prevLast = st.wal.LastSequence()
+	st.trunc.Lock()
+	removed, err = st.wal.TruncateAfter(cp.Watermark)
+	st.trunc.Unlock()
+	if st.onRewind != nil {
+		st.onRewind() // the replica's history is no longer ours
+	}
+	if err != nil {
+		return abandoned, removed, prevLast, fmt.Errorf("remove WAL entries after sequence %d: %w", cp.Watermark, err)
+	}
+	m := cp
+	st.newest.Store(&m)
+	st.snapCost.Store(st.snapshotCost(cp))
+	st.appended.Store(0)
+	st.base.Store(0)
+	return abandoned, removed, prevLast, nil
+}
+
+// pick reads a checkpoint with get, compressed (its stored zstd frame, for
+// a v2 agent) when compressed is set; a frame that does not declare its
+// size (stored by an older supervisor) is read again uncompressed. It
+// returns whether the data is the compressed frame.
+func (st *Stores) pick(compressed bool, get func(compressed bool) (checkpoint.Meta, []byte, []checkpoint.Skipped, error)) (checkpoint.Meta, []byte, bool, error) {
+	m, d, _, err := get(compressed)
+	if compressed && errors.Is(err, checkpoint.ErrNoContentSize) {
+		compressed = false
+		m, d, _, err = get(false)
+	}
+	return m, d, compressed, err
+}
+
+func (st *Stores) load(compressed bool, id string) (checkpoint.Meta, []byte, error) {
+	if compressed {
+		return st.ckpt.LoadCompressed(id)
+	}
+	return st.ckpt.Load(id)
+}
+
+func (st *Stores) latest(compressed bool) (checkpoint.Meta, []byte, []checkpoint.Skipped, error) {
+	if compressed {
+		return st.ckpt.LatestCompressed()
+	}
+	return st.ckpt.Latest()
+}
+
+func (st *Stores) previous(compressed bool, id string) (checkpoint.Meta, []byte, []checkpoint.Skipped, error) {
+	if compressed {
+		return st.ckpt.PreviousCompressed(id)
+	}
+	return st.ckpt.Previous(id)
+}
