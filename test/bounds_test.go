@@ -188,6 +188,25 @@ func TestHostileAgentMemoryBounded(t *testing.T) {
 	}
 }
 
+// A --max-frame-size below the default restore limit once rebuilt the codec
+// without streamed checkpoints: every compressed checkpoint was then
+// decompressed whole on the frame reader (issue 21: 719 MiB peak for 20
+// checkpoints of 60 MiB). The codec is built once now: the same 20
+// checkpoints of 100 MiB (1.5 MB compressed) are all acknowledged, and the
+// supervisor's peak stays under 64 MiB, whatever the frame limit.
+func TestSmallerFrameLimitKeepsCheckpointsStreamed(t *testing.T) {
+	buildBoundsTools(t)
+	h := startHostile(t, plainBin, "checkpoints", []string{"--max-frame-size", "67108864"}, nil)
+	waitFor(t, 4*time.Minute, "20 checkpoints acknowledged", func() bool {
+		return len(noted(h.notes, "ack ")) >= 20 && len(noted(h.notes, "sent all")) == 1
+	})
+	hwm := procStatus(h.cmd.Process.Pid, "VmHWM")
+	t.Logf("--max-frame-size 64 MiB: 20 compressed checkpoints of 100 MiB acknowledged; supervisor VmHWM %.1f MiB", float64(hwm)/1024)
+	if hwm <= 0 || hwm >= 64<<10 {
+		t.Errorf("VmHWM %d kB with --max-frame-size 67108864, want under 64 MiB", hwm)
+	}
+}
+
 // With nobody reading the supervisor's stderr, it keeps acknowledging the
 // agent, does not kill it, counts what it dropped, stays healthy, and still
 // stops cleanly.
