@@ -89,10 +89,8 @@ type Server struct {
 	opts      Options
 	owner     Owner
 	requests  *RequestTable
-	tokenHash []byte // SHA-256 of the bearer token; nil: no token
-
-	mu  sync.Mutex
-	srv *http.Server // set by Serve
+	tokenHash []byte       // SHA-256 of the bearer token; nil: no token
+	srv       *http.Server // built by New: Shutdown works before Serve has begun
 }
 
 // New builds the API. A bad token file is an error (ErrConfig-wrapped by
@@ -102,7 +100,9 @@ func New(opts Options, owner Owner) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{opts: opts, owner: owner, requests: newRequestTable(opts.Retention, opts.Metrics), tokenHash: tok}, nil
+	s := &Server{opts: opts, owner: owner, requests: newRequestTable(opts.Retention, opts.Metrics), tokenHash: tok}
+	s.srv = s.newHTTPServer()
+	return s, nil
 }
 
 // Serve serves HTTP on ln (capped at ConnCap connections) until Shutdown.
@@ -111,25 +111,15 @@ func (s *Server) Serve(ln net.Listener) error {
 	connCap := ConnCap()
 	ln = newLimitListener(ln, connCap, func(d int) { s.opts.Bounds.HTTPConns.Add(float64(d)) }, s.opts.Bounds.HTTPWaits.Inc)
 	s.opts.Log.Info("HTTP listener up", "addr", ln.Addr().String(), "max_connections", connCap)
-	srv := s.newHTTPServer()
-	s.mu.Lock()
-	s.srv = srv
-	s.mu.Unlock()
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
 }
 
-// Shutdown stops the HTTP server, giving requests under way until ctx.
-func (s *Server) Shutdown(ctx context.Context) {
-	s.mu.Lock()
-	srv := s.srv
-	s.mu.Unlock()
-	if srv != nil {
-		_ = srv.Shutdown(ctx)
-	}
-}
+// Shutdown stops the HTTP server, giving requests under way until ctx. A
+// Serve that has not begun yet returns at once when it does.
+func (s *Server) Shutdown(ctx context.Context) { _ = s.srv.Shutdown(ctx) }
 
 // Requests is the request table's view for the owner's result sink.
 func (s *Server) Requests() *RequestTable { return s.requests }
