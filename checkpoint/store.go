@@ -150,7 +150,7 @@ func Open(dir string, opts Options) (*Store, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := atomicfile.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("checkpoint: create store directory: %w", err)
 	}
 	s := &Store{dir: dir, opts: opts, log: opts.Logger}

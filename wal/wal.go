@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 )
 
 // Defaults for zero Options fields.
@@ -202,7 +204,7 @@ func Open(opts Options) (*Log, error) {
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
-	if err := os.MkdirAll(l.dir, 0o700); err != nil {
+	if err := atomicfile.MkdirAll(l.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("wal: create directory %s: %w", l.dir, err)
 	}
 	lock, err := os.OpenFile(filepath.Join(l.dir, lockName), os.O_RDWR|os.O_CREATE|noFollow, 0o600)
