@@ -135,15 +135,15 @@ type Log struct {
 	scan     Recovery // what the running recovery finds (the syncer's, or Open's)
 
 	mu         sync.Mutex
-	pending    []*batchBuf // encoded records not yet taken by the syncer, oldest first
-	pendingN   int         // bytes in pending
-	free       []*batchBuf // empty buffers of batchBufSize, for reuse
-	lastSeq    uint64      // last sequence accepted by Append
-	readable   uint64      // last sequence ReadAfter can serve
-	durable    uint64      // last sequence on disk (SyncNone: handed to the OS)
+	pending    []*batchBuf  // encoded records not yet taken by the syncer, oldest first
+	pendingN   int          // bytes in pending
+	free       []*batchBuf  // empty buffers of batchBufSize, for reuse
+	lastSeq    uint64       // last sequence accepted by Append
+	readable   uint64       // last sequence ReadAfter can serve
+	durable    uint64       // last sequence on disk (SyncNone: handed to the OS)
 	err        error        // the last write error (SyncAlways), cleared by the next successful write
 	failure    *FailedError // the log stopped (sticky until Reopen)
-	abortGen   uint64      // bumped when SyncAlways drops entries whose Appends then fail
+	abortGen   uint64       // bumped when SyncAlways drops entries whose Appends then fail
 	notify     chan struct{}
 	waiters    int
 	closed     bool          // Close was called: no more Appends
