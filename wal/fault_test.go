@@ -22,6 +22,10 @@ type faultOps struct {
 	writeIf   func(off int64) bool // nil: every write fails while writeErr is set
 	syncErr   error
 	syncFails int // fsyncs left to fail while syncErr is set; < 0: all
+	// reportZero makes a failing write report 0 bytes written although it
+	// wrote half, as os.File.WriteAt does when a pwrite wrote part of the
+	// data and the next one failed.
+	reportZero bool
 }
 
 var _ fileOps = (*faultOps)(nil)
@@ -49,6 +53,11 @@ func (f *faultOps) writeAt(file *os.File, p []byte, off int64) (int, error) {
 	f.mu.Unlock()
 	if err != nil && (cond == nil || cond(off)) {
 		n, _ := file.WriteAt(p[:len(p)/2], off)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.reportZero {
+			n = 0
+		}
 		return n, err
 	}
 	return file.WriteAt(p, off)

@@ -224,6 +224,7 @@ func walkDir(dir string, after uint64, fn func(Entry) error, visit func(*segment
 	if err != nil {
 		return fmt.Errorf("wal: list segments in %s: %w", dir, err)
 	}
+	mark, markOK := readMark(dir)
 	var (
 		prev     uint64
 		havePrev bool
@@ -255,7 +256,8 @@ func walkDir(dir string, after uint64, fn func(Entry) error, visit func(*segment
 			return fmt.Errorf("wal: open segment %s: %w", name, err)
 		}
 		opened = true
-		sc, err := scanSegment(f, name, index, scanOpts{isLast: isLast, prev: prev, havePrev: havePrev, after: after, fn: fn})
+		sc, err := scanSegment(f, name, index, scanOpts{isLast: isLast, prev: prev, havePrev: havePrev, after: after, fn: fn,
+			durableEnd: markOffset(mark, markOK, index)})
 		f.Close()
 		if err != nil {
 			return err

@@ -51,6 +51,7 @@ func (l *Log) recover() error {
 	if err != nil {
 		return fmt.Errorf("wal: list segments in %s: %w", l.dir, err)
 	}
+	mark, markOK := readMark(l.dir)
 	var (
 		scans   []segmentScan
 		corrupt *CorruptionError
@@ -82,7 +83,8 @@ func (l *Log) recover() error {
 		if err != nil {
 			return fmt.Errorf("wal: open segment %s: %w (the log will not skip an unreadable segment: fix its permissions or restore it from a backup)", name, err)
 		}
-		sc, err := scanSegment(f, name, index, scanOpts{isLast: i == len(idx)-1, prev: prev, havePrev: i > start})
+		sc, err := scanSegment(f, name, index, scanOpts{isLast: i == len(idx)-1, prev: prev, havePrev: i > start,
+			durableEnd: markOffset(mark, markOK, index)})
 		f.Close()
 		if err != nil {
 			return fmt.Errorf("wal: recover: %w", err)
@@ -151,12 +153,21 @@ func (l *Log) recover() error {
 		l.segs = append(l.segs, segment{index: sc.index, prevLast: sc.prevLast, first: sc.first, last: sc.last, entries: sc.entries, size: sc.end})
 	}
 	// What recovery saw and changed (segments created, repaired, set aside,
-	// temporary files removed) is made durable before anything is served.
+	// temporary files removed) is made durable before anything is served:
+	// the directory, and the active segment (after a crash of the process
+	// alone, its last records may still be only in the page cache).
 	if err := atomicfile.SyncDir(l.dir); err != nil {
 		f.Close()
 		return fmt.Errorf("wal: recover: %w", err)
 	}
+	if err := l.ops.datasync(f); err != nil {
+		f.Close()
+		return fmt.Errorf("wal: recover: %w", fsyncFailure("fsync active segment "+last.name, err))
+	}
 	active := l.segs[len(l.segs)-1]
+	if err := l.mark.set(markPos{index: active.index, offset: active.size, seq: active.lastSeq()}); err != nil {
+		l.log.Warn("could not update the WAL's durable mark; a power cut may be reported as corruption", "err", err)
+	}
 	s := &l.s
 	s.f = f
 	s.writeOff, s.durOff, s.allocSize = active.size, active.size, fi.Size()
@@ -218,6 +229,11 @@ func (l *Log) repairTail(sc *segmentScan) error {
 		return fmt.Errorf("wal: truncate the torn tail of segment %s: %w", sc.name, err)
 	}
 	l.scan.TruncatedBytes += sc.tornEnd - sc.end
+	if sc.reordered {
+		l.log.Warn("WAL torn tail truncated: after the last position known durable, a crash left the last unsynced writes partly on disk, out of order (a power cut, not corruption)",
+			"segment", sc.name, "offset", sc.end, "bytes", sc.tornEnd-sc.end, "last_sequence", sc.lastSeq())
+		return nil
+	}
 	l.log.Warn("WAL torn tail truncated (the last write before a crash was incomplete)",
 		"segment", sc.name, "offset", sc.end, "bytes", sc.tornEnd-sc.end, "last_sequence", sc.lastSeq())
 	return nil

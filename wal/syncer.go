@@ -188,6 +188,10 @@ func (l *Log) run() {
 		case <-l.stop:
 			if err := l.drain(true, true); err != nil {
 				l.s.closeErr = fmt.Errorf("wal: close: entries accepted after sequence %d could not be made durable: %w", l.s.lastSynced, err)
+			} else if l.s.f != nil {
+				// A clean close leaves the mark at the end of the log.
+				l.mark.halt()
+				_ = l.mark.set(markPos{index: l.s.cur.index, offset: l.s.durOff, seq: l.s.lastSynced})
 			}
 			l.mu.Lock()
 			l.stopped = true
@@ -291,7 +295,10 @@ func (l *Log) writeQueue() error {
 		end := b.recs[j-1].end
 		n, err := l.ops.writeAt(s.f, b.buf[start:end], s.writeOff)
 		if err != nil {
-			s.dirtyEnd = max(s.dirtyEnd, s.writeOff+int64(n))
+			// Any of the bytes may have reached the file: os.File.WriteAt
+			// reports 0 written when a pwrite wrote part of them and the
+			// next one failed (ENOSPC). Clear the whole range.
+			s.dirtyEnd = max(s.dirtyEnd, s.writeOff+int64(max(n, end-start)))
 			return ioFailure(fmt.Sprintf("write %d bytes to segment %s at offset %d", end-start, s.cur.name(), s.writeOff), err)
 		}
 		entries := 0
@@ -379,6 +386,7 @@ func (l *Log) syncActive() error {
 	s.unsynced = s.unsynced[:0]
 	l.release(done...)
 	l.publishMeta(s.syn, true)
+	l.mark.advance(markPos{index: s.cur.index, offset: s.durOff, seq: s.lastSynced})
 	if d > slowSync {
 		l.log.Warn("slow WAL fsync; the disk is overloaded or failing", "seconds", d.Seconds(), "segment", s.cur.name(), "bytes", bytes)
 	}
@@ -615,6 +623,8 @@ func (l *Log) reopen() (uint64, error) {
 		s.f.Close()
 		s.f = nil
 	}
+	l.mark.halt()
+	defer l.mark.start()
 	l.prep.close()
 	l.prep = newPreparer(l.dir, l.opts.SegmentSize, l.ops, l.log)
 	*s = syncState{}

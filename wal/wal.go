@@ -131,6 +131,7 @@ type Log struct {
 	log      *slog.Logger
 	ops      fileOps
 	lock     *os.File
+	mark     *marker  // the durable mark (mark.go)
 	recovery Recovery // what the last Open or Reopen found (l.mu)
 	scan     Recovery // what the running recovery finds (the syncer's, or Open's)
 
@@ -228,12 +229,19 @@ func Open(opts Options) (*Log, error) {
 		return nil, fmt.Errorf("wal: lock %s: %w", l.dir, err)
 	}
 	l.lock = lock
+	if l.mark, err = openMarker(l.dir, osOps{}, func(err error) {
+		l.log.Warn("could not update the WAL's durable mark; it trails further behind (a power cut may then be reported as corruption)", "err", err)
+	}); err != nil {
+		l.closeFiles()
+		return nil, err
+	}
 	l.prep = newPreparer(l.dir, opts.SegmentSize, l.ops, l.log)
 	if err := l.recover(); err != nil {
 		l.prep.close()
 		l.closeFiles()
 		return nil, err
 	}
+	l.mark.start()
 	if !opts.NoPreallocate {
 		l.prep.start()
 		if l.s.writeOff > opts.SegmentSize/2 {
@@ -249,6 +257,10 @@ func (l *Log) closeFiles() {
 	if l.s.f != nil {
 		l.s.f.Close()
 		l.s.f = nil
+	}
+	if l.mark != nil {
+		l.mark.close()
+		l.mark = nil
 	}
 	if l.lock != nil {
 		l.lock.Close()
