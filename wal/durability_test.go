@@ -463,3 +463,26 @@ func TestDamageBelowTheMarkIsCorruption(t *testing.T) {
 		t.Fatalf("Recovery = %+v, want corruption below the durable mark", r)
 	}
 }
+
+// Reopen on a healthy log keeps everything accepted: it makes it durable
+// first.
+func TestReopenHealthyKeepsAccepted(t *testing.T) {
+	l := mustOpen(t, testOptions(t, t.TempDir()))
+	defer l.Close()
+	want := seqEntries(1, 50)
+	for _, e := range want {
+		mustAppend(t, l, e)
+	}
+	last, err := l.Reopen()
+	if err != nil || last != 50 {
+		t.Fatalf("Reopen = %d, %v; want 50", last, err)
+	}
+	sameEntries(t, "after Reopen", readAll(t, l, 0), want)
+	if r := l.Recovery(); r.Corruption != nil || r.TruncatedBytes != 0 || r.Entries != 50 {
+		t.Fatalf("Recovery after Reopen = %+v", r)
+	}
+	l.Close()
+	if _, err := l.Reopen(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Reopen after Close = %v, want ErrClosed", err)
+	}
+}

@@ -145,6 +145,7 @@ type request struct {
 
 type reply struct {
 	n   int
+	seq uint64 // reqReopen: the last sequence
 	err error
 }
 
@@ -155,20 +156,24 @@ func (l *Log) call(r request) error {
 }
 
 func (l *Log) callN(r request) (int, error) {
+	rep := l.callReply(r)
+	return rep.n, rep.err
+}
+
+func (l *Log) callReply(r request) reply {
 	l.mu.Lock()
 	closed := l.closed
 	l.mu.Unlock()
 	if closed {
-		return 0, ErrClosed
+		return reply{err: ErrClosed}
 	}
 	r.reply = make(chan reply, 1)
 	select {
 	case l.reqs <- r:
 	case <-l.done:
-		return 0, ErrClosed
+		return reply{err: ErrClosed}
 	}
-	rep := <-r.reply
-	return rep.n, rep.err
+	return <-r.reply
 }
 
 // run is the syncer goroutine. It owns the active segment, writes what
@@ -211,8 +216,11 @@ func (l *Log) run() {
 
 func (l *Log) serve(r request) reply {
 	if r.kind == reqReopen {
-		n, err := l.reopen()
-		return reply{n: int(n), err: err}
+		// A healthy log first makes what it accepted durable; if that
+		// fails, the log stops and is reopened from the disk all the same.
+		_ = l.drain(true, true)
+		seq, err := l.reopen()
+		return reply{seq: seq, err: err}
 	}
 	if err := l.drain(true, true); err != nil {
 		return reply{err: err}

@@ -294,22 +294,31 @@ func (l *Log) Failure() *FailedError {
 // stopped (the FailedError unchanged) and Reopen may be called again.
 //
 // Reopen on a log that did not fail makes what was accepted durable first
-// (as Sync) and then reopens it the same way. It waits for running
-// ReadAfter calls and TruncateBefore/TruncateAfter.
+// (as Sync; if that fails, the log stops and Reopen goes on from the disk)
+// and then reopens it the same way. It waits for running ReadAfter calls
+// and TruncateBefore/TruncateAfter; Appends that arrive meanwhile wait for
+// it and are judged against the reopened log.
 func (l *Log) Reopen() (last uint64, err error) {
 	l.truncMu.Lock()
 	defer l.truncMu.Unlock()
 	l.reopenMu.Lock()
 	defer l.reopenMu.Unlock()
-	if _, err := l.callN(request{kind: reqSync}); err != nil && !errors.Is(err, ErrFailed) {
-		return 0, err
-	}
-	if _, err := l.callN(request{kind: reqReopen}); err != nil {
-		return 0, err
-	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.durable, nil
+	if l.closed {
+		l.mu.Unlock()
+		return 0, ErrClosed
+	}
+	ch := make(chan struct{})
+	l.truncating = ch // Appends wait (admitLocked)
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.truncating = nil
+		close(ch)
+		l.mu.Unlock()
+	}()
+	rep := l.callReply(request{kind: reqReopen})
+	return rep.seq, rep.err
 }
 
 // LastSequence is the last sequence accepted by Append (durable or not), or
