@@ -37,7 +37,7 @@ func (d *dirSyncs) hook(dir string) error {
 // Open creates the store's directory durably: its parent is fsynced.
 func TestOpenFsyncsTheParentOfANewStore(t *testing.T) {
 	d := &dirSyncs{}
-	defer atomicfile.SetDirSyncHook(d.hook)()
+	defer atomicfile.SetSyncHook(d.hook)()
 	parent := filepath.Join(t.TempDir(), "data")
 	if _, err := Open(filepath.Join(parent, "checkpoints"), Options{Logger: testLogger(t)}); err != nil {
 		t.Fatal(err)
@@ -58,7 +58,7 @@ func TestSaveWithAFailedDirectoryFsyncLeavesNothing(t *testing.T) {
 			good := save(t, s, []byte("good"), 10)
 			eio := errors.New("input/output error")
 			d := &dirSyncs{dir: s.dir, err: eio, n: 1}
-			defer atomicfile.SetDirSyncHook(d.hook)()
+			defer atomicfile.SetSyncHook(d.hook)()
 
 			var err error
 			if stream {
@@ -91,7 +91,7 @@ func TestMarkersFailWithTheirFsync(t *testing.T) {
 	m := save(t, s, []byte("x"), 1)
 	eio := errors.New("input/output error")
 	d := &dirSyncs{dir: s.dir, err: eio, n: -1}
-	defer atomicfile.SetDirSyncHook(d.hook)()
+	defer atomicfile.SetSyncHook(d.hook)()
 	for name, op := range map[string]func() error{
 		"Pin":             func() error { return s.Pin(m.ID) },
 		"Unpin":           func() error { return s.Unpin(m.ID) },
@@ -104,5 +104,30 @@ func TestMarkersFailWithTheirFsync(t *testing.T) {
 	}
 	if _, err := os.Stat(s.dir); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A Save whose file fsync fails fails before the rename: nothing visible.
+func TestSaveWithAFailedFileFsyncLeavesNothing(t *testing.T) {
+	s := openStore(t, Options{})
+	good := save(t, s, []byte("good"), 10)
+	eio := errors.New("input/output error")
+	defer atomicfile.SetSyncHook(func(path string) error {
+		if filepath.Ext(path) == ckptSuffix {
+			return eio
+		}
+		return nil
+	})()
+	if _, err := s.Save([]byte("new"), 20); !errors.Is(err, eio) {
+		t.Fatalf("Save with a failing file fsync = %v, want %v", err, eio)
+	}
+	if m, _, _, err := s.Latest(); err != nil || m.ID != good.ID {
+		t.Fatalf("Latest = %s, %v; want %s", m.ID, err, good.ID)
+	}
+	des, _ := os.ReadDir(s.dir)
+	for _, de := range des {
+		if de.Name() != fileName(good.ID) {
+			t.Errorf("left behind: %s", de.Name())
+		}
 	}
 }

@@ -49,7 +49,7 @@ func (d *dirSyncs) fail(dir string, err error, n int) {
 // accident of the first fsync of data/).
 func TestOpenFsyncsTheParentOfANewDirectory(t *testing.T) {
 	d := &dirSyncs{}
-	defer atomicfile.SetDirSyncHook(d.hook)()
+	defer atomicfile.SetSyncHook(d.hook)()
 	data := filepath.Join(t.TempDir(), "data")
 	l := mustOpen(t, testOptions(t, filepath.Join(data, "wal")))
 	defer l.Close()
@@ -68,7 +68,7 @@ func TestOpenFsyncsTheParentOfANewDirectory(t *testing.T) {
 // again and the log goes on; the failed range is not in it.
 func TestSegmentDirectoryFsyncFailureStopsTheLog(t *testing.T) {
 	d := &dirSyncs{}
-	defer atomicfile.SetDirSyncHook(d.hook)()
+	defer atomicfile.SetSyncHook(d.hook)()
 	dir := t.TempDir()
 	o := testOptions(t, dir)
 	o.SegmentSize = MinSegmentSize

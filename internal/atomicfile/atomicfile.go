@@ -58,7 +58,11 @@ func Write(dir, name string, write func(f *os.File) error) (size int64, err erro
 	if err := write(f); err != nil {
 		return 0, err
 	}
-	if err := f.Sync(); err != nil {
+	err = hooked(filepath.Join(dir, name))
+	if err == nil {
+		err = f.Sync()
+	}
+	if err != nil {
 		return 0, fmt.Errorf("fsync %s: %w", f.Name(), err)
 	}
 	fi, err := f.Stat()
@@ -127,10 +131,7 @@ func SyncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	if h := dirSyncHook.Load(); h != nil {
-		err = (*h)(dir)
-	}
-	if err == nil {
+	if err = hooked(dir); err == nil {
 		err = fsyncDir(d)
 	}
 	if cerr := d.Close(); err == nil {

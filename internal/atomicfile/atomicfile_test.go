@@ -254,7 +254,7 @@ func TestReadLimited(t *testing.T) {
 func TestMkdirAllFsyncsParents(t *testing.T) {
 	base := t.TempDir()
 	var synced []string
-	defer SetDirSyncHook(func(dir string) error { synced = append(synced, dir); return nil })()
+	defer SetSyncHook(func(dir string) error { synced = append(synced, dir); return nil })()
 
 	leaf := filepath.Join(base, "a", "b", "c")
 	if err := MkdirAll(leaf, 0o700); err != nil {
@@ -278,12 +278,12 @@ func TestMkdirAllFsyncsParents(t *testing.T) {
 
 	// A failed fsync fails MkdirAll (the directory exists but is not durable).
 	eio := errors.New("input/output error")
-	SetDirSyncHook(func(string) error { return eio })
+	SetSyncHook(func(string) error { return eio })
 	if err := MkdirAll(filepath.Join(base, "d"), 0o700); !errors.Is(err, eio) {
 		t.Fatalf("MkdirAll with a failing fsync = %v, want %v", err, eio)
 	}
 	// A file in the way.
-	SetDirSyncHook(func(string) error { return nil })
+	SetSyncHook(func(string) error { return nil })
 	if err := os.WriteFile(filepath.Join(base, "f"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +297,7 @@ func TestMkdirAllFsyncsParents(t *testing.T) {
 func TestRemoveOfAGoneFileStillFsyncs(t *testing.T) {
 	dir := t.TempDir()
 	eio := errors.New("input/output error")
-	defer SetDirSyncHook(func(string) error { return eio })()
+	defer SetSyncHook(func(string) error { return eio })()
 	if err := Remove(dir, "gone"); !errors.Is(err, eio) {
 		t.Fatalf("Remove of a gone file with a failing directory fsync = %v, want %v", err, eio)
 	}
