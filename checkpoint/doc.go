@@ -25,6 +25,13 @@
 // another process is still writing. Ids are validated with [ParseID] at
 // every entry point, so no id can name a file outside the directory.
 //
+// Any failed fsync fails the operation (SPEC §4). A Save whose directory
+// fsync fails after the rename removes the checkpoint again (and fsyncs the
+// directory), so a checkpoint answered CHECKPOINT_FAILED is never restored
+// later, not even after a power cut; [Open] creates the directory with
+// internal/atomicfile.MkdirAll, which fsyncs the parent of each directory it
+// creates. docs/durability.md lists every fsync an acknowledgement waits for.
+//
 // A .ckpt file is a 68-byte header — magic "SUPVCKPT", format version 1,
 // the id, creation time, WAL watermark, uncompressed size, compressed body
 // length, CRC-32C of the uncompressed data, CRC-32C of the header — followed

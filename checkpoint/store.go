@@ -150,7 +150,7 @@ func Open(dir string, opts Options) (*Store, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := atomicfile.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("checkpoint: create store directory: %w", err)
 	}
 	s := &Store{dir: dir, opts: opts, log: opts.Logger}
@@ -208,7 +208,7 @@ func (s *Store) Save(data []byte, watermark uint64) (Meta, error) {
 		return err
 	})
 	if err != nil {
-		return Meta{}, fmt.Errorf("checkpoint: save %s in %s: %w", id, s.dir, err)
+		return Meta{}, s.saveFailed(u, id, err)
 	}
 	s.lastID, s.haveLast = u, true
 	return Meta{
@@ -276,10 +276,31 @@ func (s *Store) SaveStreamSized(watermark uint64, size int64, fill func(w io.Wri
 		if fillErr != nil && errors.Is(err, fillErr) {
 			return Meta{}, err
 		}
-		return Meta{}, fmt.Errorf("checkpoint: save %s in %s: %w", id, s.dir, err)
+		return Meta{}, s.saveFailed(u, id, err)
 	}
 	s.lastID, s.haveLast = u, true
 	return Meta{ID: id, Created: h.created, Watermark: watermark, Size: int64(h.size), StoredSize: stored, Checksum: h.checksum()}, nil
+}
+
+// saveFailed reports a failed Save of checkpoint id (uuid u). When the
+// failure came after the rename (the directory fsync failed: the checkpoint
+// is visible under its name but not known to survive a power cut), the file
+// is taken back — removed and the directory fsynced again — so that no
+// restore, now or after a crash, picks up a checkpoint that was answered
+// CHECKPOINT_FAILED (SPEC §4, "A failed fsync is never retried as if the
+// data were safe"). Its id stays used: ids only grow.
+func (s *Store) saveFailed(u uuid.UUID, id string, err error) error {
+	err = fmt.Errorf("checkpoint: save %s in %s: %w", id, s.dir, err)
+	if !errors.Is(err, atomicfile.ErrNotDurable) {
+		return err
+	}
+	s.lastID, s.haveLast = u, true
+	if rerr := atomicfile.Remove(s.dir, fileName(id)); rerr != nil {
+		s.log.Error("a checkpoint whose fsync failed could not be taken back: after a power cut a restore may pick it up although it was never acknowledged; check the disk",
+			"checkpoint_id", id, "err", err, "remove_err", rerr)
+		return fmt.Errorf("%w; taking it back failed too: %w", err, rerr)
+	}
+	return fmt.Errorf("%w; the checkpoint was removed again", err)
 }
 
 // summingWriter counts and checksums what passes through it, refusing more

@@ -245,6 +245,7 @@ type segmentScan struct {
 	entries     int
 	end         int64 // end of the last good record: appends continue here
 	tornEnd     int64 // > end: [end, tornEnd) is a torn tail to clear
+	reordered   bool  // the torn tail has intact records after its damage (writes reached the disk out of order)
 	headerTorn  bool  // last segment whose header never reached the disk
 	corrupt     *CorruptionError
 }
@@ -261,8 +262,11 @@ type scanOpts struct {
 	isLast   bool   // the newest segment: a damaged tail may be a torn write
 	prev     uint64 // last sequence of the previous segment
 	havePrev bool
-	after    uint64            // with fn: entries ≤ after are not passed to fn
-	fn       func(Entry) error // nil: verify only
+	// durableEnd, for the newest segment, is where the bytes not known to be
+	// durable begin (the durable mark, see mark.go); -1: unknown.
+	durableEnd int64
+	after      uint64            // with fn: entries ≤ after are not passed to fn
+	fn         func(Entry) error // nil: verify only
 }
 
 // scanSegment reads and verifies one segment, calling o.fn for its entries
@@ -324,7 +328,7 @@ func scanSegment(f *os.File, name string, index uint64, o scanOpts) (segmentScan
 		}
 		var bad *badRecord
 		if errors.As(err, &bad) {
-			return classify(f, sc, bad, o.isLast)
+			return classify(f, sc, bad, o.isLast, o.durableEnd)
 		}
 		if err != nil {
 			return sc, fmt.Errorf("segment %s: %w", name, err)
@@ -350,11 +354,20 @@ func scanSegment(f *os.File, name string, index uint64, o scanOpts) (segmentScan
 }
 
 // classify decides whether the invalid record ending a segment's good data
-// is the clean end of the data, a torn tail, or corruption.
-func classify(f *os.File, sc segmentScan, bad *badRecord, isLast bool) (segmentScan, error) {
+// is the clean end of the data, a torn tail, or corruption. durableEnd (the
+// durable mark's offset in the newest segment, -1 when unknown) settles it
+// where the bytes alone cannot: below it the data was fsynced, so anything
+// wrong is corruption; above it a torn-looking record followed by intact
+// ones is a power cut that wrote the last pages out of order.
+func classify(f *os.File, sc segmentScan, bad *badRecord, isLast bool, durableEnd int64) (segmentScan, error) {
 	corrupt := func(reason string) (segmentScan, error) {
 		sc.corrupt = &CorruptionError{Segment: sc.name, Offset: bad.off, Reason: reason}
 		return sc, nil
+	}
+	marked := isLast && durableEnd >= 0
+	if marked && bad.off < durableEnd {
+		return corrupt(fmt.Sprintf("%s, below the WAL's durable mark (offset %d): these bytes were fsynced, so this is damage to durable data, not a torn write",
+			bad.reason, durableEnd))
 	}
 	if !isLast && bad.kind != badZero {
 		return corrupt(bad.reason + " (in a segment that was complete: this is damage, not a torn write)")
@@ -364,6 +377,19 @@ func classify(f *os.File, sc segmentScan, bad *badRecord, isLast bool) (segmentS
 		return sc, fmt.Errorf("segment %s: %w", sc.name, err)
 	}
 	if validAt >= 0 {
+		if marked {
+			torn, err := looksTorn(f, bad, sc.size)
+			if err != nil {
+				return sc, fmt.Errorf("segment %s: %w", sc.name, err)
+			}
+			if torn {
+				// After the durable mark: unsynced writes that reached the
+				// disk out of order. The intact records after the hole were
+				// never confirmed durable either.
+				sc.tornEnd, sc.reordered = max(dataEnd, bad.off+1), true
+				return sc, nil
+			}
+		}
 		return corrupt(fmt.Sprintf("%s; a valid record follows at offset %d, so this is damage in the middle of the log, not a torn write", bad.reason, validAt))
 	}
 	if bad.kind == badZero && dataEnd == bad.off {

@@ -12,10 +12,17 @@
 //
 // The log lives in one directory: segment files named by their index in
 // fixed-width hex (0000000000000001.wal, ...), so lexical order is log
-// order; a LOCK file (flock) so only one [Log] opens it; temporary *.tmp
-// files (a segment being created or prepared), removed by Open; and, after
-// corruption, damaged files set aside as NAME.corrupt-TIME, never deleted by
-// the log.
+// order; a LOCK file (flock) so only one [Log] opens it; the DURABLE file,
+// the durable mark (below); temporary *.tmp files (a segment being created
+// or prepared), removed by Open; and, after corruption, damaged files set
+// aside as NAME.corrupt-TIME, never deleted by the log.
+//
+// Every directory change a durable entry depends on is fsynced: Open
+// creates the directory with internal/atomicfile.MkdirAll (each new
+// directory's parent fsynced) and fsyncs it after recovery; a new segment
+// is fsynced, renamed into place and the directory fsynced before a record
+// is written to it; each segment deletion (TruncateBefore, TruncateAfter)
+// and each file set aside is followed by a directory fsync.
 //
 // # Format (version 1, all integers big-endian)
 //
@@ -68,15 +75,38 @@
 // # Failures
 //
 // A failed write or fsync (ErrNoSpace for ENOSPC/EDQUOT, ErrWriteFailed
-// otherwise) never leaves a partial record reachable: the bytes after the
-// last good record are cleared (truncated or zeroed, then fsynced) before
-// the next write. Data whose fsync failed is written again from memory,
-// because after a failed fsync the kernel may have dropped it. Under
-// SyncAlways the Appends not yet durable fail and their sequences are not
-// consumed; under the other policies the accepted entries stay queued and
-// are retried with back-off while new Appends are refused with the same
-// error, so the caller learns at once and the log recovers without a restart
-// when the fault clears.
+// otherwise) costs every entry accepted and not yet durable: the bytes
+// written for them are cleared (truncated or zeroed, then fsynced) before
+// anyone is told, and their sequences are not consumed. An entry that got
+// an error is never in the log, not even after a crash (SPEC §4, §9).
+//
+// A failed fsync is never retried (PostgreSQL's "fsyncgate": Linux may have
+// dropped the dirty pages and marked them clean, so a later fsync succeeds
+// without the data). It stops the log, under every policy: the
+// *[FailedError] names the whole failed range (every accepted entry above
+// the durable sequence) and is returned by Append, WaitDurable (above the
+// durable sequence), ReadAfter, Sync and TruncateAfter, reported once to
+// Options.OnFailure and by [Log.Failure], until [Log.Reopen] clears what the
+// failure may have left after the last durable record and recovers the
+// directory as Open does. A failed write stops the log the same way under
+// SyncBatch and SyncNone (the Appends of the lost entries have returned
+// already, so only the FailedError can tell their range); under SyncAlways
+// it fails only the Appends waiting for it, which learn it from their own
+// call, and the log goes on once the fault clears (a full disk recovers by
+// itself).
+//
+// # The durable mark
+//
+// DURABLE records a position known to be on disk (segment, offset, last
+// sequence), rewritten by a goroutine of its own at most every 100 ms after
+// fsyncs moved it, at Open and at a clean Close — off the append path, so it
+// may trail the true durable end by that much. Recovery uses it to tell a
+// power cut from damage: bytes of the newest segment below it were fsynced,
+// so damage there is corruption even when it looks like an interrupted
+// write; above it, a torn-looking record is a torn tail even when intact
+// records follow it (a disk with a volatile write cache writes the last
+// unsynced pages in any order). Without a mark (a log written by an older
+// build) recovery judges as below.
 //
 // # Recovery
 //
@@ -94,6 +124,9 @@
 // logs it loudly and reports a *[CorruptionError] in [Recovery.Corruption].
 // Open still succeeds and appends continue after the prefix. An unreadable
 // segment (permissions, I/O error) fails Open: the log never skips one.
+// Open then fsyncs the directory and the active segment (after a crash of
+// the process alone its last records may be only in the page cache) before
+// serving anything.
 //
 // [ReadDir], [Inspect] and [Dump] read a directory the same way without
 // changing anything, so they are safe beside a running supervisor.
@@ -109,7 +142,13 @@
 //		log.Error("WAL corruption; continuing from the good prefix", "err", c)
 //	}
 //	res, err := l.Append(wal.Entry{Sequence: 7, Data: raw})
-//	...
+//	var fe *wal.FailedError
+//	if errors.As(err, &fe) { // also from WaitDurable, or Options.OnFailure
+//		// entries fe.First..fe.Last are not in the log: tell the agent,
+//		// then reopen and restore the agent from what the log holds
+//		last, err := l.Reopen()
+//		...
+//	}
 //	err = l.WaitDurable(ctx, res.Last) // before acknowledging a checkpoint
 //	err = l.ReadAfter(watermark, func(e wal.Entry) error { ... })
 package wal

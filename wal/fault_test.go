@@ -22,6 +22,10 @@ type faultOps struct {
 	writeIf   func(off int64) bool // nil: every write fails while writeErr is set
 	syncErr   error
 	syncFails int // fsyncs left to fail while syncErr is set; < 0: all
+	// reportZero makes a failing write report 0 bytes written although it
+	// wrote half, as os.File.WriteAt does when a pwrite wrote part of the
+	// data and the next one failed.
+	reportZero bool
 }
 
 var _ fileOps = (*faultOps)(nil)
@@ -49,6 +53,11 @@ func (f *faultOps) writeAt(file *os.File, p []byte, off int64) (int, error) {
 	f.mu.Unlock()
 	if err != nil && (cond == nil || cond(off)) {
 		n, _ := file.WriteAt(p[:len(p)/2], off)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.reportZero {
+			n = 0
+		}
 		return n, err
 	}
 	return file.WriteAt(p, off)
@@ -83,6 +92,14 @@ func waitHealthy(t *testing.T, l *Log, seq uint64) {
 	}
 }
 
+// TestWriteFailure injects each kind of write-path failure. A failed write
+// under SyncAlways fails the Appends waiting for it (their sequences are not
+// consumed) and the log goes on once the fault clears. A failed fsync under
+// every policy, and any failure under SyncBatch or SyncNone (where the
+// Appends of the lost entries have returned already), stops the log: a
+// *FailedError naming the whole failed range, nothing accepted until Reopen,
+// and the failed range never in the log — not after healing, not after
+// Reopen, not after a restart (SPEC §4; issue 22 item 3, issue 33 item 4).
 func TestWriteFailure(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -90,23 +107,28 @@ func TestWriteFailure(t *testing.T) {
 		fail     func(*faultOps)
 		sentinel error
 		errno    syscall.Errno
+		stops    bool
 	}{
-		{"always/ENOSPC on write", SyncAlways, func(f *faultOps) { f.failWrites(syscall.ENOSPC, nil) }, ErrNoSpace, syscall.ENOSPC},
-		{"always/EIO on write", SyncAlways, func(f *faultOps) { f.failWrites(syscall.EIO, nil) }, ErrWriteFailed, syscall.EIO},
-		{"always/EIO on fsync", SyncAlways, func(f *faultOps) { f.failSyncs(syscall.EIO, -1) }, ErrWriteFailed, syscall.EIO},
-		{"always/EDQUOT on write", SyncAlways, func(f *faultOps) { f.failWrites(syscall.EDQUOT, nil) }, ErrNoSpace, syscall.EDQUOT},
-		{"batch/ENOSPC on write", SyncBatch, func(f *faultOps) { f.failWrites(syscall.ENOSPC, nil) }, ErrNoSpace, syscall.ENOSPC},
-		{"batch/EIO on fsync", SyncBatch, func(f *faultOps) { f.failSyncs(syscall.EIO, -1) }, ErrWriteFailed, syscall.EIO},
-		{"none/ENOSPC on write", SyncNone, func(f *faultOps) { f.failWrites(syscall.ENOSPC, nil) }, ErrNoSpace, syscall.ENOSPC},
+		{"always/ENOSPC on write", SyncAlways, func(f *faultOps) { f.failWrites(syscall.ENOSPC, nil) }, ErrNoSpace, syscall.ENOSPC, false},
+		{"always/EIO on write", SyncAlways, func(f *faultOps) { f.failWrites(syscall.EIO, nil) }, ErrWriteFailed, syscall.EIO, false},
+		{"always/EIO on fsync", SyncAlways, func(f *faultOps) { f.failSyncs(syscall.EIO, 1) }, ErrWriteFailed, syscall.EIO, true},
+		{"always/EDQUOT on write", SyncAlways, func(f *faultOps) { f.failWrites(syscall.EDQUOT, nil) }, ErrNoSpace, syscall.EDQUOT, false},
+		{"batch/ENOSPC on write", SyncBatch, func(f *faultOps) { f.failWrites(syscall.ENOSPC, nil) }, ErrNoSpace, syscall.ENOSPC, true},
+		{"batch/EIO on fsync", SyncBatch, func(f *faultOps) { f.failSyncs(syscall.EIO, 1) }, ErrWriteFailed, syscall.EIO, true},
+		{"batch/EIO on every fsync", SyncBatch, func(f *faultOps) { f.failSyncs(syscall.EIO, -1) }, ErrWriteFailed, syscall.EIO, true},
+		{"none/ENOSPC on write", SyncNone, func(f *faultOps) { f.failWrites(syscall.ENOSPC, nil) }, ErrNoSpace, syscall.ENOSPC, true},
 		{"always/ENOSPC creating a segment", SyncAlways, func(f *faultOps) {
 			f.failWrites(syscall.ENOSPC, func(off int64) bool { return off == 0 })
-		}, ErrNoSpace, syscall.ENOSPC},
+		}, ErrNoSpace, syscall.ENOSPC, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			fo := &faultOps{}
 			o := testOptions(t, dir)
 			o.Sync, o.ops, o.SegmentSize = tc.policy, fo, MinSegmentSize
+			var reported []*FailedError
+			var repMu sync.Mutex
+			o.OnFailure = func(fe *FailedError) { repMu.Lock(); reported = append(reported, fe); repMu.Unlock() }
 			l := mustOpen(t, o)
 			defer l.Close()
 			want := seqEntries(1, 30)
@@ -125,15 +147,22 @@ func TestWriteFailure(t *testing.T) {
 				if other := map[error]error{ErrNoSpace: ErrWriteFailed, ErrWriteFailed: ErrNoSpace}[tc.sentinel]; errors.Is(err, other) {
 					t.Fatalf("%s: %v is also %v", what, err, other)
 				}
+				if !tc.stops {
+					return
+				}
+				var fe *FailedError
+				if !errors.As(err, &fe) || !errors.Is(err, ErrFailed) {
+					t.Fatalf("%s: %v, want a *FailedError", what, err)
+				}
+				if fe.First != 31 || fe.Last != 60 || fe.Durable != 30 {
+					t.Fatalf("%s: failed range %d..%d durable %d, want 31..60 durable 30", what, fe.First, fe.Last, fe.Durable)
+				}
 			}
 			// Enough data to need a new segment, for the segment-creation case.
 			failing := seqEntries(31, 60)
 			if tc.policy == SyncAlways {
 				_, err := l.Append(failing...)
 				check("Append while failing", err)
-				if got := l.LastSequence(); got != 30 {
-					t.Fatalf("LastSequence = %d after a failed append, want 30 (not consumed)", got)
-				}
 			} else {
 				// Accepted; the failure surfaces in WaitDurable and later Appends.
 				if _, err := l.Append(failing...); err != nil {
@@ -142,13 +171,20 @@ func TestWriteFailure(t *testing.T) {
 				ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 				check("WaitDurable while failing", l.WaitDurable(ctx, 60))
 				cancel()
+			}
+			if got := l.LastSequence(); got != 30 {
+				t.Fatalf("LastSequence = %d after the failure, want 30 (the failed entries are not in the log)", got)
+			}
+			if tc.stops {
 				_, err := l.Append(seqEntries(61, 61)...)
-				check("Append while failing", err)
-				if got := l.LastSequence(); got != 60 {
-					t.Fatalf("LastSequence = %d, want 60 (61 refused)", got)
+				check("Append after the failure", err)
+				check("ReadAfter after the failure", l.ReadAfter(0, func(Entry) error { return nil }))
+				check("Failure()", l.Failure())
+				repMu.Lock()
+				if len(reported) != 1 {
+					t.Fatalf("OnFailure called %d times, want once", len(reported))
 				}
-				err = l.ReadAfter(0, func(Entry) error { return nil })
-				check("ReadAfter while failing", err)
+				repMu.Unlock()
 			}
 			// Readable up to the last good record meanwhile.
 			var got []Entry
@@ -156,15 +192,25 @@ func TestWriteFailure(t *testing.T) {
 				got = append(got, Entry{Sequence: e.Sequence, Data: append([]byte(nil), e.Data...)})
 				return nil
 			})
-			sameEntries(t, "readable while failing", got[:30], want)
+			sameEntries(t, "readable while failing", got, want)
 
 			fo.heal()
-			if tc.policy == SyncAlways {
-				if res := mustAppend(t, l, failing...); res.Appended != 30 || res.Duplicates != 0 {
-					t.Fatalf("retried Append = %+v", res)
+			if tc.stops {
+				// Healing does not bring the log back, nor the failed range.
+				_, err := l.Append(failing...)
+				check("Append after healing, before Reopen", err)
+				last, err := l.Reopen()
+				if err != nil || last != 30 {
+					t.Fatalf("Reopen = %d, %v; want 30", last, err)
 				}
-			} else {
-				waitHealthy(t, l, 60)
+				if l.Failure() != nil {
+					t.Fatalf("Failure() after Reopen = %v", l.Failure())
+				}
+				sameEntries(t, "after Reopen", readAll(t, l, 0), want)
+			}
+			// The client's retry of the refused entries is a new append.
+			if res := mustAppend(t, l, failing...); res.Appended != 30 || res.Duplicates != 0 {
+				t.Fatalf("retried Append = %+v", res)
 			}
 			want = append(want, failing...)
 			mustAppend(t, l, seqEntries(61, 61)...)

@@ -18,9 +18,11 @@ import (
 // It stops at fn's first error and returns it unchanged. It returns a
 // *CorruptionError (after the entries before the damage) if a record no
 // longer checks out, ErrTruncated if TruncateBefore removed entries it still
-// had to serve, and the sticky ErrNoSpace / ErrWriteFailed (after the
-// written entries) while accepted entries cannot be written.
+// had to serve, and the *FailedError of a stopped log (after the durable
+// entries) until Reopen.
 func (l *Log) ReadAfter(after uint64, fn func(Entry) error) error {
+	l.reopenMu.RLock()
+	defer l.reopenMu.RUnlock()
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -32,14 +34,14 @@ func (l *Log) ReadAfter(after uint64, fn func(Entry) error) error {
 		switch {
 		case l.readable >= min(target, l.lastSeq):
 			return true, nil
-		case l.err != nil && l.retained:
-			stuck = l.err
-			return true, nil
 		case l.stopped:
 			return true, ErrClosed
 		}
 		return false, nil
 	})
+	if l.failure != nil {
+		stuck = l.failure // serve what is durable, then say why no more
+	}
 	l.mu.Unlock()
 	if err != nil {
 		return err
@@ -71,7 +73,7 @@ func (l *Log) ReadAfter(after uint64, fn func(Entry) error) error {
 		}
 	}
 	if stuck != nil {
-		return fmt.Errorf("wal: served the entries up to sequence %d; entries accepted after it are not written yet: %w", seen, stuck)
+		return fmt.Errorf("wal: served the entries up to sequence %d; the log stopped and must be reopened: %w", seen, stuck)
 	}
 	return nil
 }
@@ -222,6 +224,7 @@ func walkDir(dir string, after uint64, fn func(Entry) error, visit func(*segment
 	if err != nil {
 		return fmt.Errorf("wal: list segments in %s: %w", dir, err)
 	}
+	mark, markOK := readMark(dir)
 	var (
 		prev     uint64
 		havePrev bool
@@ -253,7 +256,8 @@ func walkDir(dir string, after uint64, fn func(Entry) error, visit func(*segment
 			return fmt.Errorf("wal: open segment %s: %w", name, err)
 		}
 		opened = true
-		sc, err := scanSegment(f, name, index, scanOpts{isLast: isLast, prev: prev, havePrev: havePrev, after: after, fn: fn})
+		sc, err := scanSegment(f, name, index, scanOpts{isLast: isLast, prev: prev, havePrev: havePrev, after: after, fn: fn,
+			durableEnd: markOffset(mark, markOK, index)})
 		f.Close()
 		if err != nil {
 			return err

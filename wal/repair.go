@@ -51,6 +51,7 @@ func (l *Log) recover() error {
 	if err != nil {
 		return fmt.Errorf("wal: list segments in %s: %w", l.dir, err)
 	}
+	mark, markOK := readMark(l.dir)
 	var (
 		scans   []segmentScan
 		corrupt *CorruptionError
@@ -82,7 +83,8 @@ func (l *Log) recover() error {
 		if err != nil {
 			return fmt.Errorf("wal: open segment %s: %w (the log will not skip an unreadable segment: fix its permissions or restore it from a backup)", name, err)
 		}
-		sc, err := scanSegment(f, name, index, scanOpts{isLast: i == len(idx)-1, prev: prev, havePrev: i > start})
+		sc, err := scanSegment(f, name, index, scanOpts{isLast: i == len(idx)-1, prev: prev, havePrev: i > start,
+			durableEnd: markOffset(mark, markOK, index)})
 		f.Close()
 		if err != nil {
 			return fmt.Errorf("wal: recover: %w", err)
@@ -150,24 +152,42 @@ func (l *Log) recover() error {
 		entries += sc.entries
 		l.segs = append(l.segs, segment{index: sc.index, prevLast: sc.prevLast, first: sc.first, last: sc.last, entries: sc.entries, size: sc.end})
 	}
+	// What recovery saw and changed (segments created, repaired, set aside,
+	// temporary files removed) is made durable before anything is served:
+	// the directory, and the active segment (after a crash of the process
+	// alone, its last records may still be only in the page cache).
+	if err := atomicfile.SyncDir(l.dir); err != nil {
+		f.Close()
+		return fmt.Errorf("wal: recover: %w", err)
+	}
+	if err := l.ops.datasync(f); err != nil {
+		f.Close()
+		return fmt.Errorf("wal: recover: %w", fsyncFailure("fsync active segment "+last.name, err))
+	}
 	active := l.segs[len(l.segs)-1]
+	if err := l.mark.set(markPos{index: active.index, offset: active.size, seq: active.lastSeq()}); err != nil {
+		l.log.Warn("could not update the WAL's durable mark; a power cut may be reported as corruption", "err", err)
+	}
 	s := &l.s
 	s.f = f
 	s.writeOff, s.durOff, s.allocSize = active.size, active.size, fi.Size()
 	s.cur, s.syn = active, active
 	s.lastWritten, s.lastSynced = active.lastSeq(), active.lastSeq()
-	l.lastSeq, l.readable, l.durable = active.lastSeq(), active.lastSeq(), active.lastSeq()
-	l.recovery.Segments = len(l.segs)
-	l.recovery.Entries = entries
-	for _, ce := range l.recovery.Covered {
+	l.scan.Segments = len(l.segs)
+	l.scan.Entries = entries
+	for _, ce := range l.scan.Covered {
 		l.log.Warn("WAL damage below the newest checkpoint's watermark: the damaged segment and those before it were set aside; no entry a restore needs was lost",
 			"err", ce, "moved_aside", ce.Moved)
 	}
 	if corrupt != nil {
-		l.recovery.Corruption = corrupt
+		l.scan.Corruption = corrupt
 		l.log.Error("WAL corruption: the log was cut at the damage and continues from the good prefix; entries after it are not served",
-			"err", corrupt, "last_good_sequence", l.lastSeq, "moved_aside", corrupt.Moved)
+			"err", corrupt, "last_good_sequence", active.lastSeq(), "moved_aside", corrupt.Moved)
 	}
+	l.mu.Lock()
+	l.lastSeq, l.readable, l.durable = active.lastSeq(), active.lastSeq(), active.lastSeq()
+	l.recovery = l.scan
+	l.mu.Unlock()
 	return nil
 }
 
@@ -180,7 +200,7 @@ func (l *Log) repairTail(sc *segmentScan) error {
 			return fmt.Errorf("wal: rewrite the header of segment %s: %w", sc.name, err)
 		}
 		sc.prevLast, sc.end, sc.headerTorn = prev, segmentHeaderSize, false
-		l.recovery.TruncatedBytes += sc.size
+		l.scan.TruncatedBytes += sc.size
 		l.log.Warn("WAL segment without a header (crash while creating it) was reinitialized", "segment", sc.name, "bytes", sc.size)
 		return nil
 	}
@@ -208,7 +228,12 @@ func (l *Log) repairTail(sc *segmentScan) error {
 	if err != nil {
 		return fmt.Errorf("wal: truncate the torn tail of segment %s: %w", sc.name, err)
 	}
-	l.recovery.TruncatedBytes += sc.tornEnd - sc.end
+	l.scan.TruncatedBytes += sc.tornEnd - sc.end
+	if sc.reordered {
+		l.log.Warn("WAL torn tail truncated: after the last position known durable, a crash left the last unsynced writes partly on disk, out of order (a power cut, not corruption)",
+			"segment", sc.name, "offset", sc.end, "bytes", sc.tornEnd-sc.end, "last_sequence", sc.lastSeq())
+		return nil
+	}
 	l.log.Warn("WAL torn tail truncated (the last write before a crash was incomplete)",
 		"segment", sc.name, "offset", sc.end, "bytes", sc.tornEnd-sc.end, "last_sequence", sc.lastSeq())
 	return nil
@@ -260,14 +285,17 @@ func (l *Log) installSegment(index, prevLast uint64, pf *os.File, ppath string) 
 		return fail("write header of segment", err)
 	}
 	if err := l.ops.datasync(f); err != nil {
-		return fail("fsync new segment", err)
+		_, _, err := fail("fsync new segment", err)
+		return nil, 0, syncFailure{err}
 	}
 	if err := os.Rename(tmp, segmentPath(l.dir, index)); err != nil {
 		return fail("rename into place segment", err)
 	}
 	if err := atomicfile.SyncDir(l.dir); err != nil {
+		// The segment is in place but its directory entry may not survive
+		// a power cut: the log stops (Reopen fsyncs the directory again).
 		f.Close()
-		return nil, 0, ioFailure("fsync directory after creating segment "+name, err)
+		return nil, 0, fsyncFailure("fsync directory after creating segment "+name, err)
 	}
 	fi, err := f.Stat()
 	if err != nil {
@@ -317,7 +345,7 @@ func (l *Log) dropCovered(prefix []uint64, next uint64, ce *CorruptionError) (bo
 	ce.Reason += fmt.Sprintf("; every entry it could hold is at or below sequence %d, which the newest checkpoint covers, so the log continues intact from %s",
 		h.prevLast, segmentName(next))
 	ce.Covered = true
-	l.recovery.Covered = append(l.recovery.Covered, ce)
+	l.scan.Covered = append(l.scan.Covered, ce)
 	return true, nil
 }
 

@@ -124,8 +124,7 @@ type syncState struct {
 	unsyncedEntries         int
 	unsyncedBytes           int
 	unsyncedSince           time.Time
-	retryDelay              time.Duration
-	nextRetry               time.Time
+	firstUnsynced           uint64 // the first sequence written since the last fsync
 	prepRequested           bool
 	closeErr                error
 }
@@ -135,6 +134,7 @@ type reqKind int
 const (
 	reqSync reqKind = iota
 	reqTruncateAfter
+	reqReopen
 )
 
 type request struct {
@@ -145,6 +145,7 @@ type request struct {
 
 type reply struct {
 	n   int
+	seq uint64 // reqReopen: the last sequence
 	err error
 }
 
@@ -155,20 +156,24 @@ func (l *Log) call(r request) error {
 }
 
 func (l *Log) callN(r request) (int, error) {
+	rep := l.callReply(r)
+	return rep.n, rep.err
+}
+
+func (l *Log) callReply(r request) reply {
 	l.mu.Lock()
 	closed := l.closed
 	l.mu.Unlock()
 	if closed {
-		return 0, ErrClosed
+		return reply{err: ErrClosed}
 	}
 	r.reply = make(chan reply, 1)
 	select {
 	case l.reqs <- r:
 	case <-l.done:
-		return 0, ErrClosed
+		return reply{err: ErrClosed}
 	}
-	rep := <-r.reply
-	return rep.n, rep.err
+	return <-r.reply
 }
 
 // run is the syncer goroutine. It owns the active segment, writes what
@@ -188,6 +193,10 @@ func (l *Log) run() {
 		case <-l.stop:
 			if err := l.drain(true, true); err != nil {
 				l.s.closeErr = fmt.Errorf("wal: close: entries accepted after sequence %d could not be made durable: %w", l.s.lastSynced, err)
+			} else if l.s.f != nil {
+				// A clean close leaves the mark at the end of the log.
+				l.mark.halt()
+				_ = l.mark.set(markPos{index: l.s.cur.index, offset: l.s.durOff, seq: l.s.lastSynced})
 			}
 			l.mu.Lock()
 			l.stopped = true
@@ -202,20 +211,17 @@ func (l *Log) run() {
 			armed = false
 		}
 		_ = l.drain(false, false)
-		l.mu.Lock()
-		retry := l.err != nil && l.retained
-		l.mu.Unlock()
-		if retry {
-			if armed && !timer.Stop() {
-				<-timer.C
-			}
-			timer.Reset(max(time.Until(l.s.nextRetry), 0))
-			armed = true
-		}
 	}
 }
 
 func (l *Log) serve(r request) reply {
+	if r.kind == reqReopen {
+		// A healthy log first makes what it accepted durable; if that
+		// fails, the log stops and is reopened from the disk all the same.
+		_ = l.drain(true, true)
+		seq, err := l.reopen()
+		return reply{seq: seq, err: err}
+	}
 	if err := l.drain(true, true); err != nil {
 		return reply{err: err}
 	}
@@ -234,10 +240,12 @@ func (l *Log) drain(force, syncAll bool) error {
 	s := &l.s
 	for {
 		l.mu.Lock()
-		if l.err != nil && l.retained && !force && time.Now().Before(s.nextRetry) {
-			err := l.err
+		if fe := l.failure; fe != nil {
+			// Stopped: nothing is written or fsynced again until Reopen.
+			drop := l.takePendingLocked()
 			l.mu.Unlock()
-			return err
+			l.release(drop...)
+			return fe
 		}
 		s.queue = append(s.queue, l.takePendingLocked()...)
 		waiters := l.waiters > 0
@@ -295,7 +303,10 @@ func (l *Log) writeQueue() error {
 		end := b.recs[j-1].end
 		n, err := l.ops.writeAt(s.f, b.buf[start:end], s.writeOff)
 		if err != nil {
-			s.dirtyEnd = max(s.dirtyEnd, s.writeOff+int64(n))
+			// Any of the bytes may have reached the file: os.File.WriteAt
+			// reports 0 written when a pwrite wrote part of them and the
+			// next one failed (ENOSPC). Clear the whole range.
+			s.dirtyEnd = max(s.dirtyEnd, s.writeOff+int64(max(n, end-start)))
 			return ioFailure(fmt.Sprintf("write %d bytes to segment %s at offset %d", end-start, s.cur.name(), s.writeOff), err)
 		}
 		entries := 0
@@ -304,6 +315,7 @@ func (l *Log) writeQueue() error {
 		}
 		if s.unsyncedBytes == 0 {
 			s.unsyncedSince = time.Now()
+			s.firstUnsynced = b.recs[i].first
 		}
 		s.unsyncedEntries += entries
 		s.unsyncedBytes += end - start
@@ -353,9 +365,8 @@ func (l *Log) publishMeta(seg segment, durable bool) {
 	l.mu.Unlock()
 }
 
-// syncActive fsyncs the active segment. When the fsync fails, the bytes
-// written since the last good one are in an unknown state: they are queued
-// to be written again (under SyncAlways the failure then drops them).
+// syncActive fsyncs the active segment. A failed fsync stops the log (see
+// failed): what it covered is never written or fsynced again.
 func (l *Log) syncActive() error {
 	s := &l.s
 	if s.writeOff == s.durOff {
@@ -365,21 +376,7 @@ func (l *Log) syncActive() error {
 	err := l.ops.datasync(s.f)
 	d := time.Since(t0)
 	if err != nil {
-		err = ioFailure(fmt.Sprintf("fsync segment %s", s.cur.name()), err)
-		if l.opts.Sync == SyncNone {
-			return err // nothing kept to write again; the page cache most likely still has it
-		}
-		l.rewind()
-		for _, b := range s.unsynced {
-			b.written = b.synced
-		}
-		q := s.unsynced
-		if len(q) > 0 && len(s.queue) > 0 && q[len(q)-1] == s.queue[0] {
-			q = q[:len(q)-1]
-		}
-		s.queue = append(q, s.queue...)
-		s.unsynced = nil
-		return err
+		return fsyncFailure(fmt.Sprintf("fsync segment %s", s.cur.name()), err)
 	}
 	entries, bytes := s.unsyncedEntries, s.unsyncedBytes
 	s.unsyncedEntries, s.unsyncedBytes = 0, 0
@@ -397,6 +394,7 @@ func (l *Log) syncActive() error {
 	s.unsynced = s.unsynced[:0]
 	l.release(done...)
 	l.publishMeta(s.syn, true)
+	l.mark.advance(markPos{index: s.cur.index, offset: s.durOff, seq: s.lastSynced})
 	if d > slowSync {
 		l.log.Warn("slow WAL fsync; the disk is overloaded or failing", "seconds", d.Seconds(), "segment", s.cur.name(), "bytes", bytes)
 	}
@@ -421,79 +419,103 @@ func (l *Log) rewind() {
 	l.publishMeta(s.cur, false)
 }
 
-// failed records a write-path failure. Under SyncAlways the entries not yet
-// durable are dropped (their Appends return err); under the other policies
-// they stay queued and are retried with back-off, while new Appends are
-// refused with err.
+// failed records a write-path failure. Every entry accepted and not yet
+// durable is dropped: the bytes written for it are cleared from the segment
+// (zeroed or truncated, and fsynced) before anyone is told, and its sequence
+// is not consumed. Then:
+//
+//   - a failed fsync, under every policy, stops the log (SPEC §4: a failed
+//     fsync is never retried as if the data were safe; Linux may already have
+//     dropped the pages and marked them clean): l.failure is set, and
+//     everything but Reopen and Close fails with it;
+//   - a failed write under SyncBatch or SyncNone stops it too: the Appends of
+//     the dropped entries have returned already, so only the FailedError can
+//     tell their range;
+//   - a failed write under SyncAlways fails the Appends waiting for it (they
+//     learn it from their own call) and the log goes on with the next one,
+//     so a full disk clears by itself once space is freed.
+//
+// If the bytes cannot be cleared, the log stops whatever the policy: a
+// refused entry must not come back after a crash.
 func (l *Log) failed(err error) error {
 	s := &l.s
-	if s.retryDelay == 0 {
-		s.retryDelay = 10 * time.Millisecond
-	} else {
-		s.retryDelay = min(2*s.retryDelay, maxRetryDelay)
+	sticky := isSyncFailure(err) || l.opts.Sync != SyncAlways
+	// The lowest sequence that is not durable: written since the last fsync,
+	// else the first not written.
+	var first uint64
+	switch {
+	case s.unsyncedBytes > 0 || s.lastWritten > s.lastSynced:
+		first = s.firstUnsynced
+	case len(s.queue) > 0:
+		first = s.queue[0].recs[s.queue[0].written].first
 	}
-	s.nextRetry = time.Now().Add(s.retryDelay)
-	var drop []*batchBuf
-	if l.opts.Sync == SyncAlways {
-		l.rewind()
-	}
-	// Clear what the failed write left at once, so a crash cannot bring back
-	// records of Appends that are about to fail; if that fails too, the next
-	// write attempt tries again first.
+	l.rewind()
 	if s.f != nil {
 		if cerr := l.cleanDirty(); cerr != nil {
-			l.log.Debug("could not clear the bytes of a failed WAL write yet", "err", cerr)
-		}
-	}
-	if l.opts.Sync == SyncAlways {
-		drop = append(drop, s.queue...)
-		for _, b := range s.unsynced {
-			if len(drop) == 0 || drop[len(drop)-1] != b {
-				drop = append(drop, b)
+			if !sticky {
+				err = syncFailure{fmt.Errorf("%w; clearing its bytes failed too: %w", err, cerr)}
 			}
+			sticky = true
+			l.log.Error("could not clear the bytes of a failed WAL write; Reopen clears them before the log is read again", "err", cerr)
 		}
-		s.queue, s.unsynced = nil, nil
 	}
+	drop := slices.Clone(s.queue)
+	for _, b := range s.unsynced {
+		if !slices.Contains(drop, b) {
+			drop = append(drop, b)
+		}
+	}
+	s.queue, s.unsynced = nil, nil
 	l.mu.Lock()
-	first := l.err == nil
-	l.err = err
-	dropped := uint64(0)
-	if l.opts.Sync == SyncAlways {
-		drop = append(drop, l.takePendingLocked()...)
-		dropped = l.lastSeq
-		l.lastSeq = l.durable
-		l.abortGen++
-		l.retained = false
-	} else {
-		l.retained = len(s.queue) > 0 || len(l.pending) > 0
+	pend := l.takePendingLocked()
+	if first == 0 && len(pend) > 0 {
+		first = pend[0].recs[0].first
 	}
+	drop = append(drop, pend...)
+	accepted := l.lastSeq
+	l.lastSeq, l.readable, l.durable = s.lastSynced, s.lastSynced, s.lastSynced
+	if first > accepted {
+		first = 0
+	}
+	var fe *FailedError
+	if sticky {
+		fe = &FailedError{First: first, Last: accepted, Durable: s.lastSynced, Err: err}
+		if first == 0 {
+			fe.Last = 0
+		}
+		l.failure, l.err = fe, fe
+	} else {
+		l.err = err
+	}
+	l.abortGen++
 	l.publishLocked()
 	l.mu.Unlock()
 	l.release(drop...)
-	if first {
-		if dropped > l.s.lastSynced {
-			l.log.Error("WAL write failed; the appends not yet durable were rejected and later appends will retry",
-				"err", err, "rejected_through_sequence", dropped, "durable_sequence", s.lastSynced)
-		} else {
-			l.log.Error("WAL write failed; retrying with back-off, new appends are refused until it succeeds",
-				"err", err, "durable_sequence", s.lastSynced)
+	if fe != nil {
+		l.log.Error("WAL stopped after a failed write or fsync: the entries not yet durable are not in the log; reopen the log and restore the agent from it",
+			"err", err, "first_failed_sequence", fe.First, "last_failed_sequence", fe.Last, "durable_sequence", fe.Durable)
+		if l.opts.OnFailure != nil {
+			l.opts.OnFailure(fe)
 		}
-	} else {
-		l.log.Debug("WAL write still failing", "err", err, "retry_in", s.retryDelay)
+		return fe
+	}
+	if accepted > s.lastSynced {
+		l.log.Error("WAL write failed; the appends not yet durable were refused and their sequences not consumed",
+			"err", err, "refused_through_sequence", accepted, "durable_sequence", s.lastSynced)
 	}
 	return err
 }
 
-// succeeded clears a sticky error after a write went through.
+// succeeded clears the error of a failed write (SyncAlways) after a write
+// went through.
 func (l *Log) succeeded() {
-	l.s.retryDelay = 0
 	l.mu.Lock()
-	if l.err == nil {
+	if l.err == nil || l.failure != nil {
 		l.mu.Unlock()
 		return
 	}
 	prev := l.err
-	l.err, l.retained = nil, false
+	l.err = nil
 	l.publishLocked()
 	l.mu.Unlock()
 	l.log.Info("WAL writes recovered", "previous_error", prev, "durable_sequence", l.s.lastSynced)
@@ -521,7 +543,7 @@ func (l *Log) cleanDirty() error {
 		off += n
 	}
 	if err := l.ops.datasync(s.f); err != nil {
-		return ioFailure("fsync segment "+name+" after clearing a failed write", err)
+		return fsyncFailure("fsync segment "+name+" after clearing a failed write", err)
 	}
 	s.dirtyEnd = 0
 	return nil
@@ -582,4 +604,62 @@ func (l *Log) reopenActive() error {
 	s.lastWritten, s.lastSynced = seg.lastSeq(), seg.lastSeq()
 	s.prepRequested = false // writeQueue asks for the next segment when this one is half full
 	return nil
+}
+
+// reopen runs on the syncer goroutine for Reopen: it clears what failed
+// writes may have left after the last durable record, closes the active
+// segment and the preparer, recovers the directory as Open does, and clears
+// the failure. It returns the last sequence in the log.
+func (l *Log) reopen() (uint64, error) {
+	s := &l.s
+	l.mu.Lock()
+	fe := l.failure
+	drop := l.takePendingLocked()
+	l.mu.Unlock()
+	l.release(drop...)
+	if s.f != nil {
+		// After a failed fsync the page cache may still hold the records it
+		// covered, marked clean: recovery would read them back. Clear them
+		// (again, if failed managed to) and make that durable first.
+		if s.writeOff > s.durOff {
+			s.dirtyEnd = max(s.dirtyEnd, s.writeOff)
+			s.writeOff = s.durOff
+		}
+		if err := l.cleanDirty(); err != nil {
+			return 0, fmt.Errorf("wal: reopen: clear the bytes after the last durable record: %w", err)
+		}
+		s.f.Close()
+		s.f = nil
+	}
+	l.mark.halt()
+	defer l.mark.start()
+	l.prep.close()
+	l.prep = newPreparer(l.dir, l.opts.SegmentSize, l.ops, l.log)
+	*s = syncState{}
+	l.scan = Recovery{}
+	l.segMu.Lock()
+	l.segs = nil
+	err := l.recover()
+	l.segMu.Unlock()
+	if err != nil {
+		// Stay stopped: the next Reopen tries again from the directory.
+		return 0, fmt.Errorf("wal: reopen: %w", err)
+	}
+	if !l.opts.NoPreallocate {
+		l.prep.start()
+		if s.writeOff > l.opts.SegmentSize/2 {
+			l.prep.request()
+			s.prepRequested = true
+		}
+	}
+	l.mu.Lock()
+	l.failure, l.err = nil, nil
+	last := l.lastSeq
+	l.publishLocked()
+	l.mu.Unlock()
+	if fe != nil {
+		l.log.Warn("WAL reopened after a failure; the failed range is not in the log",
+			"last_sequence", last, "first_failed_sequence", fe.First, "last_failed_sequence", fe.Last)
+	}
+	return last, nil
 }

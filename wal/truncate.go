@@ -100,6 +100,10 @@ func (l *Log) truncateAfter(seq uint64) (removed int, err error) {
 		l.lastSeq, l.readable, l.durable = l.s.lastSynced, l.s.lastSynced, l.s.lastSynced
 		l.publishLocked()
 		l.mu.Unlock()
+		// The log shrank: the mark must not point past its new end.
+		if merr := l.mark.set(markPos{index: l.s.cur.index, offset: l.s.durOff, seq: l.s.lastSynced}); merr != nil {
+			l.log.Warn("could not update the WAL's durable mark after removing entries", "err", merr)
+		}
 		if err == nil {
 			l.log.Warn("WAL entries removed after a sequence", "after", seq, "entries", removed, "last_sequence", l.s.lastSynced)
 		}

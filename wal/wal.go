@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 )
 
 // Defaults for zero Options fields.
@@ -41,6 +43,11 @@ type Options struct {
 	// with its duration and the entries and bytes it made durable. It must
 	// not block and must not call the Log.
 	OnSync func(d time.Duration, entries int, bytes int)
+	// OnFailure, when set, is called by the syncer once when the log stops
+	// after a failed fsync or write (see [FailedError]), so the owner can
+	// tell the agent the failed range and call Reopen without waiting for
+	// the next Append to fail. It must not block and must not call the Log.
+	OnFailure func(*FailedError)
 	// NoPreallocate turns off preallocation: by default every segment is
 	// created at its full size filled with zeros (the next one in the
 	// background), which makes each fsync cheaper (the filesystem does no
@@ -124,18 +131,20 @@ type Log struct {
 	log      *slog.Logger
 	ops      fileOps
 	lock     *os.File
-	recovery Recovery
+	mark     *marker  // the durable mark (mark.go)
+	recovery Recovery // what the last Open or Reopen found (l.mu)
+	scan     Recovery // what the running recovery finds (the syncer's, or Open's)
 
 	mu         sync.Mutex
-	pending    []*batchBuf // encoded records not yet taken by the syncer, oldest first
-	pendingN   int         // bytes in pending
-	free       []*batchBuf // empty buffers of batchBufSize, for reuse
-	lastSeq    uint64      // last sequence accepted by Append
-	readable   uint64      // last sequence ReadAfter can serve
-	durable    uint64      // last sequence on disk (SyncNone: handed to the OS)
-	err        error       // sticky write error, cleared by the next successful write
-	retained   bool        // err left accepted entries unwritten: Appends are refused until they are written
-	abortGen   uint64      // bumped when SyncAlways drops entries whose Appends then fail
+	pending    []*batchBuf  // encoded records not yet taken by the syncer, oldest first
+	pendingN   int          // bytes in pending
+	free       []*batchBuf  // empty buffers of batchBufSize, for reuse
+	lastSeq    uint64       // last sequence accepted by Append
+	readable   uint64       // last sequence ReadAfter can serve
+	durable    uint64       // last sequence on disk (SyncNone: handed to the OS)
+	err        error        // the last write error (SyncAlways), cleared by the next successful write
+	failure    *FailedError // the log stopped (sticky until Reopen)
+	abortGen   uint64       // bumped when SyncAlways drops entries whose Appends then fail
 	notify     chan struct{}
 	waiters    int
 	closed     bool          // Close was called: no more Appends
@@ -145,7 +154,10 @@ type Log struct {
 	segMu sync.RWMutex
 	segs  []segment // oldest first; the last one is the active segment
 
-	truncMu sync.Mutex // serializes TruncateBefore and TruncateAfter
+	truncMu sync.Mutex // serializes TruncateBefore, TruncateAfter and Reopen
+	// reopenMu keeps ReadAfter (read-locked for its whole run) and Reopen
+	// (locked) apart: Reopen replaces the segments under a reader's feet.
+	reopenMu sync.RWMutex
 
 	kick chan struct{}
 	reqs chan request
@@ -202,7 +214,7 @@ func Open(opts Options) (*Log, error) {
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
-	if err := os.MkdirAll(l.dir, 0o700); err != nil {
+	if err := atomicfile.MkdirAll(l.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("wal: create directory %s: %w", l.dir, err)
 	}
 	lock, err := os.OpenFile(filepath.Join(l.dir, lockName), os.O_RDWR|os.O_CREATE|noFollow, 0o600)
@@ -217,12 +229,19 @@ func Open(opts Options) (*Log, error) {
 		return nil, fmt.Errorf("wal: lock %s: %w", l.dir, err)
 	}
 	l.lock = lock
+	if l.mark, err = openMarker(l.dir, osOps{}, func(err error) {
+		l.log.Warn("could not update the WAL's durable mark; it trails further behind (a power cut may then be reported as corruption)", "err", err)
+	}); err != nil {
+		l.closeFiles()
+		return nil, err
+	}
 	l.prep = newPreparer(l.dir, opts.SegmentSize, l.ops, l.log)
 	if err := l.recover(); err != nil {
 		l.prep.close()
 		l.closeFiles()
 		return nil, err
 	}
+	l.mark.start()
 	if !opts.NoPreallocate {
 		l.prep.start()
 		if l.s.writeOff > opts.SegmentSize/2 {
@@ -239,14 +258,68 @@ func (l *Log) closeFiles() {
 		l.s.f.Close()
 		l.s.f = nil
 	}
+	if l.mark != nil {
+		l.mark.close()
+		l.mark = nil
+	}
 	if l.lock != nil {
 		l.lock.Close()
 		l.lock = nil
 	}
 }
 
-// Recovery reports what Open found and repaired.
-func (l *Log) Recovery() Recovery { return l.recovery }
+// Recovery reports what Open, or the last Reopen, found and repaired.
+func (l *Log) Recovery() Recovery {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.recovery
+}
+
+// Failure returns the *FailedError the log stopped with, or nil while it
+// works. It stays set until Reopen succeeds.
+func (l *Log) Failure() *FailedError {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.failure
+}
+
+// Reopen brings a stopped log (see [FailedError]) back from what is on the
+// disk, in place: every holder of l keeps using it. It first clears again
+// whatever a failed write may have left after the last durable record (the
+// page cache may still hold records whose fsync failed, and they must never
+// be read back), then runs Open's recovery on the directory (torn tails,
+// corruption, an fsync of the directory) and accepts appends again. It
+// returns the last sequence in the log, which is also durable: every entry
+// of the failed range is above it and absent. On error the log stays
+// stopped (the FailedError unchanged) and Reopen may be called again.
+//
+// Reopen on a log that did not fail makes what was accepted durable first
+// (as Sync; if that fails, the log stops and Reopen goes on from the disk)
+// and then reopens it the same way. It waits for running ReadAfter calls
+// and TruncateBefore/TruncateAfter; Appends that arrive meanwhile wait for
+// it and are judged against the reopened log.
+func (l *Log) Reopen() (last uint64, err error) {
+	l.truncMu.Lock()
+	defer l.truncMu.Unlock()
+	l.reopenMu.Lock()
+	defer l.reopenMu.Unlock()
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return 0, ErrClosed
+	}
+	ch := make(chan struct{})
+	l.truncating = ch // Appends wait (admitLocked)
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.truncating = nil
+		close(ch)
+		l.mu.Unlock()
+	}()
+	rep := l.callReply(request{kind: reqReopen})
+	return rep.seq, rep.err
+}
 
 // LastSequence is the last sequence accepted by Append (durable or not), or
 // the last one in the log after Open; 0 for a log that never held entries.
@@ -414,9 +487,8 @@ func (l *Log) admitLocked(upper int64) error {
 		if l.closed {
 			return ErrClosed
 		}
-		if l.err != nil && l.retained {
-			l.kickSyncer()
-			return l.err
+		if l.failure != nil {
+			return l.failure
 		}
 		if n := l.pendingBytes(); n == 0 || n+int(upper) <= l.opts.maxPending {
 			return nil
@@ -424,7 +496,7 @@ func (l *Log) admitLocked(upper int64) error {
 		// Back-pressure: the syncer is far behind.
 		if err := l.waitLocked(context.Background(), func() (bool, error) {
 			n := l.pendingBytes()
-			return l.closed || l.truncating != nil || (l.err != nil && l.retained) || n == 0 || n+int(upper) <= l.opts.maxPending, nil
+			return l.closed || l.truncating != nil || l.failure != nil || n == 0 || n+int(upper) <= l.opts.maxPending, nil
 		}); err != nil {
 			return err
 		}
@@ -495,18 +567,19 @@ func (l *Log) Floor() uint64 {
 // WaitDurable returns once every entry with sequence ≤ seq that was appended
 // (that is, up to min(seq, LastSequence())) is durable; at once if there is
 // nothing to wait for. Under SyncNone it waits until they are handed to the
-// OS. It returns ctx's error, ErrClosed, or the sticky ErrNoSpace /
-// ErrWriteFailed while accepted entries cannot be written.
+// OS. It returns ctx's error, ErrClosed, or the *FailedError of a stopped log
+// when seq is above its durable sequence (the entry may be in the failed
+// range; it is not in the log).
 func (l *Log) WaitDurable(ctx context.Context, seq uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.waitLocked(ctx, func() (bool, error) {
 		target := min(seq, l.lastSeq)
 		switch {
+		case l.failure != nil && seq > l.failure.Durable:
+			return true, l.failure
 		case target <= l.durable:
 			return true, nil
-		case l.err != nil && l.retained:
-			return true, l.err
 		case l.stopped:
 			return true, ErrClosed
 		}

@@ -58,7 +58,11 @@ func Write(dir, name string, write func(f *os.File) error) (size int64, err erro
 	if err := write(f); err != nil {
 		return 0, err
 	}
-	if err := f.Sync(); err != nil {
+	err = hooked(filepath.Join(dir, name))
+	if err == nil {
+		err = f.Sync()
+	}
+	if err != nil {
 		return 0, fmt.Errorf("fsync %s: %w", f.Name(), err)
 	}
 	fi, err := f.Stat()
@@ -127,7 +131,9 @@ func SyncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	err = fsyncDir(d)
+	if err = hooked(dir); err == nil {
+		err = fsyncDir(d)
+	}
 	if cerr := d.Close(); err == nil {
 		err = cerr
 	}
@@ -142,15 +148,72 @@ func SyncDir(dir string) error {
 var fsyncDir = (*os.File).Sync
 
 // Remove removes dir/name and fsyncs dir. A file that is already gone is not
-// an error.
+// an error, but dir is fsynced all the same: an earlier Remove may have
+// unlinked it and then failed its fsync, and the removal is durable only
+// once one succeeds.
 func Remove(dir, name string) error {
-	if err := os.Remove(filepath.Join(dir, name)); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
+	if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	return SyncDir(dir)
+}
+
+// MkdirAll creates dir and every missing parent with mode perm, as
+// os.MkdirAll does, and makes the creations durable: each directory it
+// creates is followed by an fsync of its parent, and dir's parent is fsynced
+// even when dir already existed (an earlier MkdirAll may have created it and
+// failed before its fsync; until one succeeds, a power cut can take dir and
+// everything in it). Without it a new directory is durable only by accident
+// of the filesystem's journal (SPEC §4, "Durable means durable across a
+// machine crash").
+func MkdirAll(dir string, perm os.FileMode) error {
+	dir = filepath.Clean(dir)
+	if _, err := mkdirAll(dir, perm); err != nil {
+		return err
+	}
+	if parent := filepath.Dir(dir); parent != dir {
+		return SyncDir(parent)
+	}
+	return nil
+}
+
+// mkdirAll creates dir and its missing parents, fsyncing the parent of each
+// directory it creates except dir's own (MkdirAll does that one), and says
+// whether it created dir.
+func mkdirAll(dir string, perm os.FileMode) (created bool, err error) {
+	fi, err := os.Stat(dir)
+	if err == nil {
+		if !fi.IsDir() {
+			return false, &os.PathError{Op: "mkdir", Path: dir, Err: syscall.ENOTDIR}
+		}
+		return false, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return false, err
+	}
+	parent := filepath.Dir(dir)
+	if parent != dir {
+		made, err := mkdirAll(parent, perm)
+		if err != nil {
+			return false, err
+		}
+		if made {
+			if gp := filepath.Dir(parent); gp != parent {
+				if err := SyncDir(gp); err != nil {
+					return false, err
+				}
+			}
+		}
+	}
+	if err := os.Mkdir(dir, perm); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			if fi, serr := os.Stat(dir); serr == nil && fi.IsDir() {
+				return false, nil // created meanwhile by someone else
+			}
+		}
+		return false, err
+	}
+	return true, nil
 }
 
 // Sweep removes the temporary files in dir that no live writer holds (left

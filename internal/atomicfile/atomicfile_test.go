@@ -247,3 +247,58 @@ func TestReadLimited(t *testing.T) {
 		t.Fatal("a symlink was read through")
 	}
 }
+
+// MkdirAll fsyncs the parent of every directory it creates, and the leaf's
+// parent even when the leaf existed: a new directory is durable only once
+// its parent is fsynced (SPEC §4).
+func TestMkdirAllFsyncsParents(t *testing.T) {
+	base := t.TempDir()
+	var synced []string
+	defer SetSyncHook(func(dir string) error { synced = append(synced, dir); return nil })()
+
+	leaf := filepath.Join(base, "a", "b", "c")
+	if err := MkdirAll(leaf, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(leaf); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("leaf: %v, %v", fi, err)
+	}
+	for _, p := range []string{base, filepath.Join(base, "a"), filepath.Join(base, "a", "b")} {
+		if !slices.Contains(synced, p) {
+			t.Errorf("parent %s not fsynced; fsynced: %v", p, synced)
+		}
+	}
+	synced = nil
+	if err := MkdirAll(leaf, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(synced, []string{filepath.Join(base, "a", "b")}) {
+		t.Errorf("existing leaf: fsynced %v, want only its parent", synced)
+	}
+
+	// A failed fsync fails MkdirAll (the directory exists but is not durable).
+	eio := errors.New("input/output error")
+	SetSyncHook(func(string) error { return eio })
+	if err := MkdirAll(filepath.Join(base, "d"), 0o700); !errors.Is(err, eio) {
+		t.Fatalf("MkdirAll with a failing fsync = %v, want %v", err, eio)
+	}
+	// A file in the way.
+	SetSyncHook(func(string) error { return nil })
+	if err := os.WriteFile(filepath.Join(base, "f"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := MkdirAll(filepath.Join(base, "f", "g"), 0o700); err == nil {
+		t.Fatal("MkdirAll through a file succeeded")
+	}
+}
+
+// Removing a file that is already gone still fsyncs the directory: an
+// earlier Remove may have unlinked it and failed its fsync.
+func TestRemoveOfAGoneFileStillFsyncs(t *testing.T) {
+	dir := t.TempDir()
+	eio := errors.New("input/output error")
+	defer SetSyncHook(func(string) error { return eio })()
+	if err := Remove(dir, "gone"); !errors.Is(err, eio) {
+		t.Fatalf("Remove of a gone file with a failing directory fsync = %v, want %v", err, eio)
+	}
+}
