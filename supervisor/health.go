@@ -7,7 +7,11 @@ import (
 
 func (s *Supervisor) readiness() (bool, string, Status) {
 	st := s.Status()
-	in := s.current().cur
+	v := s.current()
+	if v.walFailed {
+		return false, "the WAL failed (a write or fsync error): the agent is being restarted from what the log holds once it is reopened", st
+	}
+	in := v.cur
 	if in == nil {
 		switch State(st.State) {
 		case StateStarting: // before the first spawn: the listener is bound first (preflight.go)

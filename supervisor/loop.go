@@ -66,6 +66,9 @@ func (s *Supervisor) loop(ctx context.Context) error {
 				s.prepareStart()
 			}
 
+		case fe := <-s.inbox.walFailed:
+			s.walFailed(fe)
+
 		case r := <-s.inbox.stored:
 			if stop, err := s.storeDone(r); stop {
 				return err
@@ -178,6 +181,13 @@ func (s *Supervisor) spawnDone(r spawnResult) (stop bool, err error) {
 		}
 		s.prepareStart()
 		return false, nil
+	}
+	if r.err == nil && s.st.WAL().Failure() != nil {
+		// The WAL failed while the agent was being spawned: its restore may
+		// hold entries the log no longer has. Not sent a frame yet: it is
+		// stopped, and the start waits for the log to be reopened.
+		go agentproc.Discard(r.proc)
+		return s.startFailed(errWALStopped)
 	}
 	s.lc.pendingPoint = nil
 	if err := s.startSpawned(p, r.proc, r.err); err != nil {

@@ -188,7 +188,16 @@ func (s *Supervisor) appendWAL(in *conn.Instance, l *wal.Log, appendFn func([]wa
 		if errors.Is(err, wal.ErrNoSpace) || errors.Is(err, durable.ErrRestoreFull) {
 			code = schema.CodeWALFull
 		}
-		in.SendMsg(schema.NewError(code, "the supervisor could not append these WAL entries: "+err.Error(), details))
+		var fe *wal.FailedError
+		if errors.As(err, &fe) {
+			// The log stopped: these entries and its whole failed range are
+			// not in it (walfailed.go restarts the agent from what it holds).
+			e := walFailedError(fe, recs[0].Sequence, recs[len(recs)-1].Sequence)
+			e.Error.Code = code
+			in.SendMsg(e)
+		} else {
+			in.SendMsg(schema.NewError(code, "the supervisor could not append these WAL entries: "+err.Error(), details))
+		}
 		s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: "WAL append failed; told the agent", Log: in.Log(),
 			Kind: observe.AuditWALError, Fields: map[string]any{"role": in.Role(), "code": code, "error": err.Error(), "first_sequence": recs[0].Sequence},
 			Count: s.met.WALErrors.WithLabelValues(code), Limited: true})

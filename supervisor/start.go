@@ -149,7 +149,7 @@ func (s *Supervisor) open() error {
 	st, err := durable.Open(durable.Options{Dir: dir, Codec: s.codec, Log: s.log,
 		CheckpointRetain: s.cfg.CheckpointRetain, CheckpointLevel: s.cfg.CheckpointLevel, MaxFrameSize: s.cfg.MaxFrameSize,
 		WALSegmentSize: s.cfg.WALSegmentSize, WALSync: policy, WALSyncInterval: s.cfg.WALSyncInterval, OnSync: s.met.WALSynced,
-		OnRewind: s.replicaRewound})
+		OnRewind: s.replicaRewound, OnWALFailure: s.onWALFailure})
 	if err != nil {
 		return err
 	}

@@ -31,6 +31,10 @@ func (s *Supervisor) startFailed(err error) (stop bool, _ error) {
 		s.refuseStart(err)
 		return true, err
 	}
+	if errors.Is(err, errWALStopped) {
+		s.log.Error("cannot start the agent until the WAL is reopened; retrying after a back-off", "err", err)
+		return s.scheduleRestart(reasonWALFailed, true)
+	}
 	s.log.Error("cannot start the agent", "err", err)
 	return s.scheduleRestart("spawn_failed", true)
 }
@@ -65,6 +69,14 @@ func (s *Supervisor) startPrepared(p *startPrep) error {
 		return nil
 	}
 	s.lc.fallbackFrom = p.fallbackFrom
+	if p.err == nil && s.st.WAL().Failure() != nil {
+		// The WAL failed again after this restore was assembled: it may
+		// hold entries the log no longer has.
+		p.err = errWALStopped
+	}
+	if p.err == nil {
+		s.lc.walFailed = nil // reopened (or never failed)
+	}
 	if p.err != nil {
 		s.lc.preparing, s.lc.pendingPoint = nil, nil
 		s.publish()

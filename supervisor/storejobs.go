@@ -96,6 +96,16 @@ func (s *Supervisor) settleStored() {
 
 // assembleStart builds a start's restore. Store worker only.
 func (s *Supervisor) assembleStart(p *startPrep) {
+	if fe := s.st.WAL().Failure(); fe != nil {
+		last, err := s.st.ReopenWAL()
+		if err != nil {
+			p.err = fmt.Errorf("%w: %w", errWALStopped, err)
+			return
+		}
+		s.rec.Record(observe.Occurrence{Level: slog.LevelWarn, Msg: "WAL reopened from the disk after its failure; the agent is restored from what it holds",
+			Kind: observe.AuditWALError, Fields: map[string]any{"reopened": true, "last_sequence": last, "failed_first_sequence": fe.First,
+				"failed_last_sequence": fe.Last}})
+	}
 	if p.fallbackFrom != "" {
 		if m, ok := s.st.NewestGood(); !ok || m.ID != p.fallbackFrom {
 			p.fallbackFrom = "" // a newer checkpoint was stored since the fallback

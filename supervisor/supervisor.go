@@ -16,6 +16,7 @@ import (
 	"github.com/agent-sidecar/supervisor/supervisor/conn"
 	"github.com/agent-sidecar/supervisor/supervisor/durable"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
+	"github.com/agent-sidecar/supervisor/wal"
 )
 
 // Errors Run returns; the CLI maps them to exit codes.
@@ -92,6 +93,9 @@ type inbox struct {
 	force   chan struct{}    // ForceStop: skip the graceful wait
 	stored  chan storeResult // store worker answers to owner jobs
 	spawned chan spawnResult // spawned processes (spawn.go)
+	// walFailed: the WAL stopped after a failed fsync or write (walfailed.go);
+	// cap 1, sent without blocking from the WAL's syncer.
+	walFailed chan *wal.FailedError
 	// loopDone is closed when the owner loop has returned: goroutines
 	// reporting to it stop waiting.
 	loopDone chan struct{}
@@ -120,6 +124,9 @@ type lifecycle struct {
 	lastRestored string // checkpoint id of the newest restore sent to a primary
 	trial        *trial
 	trialPrep    bool // an evolution's backup is being prepared (storeResult.trial)
+	// walFailed: the WAL stopped and has not been reopened yet (walfailed.go);
+	// readiness fails meanwhile.
+	walFailed *wal.FailedError
 
 	// The loop's timers: the next start (back-off), and the current
 	// instance's heartbeat deadline.
@@ -156,12 +163,13 @@ func New(cfg Config) (*Supervisor, error) {
 		work:  durable.NewWorker[ckptJob](ckptQueueBytes),
 		spawn: spawnProcess,
 		inbox: inbox{
-			events:   make(chan conn.Event, 256),
-			control:  make(chan controlCall),
-			force:    make(chan struct{}, 1),
-			stored:   make(chan storeResult, 4),
-			spawned:  make(chan spawnResult), // unbuffered: an answer is taken by the loop, or settled by its sender
-			loopDone: make(chan struct{}),
+			events:    make(chan conn.Event, 256),
+			control:   make(chan controlCall),
+			force:     make(chan struct{}, 1),
+			stored:    make(chan storeResult, 4),
+			spawned:   make(chan spawnResult), // unbuffered: an answer is taken by the loop, or settled by its sender
+			loopDone:  make(chan struct{}),
+			walFailed: make(chan *wal.FailedError, 1),
 		},
 		lc: lifecycle{bo: backoff{
 			initial: cfg.BackoffInitial, max: cfg.BackoffMax,

@@ -18,12 +18,14 @@ type view struct {
 	// failed: the supervisor has given up (crash loop, a failure with
 	// --restart never, or a state it cannot restore); /healthz fails.
 	failed bool
+	// walFailed: the WAL stopped and is not reopened yet; /readyz fails.
+	walFailed bool
 }
 
 // publish makes the owner's current state visible to other goroutines.
 // Owner only.
 func (s *Supervisor) publish() {
-	v := &view{status: s.lc.stat, trial: s.lc.trial, failed: s.lc.failed}
+	v := &view{status: s.lc.stat, trial: s.lc.trial, failed: s.lc.failed, walFailed: s.lc.walFailed != nil}
 	if s.lc.cur != nil {
 		v.cur = s.lc.cur.Instance
 	}

@@ -132,6 +132,14 @@ func (in *Instance) ackFailed(err error, first, last uint64) {
 	in.met.WALErrors.WithLabelValues(code).Inc()
 	in.log.Error("WAL entries asked for wal_ack are not durable; told the agent", "code", code, "err", err,
 		"first_sequence", first, "last_sequence", last)
-	in.SendMsg(schema.NewError(code, fmt.Sprintf("WAL entries %d..%d may not be durable: %v; do not act on them", first, last, err),
-		map[string]any{"first_sequence": first, "last_sequence": last}))
+	details := map[string]any{"first_sequence": first, "last_sequence": last}
+	var fe *wal.FailedError
+	if errors.As(err, &fe) {
+		// The log stopped: name every sequence it does not hold.
+		if fe.First != 0 {
+			first, last = min(first, fe.First), max(last, fe.Last)
+		}
+		details = map[string]any{"first_sequence": first, "last_sequence": last, "durable_sequence": fe.Durable}
+	}
+	in.SendMsg(schema.NewError(code, fmt.Sprintf("WAL entries %d..%d may not be durable: %v; do not act on them", first, last, err), details))
 }

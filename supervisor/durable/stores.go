@@ -124,6 +124,11 @@ type Options struct {
 	// OnRewind hears of an operator's rollback (Rewind): the replica's
 	// history is no longer ours. May be nil.
 	OnRewind func()
+	// OnWALFailure hears, once per failure, that the WAL stopped after a
+	// failed fsync or write (wal.FailedError): its owner must tell the
+	// agent and restart it from the log once reopened (ReopenWAL). Called on
+	// the WAL's syncer goroutine: it must not block. May be nil.
+	OnWALFailure func(*wal.FailedError)
 }
 
 // Open opens the checkpoint store, then the WAL (told the newest
@@ -149,7 +154,7 @@ func Open(o Options) (*Stores, error) {
 	w, err := wal.Open(wal.Options{
 		Dir: filepath.Join(dir, "wal"), SegmentSize: o.WALSegmentSize, Sync: o.WALSync,
 		SyncInterval: o.WALSyncInterval, Logger: log.With("component", "wal"),
-		OnSync: o.OnSync, CoveredThrough: covered,
+		OnSync: o.OnSync, CoveredThrough: covered, OnFailure: o.OnWALFailure,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open WAL in %s: %w", filepath.Join(dir, "wal"), err)
@@ -171,6 +176,30 @@ func Open(o Options) (*Stores, error) {
 
 // Close closes the WAL (syncing what it holds).
 func (st *Stores) Close() error { return st.wal.Close() }
+
+// ReopenWAL brings the WAL back after it stopped on a failed fsync or
+// write (wal.Log.Reopen): it holds what the disk holds, every entry of the
+// failed range absent. The restorability accounting restarts from the
+// reopened tail, as at Open. Store worker only. It returns the log's last
+// sequence.
+func (st *Stores) ReopenWAL() (uint64, error) {
+	last, err := st.wal.Reopen()
+	if err != nil {
+		return 0, fmt.Errorf("reopen the WAL after its failure: %w", err)
+	}
+	var covered uint64
+	if m := st.newest.Load(); m != nil {
+		covered = m.Watermark
+	}
+	var tail int64
+	err = st.wal.ReadAfter(covered, func(e wal.Entry) error { tail += int64(len(e.Data)); return nil })
+	if err != nil && !errors.Is(err, wal.ErrCorrupt) {
+		return 0, fmt.Errorf("read the reopened WAL after sequence %d: %w", covered, err)
+	}
+	st.appended.Store(tail)
+	st.base.Store(0)
+	return last, nil
+}
 
 // WAL is the primary's log.
 func (st *Stores) WAL() *wal.Log { return st.wal }

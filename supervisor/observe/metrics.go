@@ -35,6 +35,7 @@ type Metrics struct {
 	WALGaps          prometheus.Counter
 	WALErrors        *prometheus.CounterVec
 	WALFsync         prometheus.Histogram
+	WALFsyncFailures prometheus.Counter
 	WALLastSeq       prometheus.GaugeFunc
 	Checkpoints      prometheus.Counter
 	CheckpointFailed prometheus.Counter
@@ -113,6 +114,9 @@ func NewMetrics(heartbeatAge, walLastSeq func() float64, extra ...prometheus.Col
 	m.WALFsync = a.NewHistogram(prometheus.HistogramOpts{
 		Name: "supervisor_wal_fsync_duration_seconds", Help: "Duration of WAL group-commit fsyncs.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 15), // 100µs .. ~1.6s
+	})
+	m.WALFsyncFailures = a.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_wal_fsync_failures_total", Help: "Times the WAL stopped after a failed fsync or write: the entries not yet durable were refused (WAL_FAILED, their whole range), the log reopened from the disk and the agent restarted from it.",
 	})
 	m.WALLastSeq = a.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "supervisor_wal_last_sequence", Help: "Highest sequence appended to the WAL.",
@@ -200,7 +204,7 @@ func NewMetrics(heartbeatAge, walLastSeq func() float64, extra ...prometheus.Col
 // restartReasons are the values of supervisor_agent_restarts_total's reason
 // label (docs/operations.md).
 var restartReasons = []string{"crashed", "exited", "killed", "hung", "start_timeout",
-	"framing_error", "read_error", "unresponsive", "spawn_failed"}
+	"framing_error", "read_error", "unresponsive", "spawn_failed", "wal_failed"}
 
 // agentReport converts an agent's Metrics message to base units. The
 // known keys are schema's one list (schema.KnownMetrics).
