@@ -76,7 +76,7 @@ type Generation struct {
 
 // Inventory is everything under the replica's prefix.
 type Inventory struct {
-	Generations []*Generation // the one to restore by default first: the most recently written
+	Generations []*Generation // most recently written first (Default is the one a restore takes)
 	Ignored     []string      // keys this layout does not name
 }
 
@@ -269,7 +269,7 @@ func (g *Generation) Restorable() (uint64, bool) {
 // Target says what to restore: the newest state (zero value), the state
 // at a WAL sequence, or the replica as it was at a time.
 type Target struct {
-	Generation string    // "" = the most recently written one
+	Generation string    // "" = the Default one
 	Sequence   uint64    // > 0: the state right after this sequence
 	Time       time.Time // non-zero: the state the replica held at this time
 }

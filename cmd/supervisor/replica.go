@@ -79,7 +79,7 @@ func (c *replicaCmd) restore(ctx context.Context, args []string) error {
 	dataDir := f.dataDir()
 	toSeq := f.String("to-sequence", "", "restore the state right after this WAL sequence")
 	toTime := f.String("to-time", "", "restore the state the replica held at this time (RFC 3339, e.g. 2026-11-23T18:00:00Z)")
-	gen := f.String("generation", "", "the generation to restore (see `supervisor replica list`); default the most recently written")
+	gen := f.String("generation", "", "the generation to restore (see `supervisor replica list`); default the most recently written that can be restored")
 	asJSON := f.Bool("json", false, "print the result as JSON")
 	f.meta["to-sequence"], f.meta["to-time"], f.meta["generation"] = "N", "T", "ID"
 	if err := f.parseFlagsOnly(args); err != nil {
