@@ -263,7 +263,7 @@ func (c constCollector) Collect(ch chan<- prometheus.Metric) {
 // A restart on the same data directory continues its generation without
 // uploading again what the bucket holds (only a claim that it writes it).
 func TestResumeSameGeneration(t *testing.T) {
-	_, c := setup(t, "agents/a1")
+	srv, c := setup(t, "agents/a1")
 	d := openDataDir(t, t.TempDir())
 	d.append(1, 30)
 	d.checkpoint()
@@ -285,6 +285,15 @@ func TestResumeSameGeneration(t *testing.T) {
 	// Nothing again but the restart's owner claim (a small JSON object).
 	if n := testutil.ToFloat64(counter(t, reg, "supervisor_replica_uploaded_objects_total")); n != 1 {
 		t.Fatalf("restart uploaded %v objects, want only its owner claim", n)
+	}
+	claims := 0
+	for _, k := range srv.Keys("bkt", "agents/a1/") {
+		if strings.Contains(k, "/owners/") {
+			claims++
+		}
+	}
+	if claims != 1 {
+		t.Fatalf("%d owner claims after a restart; the older one is deleted", claims)
 	}
 	d.append(61, 70)
 	waitUploaded(t, r2, 70)

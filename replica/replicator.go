@@ -565,6 +565,17 @@ func (r *Replicator) resume(ctx context.Context, gen, session string) (ok bool, 
 			"generation", gen, "other_session", other.Session)
 		return false, nil
 	}
+	// The claims before this one are history: one object per restart is
+	// enough (a copy still compares the newest claim with its own).
+	var old []string
+	for _, o := range g.Owners {
+		old = append(old, o.Key)
+	}
+	if len(old) > 0 {
+		if err := r.removeRaw(ctx, old); err != nil {
+			r.log.Warn("replica: could not delete older owner claims (harmless; retried at the next start)", "err", err)
+		}
+	}
 	for _, cp := range g.Checkpoints {
 		r.ckpts[cp.ID] = cp
 	}
