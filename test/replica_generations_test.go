@@ -250,3 +250,80 @@ func TestReplicaCopiedDataDirectory(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaCopiedWhileRunning: the data directory is copied while its
+// supervisor runs, and the copy is started with the same replica. The copy
+// continues the generation (it holds everything the generation does, and
+// the running supervisor's claim was the newest); the running one finds
+// the copy's newer claim before its next upload or delete, removes what it
+// wrote there since, and starts a generation of its own. Both then write,
+// checkpoint and prune; each generation restores to its writer's last
+// replicated entry, with its writer's entries only.
+func TestReplicaCopiedWhileRunning(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.MakeBucket("state")
+	flags := append(replicaFlags(srv, "state", "live"), "--checkpoint-retain", "2")
+	env := append(srv.Env(), "AGENT_NO_FINAL_CHECKPOINT=1")
+	gate := filepath.Join(t.TempDir(), "copy-up")
+	work := func(tag string) plan {
+		p := plan{{"wait_file": gate}}
+		for i := 0; i < 4; i++ {
+			p = append(p, map[string]any{"log": 40, "tag": tag, "rate": 200}, map[string]any{"checkpoint": true})
+		}
+		return append(p, map[string]any{"log": 10, "tag": tag}, map[string]any{"stay": true})
+	}
+	dirA := filepath.Join(t.TempDir(), "data")
+	a := startSup(t, scripted(t, dirA, flags, env, append(plan{{"log": 100}, {"checkpoint": true}, {"log": 20}}, work("a")...)))
+	var gen string
+	waitFor(t, 60*time.Second, "120 entries replicated", func() bool {
+		_, rs := statusOf(t, dirA)
+		gen = rs.Generation
+		return rs.UploadedSequence == 120 && rs.LagEntries == 0
+	})
+	dirB := filepath.Join(t.TempDir(), "data")
+	if out, err := exec.Command("cp", "-a", dirA, dirB).CombinedOutput(); err != nil {
+		t.Fatalf("copy: %v %s", err, out)
+	}
+	b := startSup(t, scripted(t, dirB, flags, env, work("b")))
+	waitFor(t, 60*time.Second, "the copy continues the generation", func() bool {
+		_, rs := statusOf(t, dirB)
+		return rs.Generation == gen && rs.State == "ok"
+	})
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var ra, rb replicaStatus
+	for _, x := range []struct {
+		s   *sup
+		dir string
+		rs  *replicaStatus
+	}{{a, dirA, &ra}, {b, dirB, &rb}} {
+		x.s.waitEvents("staying", 1, 120*time.Second)
+		waitFor(t, 90*time.Second, "caught up", func() bool {
+			_, *x.rs = statusOf(t, x.dir)
+			return x.rs.UploadedSequence == 120+170 && x.rs.LagEntries == 0
+		})
+	}
+	if rb.Generation != gen || ra.Generation == gen {
+		t.Fatalf("the copy writes %s, the original %s; want the copy in %s and the original in one of its own", rb.Generation, ra.Generation, gen)
+	}
+	if !strings.Contains(a.out.String(), "another supervisor now writes this generation") {
+		t.Fatalf("the original does not say why it left the generation:\n%s", tail(a.out.String(), 20))
+	}
+	for _, x := range []struct{ gen, tag string }{{ra.Generation, "a"}, {rb.Generation, "b"}} {
+		dir := filepath.Join(t.TempDir(), "r")
+		code, stdout, stderr := cliEnv(t, srv.Env(), append([]string{"replica", "restore", "--data-dir", dir, "--generation", x.gen}, flags[:4]...)...)
+		if code != 0 {
+			t.Fatalf("restore generation %s: exit %d\n%s%s", x.gen, code, stdout, stderr)
+		}
+		r := readRestored(t, dir)
+		if !slices.Equal(r.seqs, seqRange(r.watermark+1, 290)) {
+			t.Fatalf("generation %s (%s): entries %s after %d, want through 290", x.gen, x.tag, summary(r.seqs), r.watermark)
+		}
+		for _, seq := range r.seqs {
+			if seq > 120 && r.tags[seq] != x.tag {
+				t.Fatalf("generation %s (%s) holds entry %d of the other copy (tag %q)", x.gen, x.tag, seq, r.tags[seq])
+			}
+		}
+	}
+}
