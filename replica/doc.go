@@ -28,10 +28,16 @@
 //
 // A generation is one line of history written by one data directory
 // (DATA_DIR/replica.json names it). A restart continues it when the local
-// WAL reaches at least its newest chunk; anything else — a restored or
-// rolled-back directory ([Replicator.Rewound]), a second supervisor on the
-// prefix — starts a new one. A restore takes one generation whole: the most
-// recently written unless [Target] names another.
+// WAL reaches at least its newest chunk and no other directory claimed it
+// since this one last did (owners/SESSION-SHA.json, [OwnerClaim]); anything
+// else — a restored or rolled-back directory ([Replicator.Rewound]), a
+// second supervisor on the prefix, a copy of the directory — starts a new
+// one. A running replicator that finds a newer claim on its generation
+// (looked for every OwnerCheckInterval before an upload, and before every
+// delete) removes what it wrote there after the other's start and begins
+// its own. A restore takes one generation whole: the most recently written
+// that offers a restore ([Inventory.Default]; newer ones holding nothing
+// restorable are passed over and reported) unless [Target] names another.
 //
 // # The restore invariant
 //

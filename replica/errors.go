@@ -11,6 +11,10 @@ var (
 	ErrAuth = errors.New("replica: access denied")
 	// ErrBucket: the bucket does not exist (or the region is wrong).
 	ErrBucket = errors.New("replica: bucket unavailable")
+	// ErrFull: the store refused an upload for lack of space: the drive is
+	// full or a bucket quota is reached (retried; an operator must free
+	// space or raise the quota).
+	ErrFull = errors.New("replica: object store full")
 	// ErrNetwork: the server could not be reached or failed (retried).
 	ErrNetwork = errors.New("replica: server unreachable")
 	// ErrNotFound: an object is missing.
@@ -25,9 +29,11 @@ var (
 )
 
 // Kind names the error's kind for supervisor_replica_errors_total:
-// network, auth, bucket, corrupt or other.
+// network, full, auth, bucket, corrupt or other.
 func Kind(err error) string {
 	switch {
+	case errors.Is(err, ErrFull):
+		return "full"
 	case errors.Is(err, ErrNetwork):
 		return "network"
 	case errors.Is(err, ErrAuth):

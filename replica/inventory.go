@@ -8,6 +8,7 @@ import (
 	"io"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -23,6 +24,36 @@ type GenerationInfo struct {
 	// Base: the chain of WAL chunks starts after this sequence (the local
 	// WAL's floor when the generation began).
 	Base uint64 `json:"base"`
+	// Parent: the restore from this replica the data directory began from
+	// (absent: it was not restored from this replica). The parent
+	// generation holds that history until this one can be restored.
+	Parent *Position `json:"parent,omitempty"`
+}
+
+// Position is a point of one generation's history: a restore of
+// Generation through Sequence, from checkpoint CheckpointID ("": none).
+type Position struct {
+	Generation   string `json:"generation"`
+	Sequence     uint64 `json:"sequence"`
+	CheckpointID string `json:"checkpoint_id,omitempty"`
+}
+
+// OwnerClaim is what owners/SESSION-SHA.json says: one supervisor run that
+// writes the generation. The newest claim (sessions are version 7 UUIDs,
+// ordered by time) is the generation's writer; a run that finds a newer
+// claim than its own stops writing there (see Replicator).
+type OwnerClaim struct {
+	Session  string    `json:"session"`
+	Started  time.Time `json:"started"`
+	Hostname string    `json:"hostname,omitempty"`
+	PID      int       `json:"pid,omitempty"`
+	// Head: the generation's WAL chain ended here when the claim was made;
+	// the claimant's chunks continue from it.
+	Head uint64 `json:"head"`
+	// Checkpoints: the claimant's local checkpoints above Head when it
+	// claimed (a copied data directory holds them too: a writer that
+	// yields never removes them).
+	Checkpoints []string `json:"checkpoints,omitempty"`
 }
 
 // Generation is one generation as listed.
@@ -37,14 +68,20 @@ type Generation struct {
 	// directory resumed the same generation): only history up to it is
 	// trusted.
 	ForkAt *uint64
-	Bytes  int64
+	// ForkObjects are the first two overlapping chunks.
+	ForkObjects []string
+	Owners      []object // claims, oldest session first
+	Bytes       int64
 }
 
 // Inventory is everything under the replica's prefix.
 type Inventory struct {
-	Generations []*Generation // the one to restore by default first: the most recently written
+	Generations []*Generation // most recently written first (Default is the one a restore takes)
 	Ignored     []string      // keys this layout does not name
 }
+
+// listTimeout bounds one listing of the replica (all its pages).
+const listTimeout = 2 * time.Minute
 
 // maxIgnored caps the ignored keys kept for a report.
 const maxIgnored = 20
@@ -76,7 +113,8 @@ func (c *Client) List(ctx context.Context) (*Inventory, error) {
 func (c *Client) listUnder(ctx context.Context, rel string) (map[string]*Generation, []string, error) {
 	gens := map[string]*Generation{}
 	var ignored []string
-	lctx, cancel := context.WithCancel(ctx)
+	// A listing of many pages may take a while; one that hangs may not.
+	lctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
 	for obj := range c.mc.ListObjects(lctx, c.loc.Bucket, minio.ListObjectsOptions{Prefix: c.loc.key(rel), Recursive: true}) {
 		if obj.Err != nil {
@@ -110,6 +148,8 @@ func (c *Client) listUnder(ctx context.Context, rel string) (map[string]*Generat
 			g.Chunks = append(g.Chunks, o)
 		case "file":
 			g.Files[o.Name] = append(g.Files[o.Name], o)
+		case "owner":
+			g.Owners = append(g.Owners, o)
 		}
 	}
 	for _, g := range gens {
@@ -128,11 +168,13 @@ func (g *Generation) sort() {
 	for _, fs := range g.Files {
 		slices.SortFunc(fs, func(a, b object) int { return a.Time.Compare(b.Time) })
 	}
+	slices.SortFunc(g.Owners, func(a, b object) int { return cmp.Compare(a.ID, b.ID) })
 	// Chunks of one writer never overlap; overlapping ones mean two writers.
 	for i := 1; i < len(g.Chunks); i++ {
 		if g.Chunks[i].After < g.Chunks[i-1].Last {
 			at := g.Chunks[i].After
 			g.ForkAt = &at
+			g.ForkObjects = []string{g.Chunks[i-1].Key, g.Chunks[i].Key}
 			break
 		}
 	}
@@ -227,7 +269,7 @@ func (g *Generation) Restorable() (uint64, bool) {
 // Target says what to restore: the newest state (zero value), the state
 // at a WAL sequence, or the replica as it was at a time.
 type Target struct {
-	Generation string    // "" = the most recently written one
+	Generation string    // "" = the Default one
 	Sequence   uint64    // > 0: the state right after this sequence
 	Time       time.Time // non-zero: the state the replica held at this time
 }
@@ -239,26 +281,88 @@ type Plan struct {
 	Chunks     []object
 	Last       uint64 // the restore ends at this sequence (≥ the checkpoint's watermark)
 	Files      []object
+	// Skipped: newer generations passed over, holding nothing restorable.
+	Skipped []SkippedGeneration
 }
 
-// Plan chooses what to restore for t.
-func (inv *Inventory) Plan(t Target) (Plan, error) {
-	if len(inv.Generations) == 0 {
-		return Plan{}, ErrEmpty
+// SkippedGeneration is a generation newer than the one a restore took
+// that offers no restore at all, and why.
+type SkippedGeneration struct {
+	ID     string `json:"id"`
+	Reason string `json:"reason"`
+}
+
+// holdsData: g holds a checkpoint or a WAL chunk (restorable or not).
+func (g *Generation) holdsData() bool { return len(g.Checkpoints) > 0 || len(g.Chunks) > 0 }
+
+// NotRestorable says why g offers no restore ("" when it offers one).
+func (g *Generation) NotRestorable() string {
+	if !g.holdsData() {
+		return "holds no checkpoint and no WAL: its supervisor stopped, or the store refused its uploads, before its first checkpoint was uploaded"
 	}
-	g := inv.Generations[0]
+	if _, err := g.plan(Target{}, nil); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// Default is the generation a restore takes unless told otherwise: the
+// most recently written one that offers a restore (nil: none does).
+// Generations written more recently that hold nothing restorable (a node
+// that died, or whose uploads were refused, before its first checkpoint was
+// uploaded) are passed over: they are never a reason to lose the history an
+// older one holds.
+func (inv *Inventory) Default() *Generation {
+	for _, g := range inv.Generations {
+		if _, ok := g.Restorable(); ok {
+			return g
+		}
+	}
+	return nil
+}
+
+// Plan chooses what to restore for t. Without t.Generation it plans from
+// the Default generation, and Plan.Skipped lists the newer ones passed
+// over. ErrEmpty: no generation holds any checkpoint or WAL (a fresh
+// start); ErrNoTarget: some do, none can be restored.
+func (inv *Inventory) Plan(t Target) (Plan, error) {
 	if t.Generation != "" {
-		g = nil
-		for _, x := range inv.Generations {
-			if x.ID == t.Generation {
-				g = x
+		for _, g := range inv.Generations {
+			if g.ID == t.Generation {
+				return g.plan(t, nil)
 			}
 		}
-		if g == nil {
-			return Plan{}, fmt.Errorf("%w: no generation %q (see `supervisor replica list`)", ErrNoTarget, truncate(t.Generation, 64))
+		return Plan{}, fmt.Errorf("%w: no generation %q (see `supervisor replica list`)", ErrNoTarget, truncate(t.Generation, 64))
+	}
+	var skipped []SkippedGeneration
+	data := false
+	for _, g := range inv.Generations {
+		if _, ok := g.Restorable(); ok {
+			p, err := g.plan(t, nil)
+			p.Skipped = skipped
+			return p, err
+		}
+		data = data || g.holdsData()
+		skipped = append(skipped, SkippedGeneration{ID: g.ID, Reason: g.NotRestorable()})
+	}
+	if !data {
+		switch {
+		case len(inv.Generations) > 0:
+			return Plan{}, fmt.Errorf("%w: none of its %d generations holds a checkpoint or a WAL chunk (newest: %s, %s)",
+				ErrEmpty, len(inv.Generations), inv.Generations[0].ID, inv.Generations[0].NotRestorable())
+		case len(inv.Ignored) > 0:
+			return Plan{}, fmt.Errorf("%w: no generation, only objects this replica does not write (%s%s); is --replica the right prefix?",
+				ErrEmpty, inv.Ignored[0], map[bool]string{true: ", …", false: ""}[len(inv.Ignored) > 1])
+		}
+		return Plan{}, ErrEmpty
+	}
+	var why []string
+	for _, s := range skipped {
+		if len(why) < 3 {
+			why = append(why, s.ID+": "+s.Reason)
 		}
 	}
-	return g.plan(t, nil)
+	return Plan{Skipped: skipped}, fmt.Errorf("%w: no generation can be restored without a gap (%s)", ErrNoTarget, strings.Join(why, "; "))
 }
 
 // plan works out a restore from g; exclude lists checkpoint keys not to use
@@ -304,9 +408,18 @@ func (g *Generation) plan(t Target, exclude map[string]bool) (Plan, error) {
 			best, bestEnd, have = cp, end, true
 		}
 	}
+	if have && best == nil && bestEnd == 0 {
+		// A chain from the start that includes nothing: its first chunks
+		// overlap (two writers, or an object no supervisor wrote).
+		have = false
+	}
 	if !have {
 		if len(g.Checkpoints) == 0 && len(g.Chunks) == 0 {
 			return Plan{}, fmt.Errorf("%w: generation %s holds no checkpoint and no WAL yet", ErrEmpty, g.ID)
+		}
+		if g.ForkAt != nil && *g.ForkAt <= n {
+			return Plan{}, fmt.Errorf("%w: generation %s: its WAL chunks %s and %s overlap after sequence %d (two writers, or an object no supervisor wrote), "+
+				"and no checkpoint at or below that point has its WAL after it", ErrNoTarget, g.ID, g.ForkObjects[0], g.ForkObjects[1], *g.ForkAt)
 		}
 		return Plan{}, fmt.Errorf("%w: generation %s holds no checkpoint at or below sequence %d with its WAL after it", ErrNoTarget, g.ID, n)
 	}
@@ -375,18 +488,30 @@ type GenerationSummary struct {
 	// RestorableTo is the newest sequence a restore reaches without a gap
 	// (absent: nothing restorable yet).
 	RestorableTo *uint64 `json:"restorable_to,omitempty"`
-	ForkAt       *uint64 `json:"fork_after_sequence,omitempty"`
+	// NotRestorable says why there is nothing to restore (a default
+	// restore passes such a generation over).
+	NotRestorable string    `json:"not_restorable,omitempty"`
+	ForkAt        *uint64   `json:"fork_after_sequence,omitempty"`
+	ForkObjects   []string  `json:"fork_objects,omitempty"`
+	Parent        *Position `json:"parent,omitempty"`
+	// Owner: the session of the newest supervisor run that claimed it.
+	Owner string `json:"owner,omitempty"`
 }
 
 // Summary describes every generation, the default one first.
 func (inv *Inventory) Summary() []GenerationSummary {
 	out := []GenerationSummary{}
-	for i, g := range inv.Generations {
-		s := GenerationSummary{ID: g.ID, Updated: g.Updated.UTC(), Default: i == 0, Chunks: len(g.Chunks), Bytes: g.Bytes,
-			ForkAt: g.ForkAt, Checkpoints: []CheckpointSummary{}}
+	def := inv.Default()
+	for _, g := range inv.Generations {
+		s := GenerationSummary{ID: g.ID, Updated: g.Updated.UTC(), Default: g == def, Chunks: len(g.Chunks), Bytes: g.Bytes,
+			ForkAt: g.ForkAt, ForkObjects: g.ForkObjects, Checkpoints: []CheckpointSummary{}}
 		if g.Info != nil {
-			s.Created, s.Hostname = g.Info.Created, truncate(g.Info.Hostname, 64) // the bucket's text
+			s.Created, s.Hostname, s.Parent = g.Info.Created, truncate(g.Info.Hostname, 64), g.Info.Parent // the bucket's text
 		}
+		if n := len(g.Owners); n > 0 {
+			s.Owner = g.Owners[n-1].ID
+		}
+		s.NotRestorable = g.NotRestorable()
 		for _, cp := range g.Checkpoints {
 			s.Checkpoints = append(s.Checkpoints, CheckpointSummary{ID: cp.ID, Created: cp.Time, Watermark: cp.Watermark, Bytes: cp.Size})
 		}

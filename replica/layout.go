@@ -17,6 +17,7 @@ import (
 //	checkpoints/WM-ID-SHA.ckpt                a stored checkpoint file, as is
 //	wal/AFTER-LAST-MS-SHA.chunk               WAL entries in (AFTER, LAST]
 //	files/NAME/NANOS-SHA                      a version of a small file
+//	owners/SESSION-SHA.json                   a supervisor that wrote it (OwnerClaim)
 //
 // WM, AFTER and LAST are 16 hex digits (lexical order is numeric order),
 // MS the chunk's cut time in unix milliseconds and NANOS a version's time in
@@ -79,6 +80,10 @@ func chunkKey(gen string, after, last uint64, cut time.Time, sha string) string 
 	return genDir(gen) + "wal/" + hex16(after) + "-" + hex16(last) + "-" + hex16(uint64(cut.UnixMilli())) + "-" + sha + ".chunk"
 }
 
+func ownerKey(gen, session, sha string) string {
+	return genDir(gen) + "owners/" + session + "-" + sha + ".json"
+}
+
 func fileKey(gen, name string, at time.Time, sha string) string {
 	return genDir(gen) + "files/" + name + "/" + hex16(uint64(at.UnixNano())) + "-" + sha
 }
@@ -90,10 +95,10 @@ type object struct {
 	// LastModified is the server's time of the upload.
 	LastModified time.Time
 	Gen          string
-	Kind         string // "generation", "checkpoint", "chunk", "file"
+	Kind         string // "generation", "checkpoint", "chunk", "file", "owner"
 	SHA          string
 
-	ID        string    // checkpoint id
+	ID        string    // checkpoint id; owner: its session
 	Watermark uint64    // checkpoint
 	After     uint64    // chunk: (After, Last]
 	Last      uint64    // chunk
@@ -143,6 +148,14 @@ func parseKey(rel string) (object, bool) {
 			return object{}, false
 		}
 		o.Kind, o.After, o.Last, o.Time, o.SHA = "chunk", after, last, time.UnixMilli(int64(ms)).UTC(), f[3]
+		return o, validSum(o.SHA)
+	case strings.HasPrefix(rest, "owners/") && strings.HasSuffix(rest, ".json"):
+		body := strings.TrimSuffix(strings.TrimPrefix(rest, "owners/"), ".json")
+		// SESSION(36) - SHA(64)
+		if len(body) != 36+1+64 || body[36] != '-' || !validGeneration(body[:36]) {
+			return object{}, false
+		}
+		o.Kind, o.ID, o.SHA = "owner", body[:36], body[37:]
 		return o, validSum(o.SHA)
 	case strings.HasPrefix(rest, "files/"):
 		name, ver, ok := strings.Cut(strings.TrimPrefix(rest, "files/"), "/")

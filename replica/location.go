@@ -166,6 +166,9 @@ func (c *Client) wrap(op, what string, err error) error {
 		return fmt.Errorf("%w: %s %s: %s (%s); %s", ErrAuth, op, truncate(what, 200), resp.Code, truncate(resp.Message, 160), hint)
 	case "NoSuchKey":
 		return fmt.Errorf("%w: %s %s: %s", ErrNotFound, op, truncate(what, 200), resp.Code)
+	case "XMinioStorageFull", "StorageFull", "XMinioAdminBucketQuotaExceeded", "XMinioBucketQuotaExceeded", "QuotaExceeded", "InsufficientStorage":
+		return fmt.Errorf("%w: %s %s: %s (%s); free space in the store or raise the bucket's quota (uploads are retried)",
+			ErrFull, op, truncate(what, 200), resp.Code, truncate(resp.Message, 160))
 	case "AuthorizationHeaderMalformed", "InvalidRegion", "PermanentRedirect":
 		return fmt.Errorf("%w: %s %s: %s (%s); check --replica-region and --replica-endpoint", ErrBucket, op, truncate(what, 200), resp.Code, truncate(resp.Message, 160))
 	}
@@ -173,6 +176,10 @@ func (c *Client) wrap(op, what string, err error) error {
 	var ue *url.Error
 	if errors.As(err, &ne) || errors.As(err, &ue) || errors.Is(err, context.DeadlineExceeded) || isConnErr(err) {
 		return fmt.Errorf("%w: %s %s at %s: %v", ErrNetwork, op, truncate(what, 200), c.endpointName(), truncateErr(err))
+	}
+	if resp.StatusCode == http.StatusInsufficientStorage {
+		return fmt.Errorf("%w: %s %s: server error %d %s; free space in the store or raise the bucket's quota (uploads are retried)",
+			ErrFull, op, truncate(what, 200), resp.StatusCode, truncate(resp.Code, 64))
 	}
 	if resp.StatusCode >= 500 {
 		return fmt.Errorf("%w: %s %s: server error %d %s", ErrNetwork, op, truncate(what, 200), resp.StatusCode, truncate(resp.Code, 64))

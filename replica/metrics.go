@@ -17,7 +17,7 @@ type metrics struct {
 }
 
 // ErrorKinds are the values of supervisor_replica_errors_total's kind label.
-var ErrorKinds = []string{"network", "auth", "bucket", "corrupt", "other"}
+var ErrorKinds = []string{"network", "full", "auth", "bucket", "corrupt", "other"}
 
 func newMetrics(reg prometheus.Registerer, r *Replicator) *metrics {
 	m := &metrics{
@@ -26,7 +26,7 @@ func newMetrics(reg prometheus.Registerer, r *Replicator) *metrics {
 		objects: prometheus.NewCounter(prometheus.CounterOpts{Name: "supervisor_replica_uploaded_objects_total",
 			Help: "Objects uploaded to the replica."}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "supervisor_replica_errors_total",
-			Help: "Failed replica passes, by kind: network, auth, bucket, corrupt, other."}, []string{"kind"}),
+			Help: "Failed replica passes, by kind: network, full, auth, bucket, corrupt, other."}, []string{"kind"}),
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{Name: "supervisor_replica_last_success_timestamp_seconds",
 			Help: "Unix time of the last successful upload to the replica (0: none yet)."}),
 	}
@@ -42,9 +42,11 @@ func newMetrics(reg prometheus.Registerer, r *Replicator) *metrics {
 	lagSeconds := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "supervisor_replica_lag_seconds",
 		Help: "Age of the oldest durable WAL entry not yet uploaded to the replica (0 when caught up)."},
 		func() float64 {
+			now := time.Now()
+			r.observe(now) // the run goroutine may be stuck in a request
 			r.mu.Lock()
 			defer r.mu.Unlock()
-			return r.lagLocked(time.Now())
+			return r.lagLocked(now)
 		})
 	reg.MustRegister(m.bytes, m.objects, m.errors, m.lastSuccess, lagEntries, lagSeconds)
 	return m

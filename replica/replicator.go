@@ -47,6 +47,10 @@ type Options struct {
 	// Registerer, when set, receives the supervisor_replica_* metrics.
 	Registerer prometheus.Registerer
 	Version    string // the supervisor's, recorded in each generation
+	// OwnerCheckInterval: before an upload, the generation's claims are
+	// listed again when the last look is older than this (before a delete,
+	// always), so that a second writer is found. Default 10s.
+	OwnerCheckInterval time.Duration
 }
 
 // stateFile, in the data directory, names the generation this directory
@@ -54,9 +58,20 @@ type Options struct {
 const stateFile = "replica.json"
 
 type localState struct {
-	Generation string `json:"generation"`
+	Generation string `json:"generation,omitempty"`
 	Replica    string `json:"replica"` // the location it was written to
+	// Session: this directory's newest claim on the generation; another
+	// claim newer than it means another directory continued it.
+	Session string `json:"session,omitempty"`
+	// Parent: written by a restore: where the history came from.
+	Parent *Position `json:"parent,omitempty"`
 }
+
+// errLost: another supervisor claimed the generation (see checkOwner).
+var errLost = errors.New("replica: another supervisor writes this generation")
+
+// stallAfter: a pass running longer than this is reported as stalled.
+const stallAfter = 15 * time.Second
 
 // maxBackoff caps the wait between attempts after a failure.
 const maxBackoff = 30 * time.Second
@@ -64,7 +79,7 @@ const maxBackoff = 30 * time.Second
 // Status is the replica's state, for `supervisor status`.
 type Status struct {
 	URL              string    `json:"url"`
-	State            string    `json:"state"` // starting, ok, retrying, stopped
+	State            string    `json:"state"` // starting, ok, retrying, stalled, stopped
 	Generation       string    `json:"generation,omitempty"`
 	UploadedSequence uint64    `json:"uploaded_sequence"`
 	DurableSequence  uint64    `json:"durable_sequence"`
@@ -97,13 +112,18 @@ type Replicator struct {
 	pending  *pendingChunk     // a chunk whose upload failed: sent again as is
 	retained string            // local checkpoint ids at the last retention pass
 	bad      map[string]bool   // local checkpoints that could not be read
+	session  string            // this run's claim on gen
+	claim    string            // its key
+	mine     map[string]bool   // keys this run uploaded into gen
+	checked  time.Time         // the last look at gen's claims
 
 	rewound atomic.Bool // a rollback: start a new generation
 	started atomic.Bool
 
-	mu     sync.Mutex
-	status Status
-	marks  []mark // durable sequences as first seen, for the lag in seconds
+	mu        sync.Mutex
+	status    Status
+	marks     []mark    // durable sequences as first seen, for the lag in seconds
+	passBegan time.Time // the running pass's start (zero: none running)
 
 	stop     chan struct{}
 	done     chan struct{}
@@ -127,13 +147,16 @@ func New(c *Client, local Local, opts Options) *Replicator {
 	if opts.SyncInterval <= 0 {
 		opts.SyncInterval = time.Second
 	}
+	if opts.OwnerCheckInterval <= 0 {
+		opts.OwnerCheckInterval = 10 * time.Second
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Replicator{c: c, local: local, opts: opts, log: log.With("component", "replica", "replica", c.loc.String()),
-		ckpts: map[string]object{}, files: map[string]object{}, bad: map[string]bool{},
+		ckpts: map[string]object{}, files: map[string]object{}, bad: map[string]bool{}, mine: map[string]bool{},
 		stop: make(chan struct{}), done: make(chan struct{}), ctx: ctx, cancel: cancel}
 	r.status = Status{URL: c.loc.String(), State: "starting"}
 	r.met = newMetrics(opts.Registerer, r)
@@ -176,8 +199,13 @@ func (r *Replicator) Close(flush time.Duration) {
 // directory's history, so it starts a new generation.
 func (r *Replicator) Rewound() { r.rewound.Store(true) }
 
-// Status is the replica's current state. Safe from any goroutine.
+// Status is the replica's current state. Safe from any goroutine. A pass
+// that has not finished within max(15s, three sync intervals) — the store
+// accepts connections but does not answer — is "stalled", whatever the
+// last pass said.
 func (r *Replicator) Status() Status {
+	now := time.Now()
+	r.observe(now)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := r.status
@@ -185,7 +213,16 @@ func (r *Replicator) Status() Status {
 	if st.DurableSequence > st.UploadedSequence {
 		st.LagEntries = st.DurableSequence - st.UploadedSequence
 	}
-	st.LagSeconds = r.lagLocked(time.Now())
+	st.LagSeconds = r.lagLocked(now)
+	if !r.passBegan.IsZero() && st.State != "stopped" {
+		if d := now.Sub(r.passBegan); d > max(stallAfter, 3*r.opts.SyncInterval) {
+			st.State = "stalled"
+			if st.LastError == "" {
+				st.LastError = fmt.Sprintf("the store has not answered for %.0fs (an upload or listing in progress); retried when it times out", d.Seconds())
+				st.LastErrorKind = "network"
+			}
+		}
+	}
 	return st
 }
 
@@ -299,6 +336,28 @@ func (r *Replicator) uploaded(n int64) {
 // pass uploads everything not yet in the replica. It returns the first
 // failure; the next pass starts over from what was done.
 func (r *Replicator) pass(ctx context.Context) error {
+	r.mu.Lock()
+	r.passBegan = time.Now()
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.passBegan = time.Time{}
+		r.mu.Unlock()
+	}()
+	err := r.passOnce(ctx)
+	if errors.Is(err, errLost) {
+		// Another supervisor writes this generation now: this one starts
+		// its own, from everything it holds (a restorable base).
+		if err = r.begin(ctx, true); err != nil {
+			r.rewound.Store(true)
+			return err
+		}
+		err = r.passOnce(ctx)
+	}
+	return err
+}
+
+func (r *Replicator) passOnce(ctx context.Context) error {
 	if r.gen == "" || r.rewound.Load() {
 		fresh := r.rewound.Swap(false)
 		if err := r.begin(ctx, fresh); err != nil {
@@ -329,9 +388,9 @@ func (r *Replicator) begin(ctx context.Context, fresh bool) error {
 		_ = json.Unmarshal(b, &st)
 	}
 	r.gen, r.head, r.ckpts, r.chunks, r.files, r.pending = "", 0, map[string]object{}, nil, map[string]object{}, nil
-	r.retained = ""
+	r.retained, r.session, r.claim, r.mine = "", "", "", map[string]bool{}
 	if !fresh && st.Generation != "" && st.Replica == r.c.loc.String() && validGeneration(st.Generation) {
-		ok, err := r.resume(ctx, st.Generation)
+		ok, err := r.resume(ctx, st.Generation, st.Session)
 		if err != nil {
 			return err
 		}
@@ -346,23 +405,124 @@ func (r *Replicator) begin(ctx context.Context, fresh bool) error {
 	host, _ := os.Hostname()
 	base := r.local.WAL.Floor()
 	info := GenerationInfo{ID: id, Created: time.Now().UTC(), Hostname: host, PID: os.Getpid(), Version: r.opts.Version, Base: base}
+	if !fresh && st.Generation == "" && st.Replica == r.c.loc.String() && st.Parent != nil {
+		info.Parent = st.Parent // restored from this replica: the history continues the parent's
+	}
 	b, _ := json.Marshal(info)
-	if _, err := r.put(ctx, generationKey(id, sum(b)), b); err != nil {
+	if _, err := r.putRaw(ctx, generationKey(id, sum(b)), b); err != nil {
 		return err
 	}
-	sb, _ := json.Marshal(localState{Generation: id, Replica: r.c.loc.String()})
-	if err := atomicfile.WriteFile(r.local.DataDir, stateFile, sb); err != nil {
-		return fmt.Errorf("replica: record the generation in %s: %w", stateFile, err)
-	}
 	r.gen, r.head = id, base
+	if err := r.claimGen(ctx, base); err != nil {
+		r.gen = ""
+		return err
+	}
 	r.setGen(id)
-	r.log.Info("replica: new generation", "generation", id, "wal_from_sequence", base, "fresh_history", fresh)
+	r.log.Info("replica: new generation", "generation", id, "wal_from_sequence", base, "fresh_history", fresh, "parent", info.Parent)
 	return nil
 }
 
+// claimGen records this run as the writer of r.gen: an owner claim in the
+// bucket, then its session in replica.json.
+func (r *Replicator) claimGen(ctx context.Context, head uint64) error {
+	session, err := newGenerationID()
+	if err != nil {
+		return err
+	}
+	host, _ := os.Hostname()
+	c := OwnerClaim{Session: session, Started: time.Now().UTC(), Hostname: host, PID: os.Getpid(), Head: head}
+	if metas, err := r.local.Checkpoints.List(); err == nil {
+		for _, m := range metas {
+			if m.Watermark > head {
+				c.Checkpoints = append(c.Checkpoints, m.ID)
+			}
+		}
+	}
+	b, _ := json.Marshal(c)
+	key := ownerKey(r.gen, session, sum(b))
+	if _, err := r.putRaw(ctx, key, b); err != nil {
+		return err
+	}
+	sb, _ := json.Marshal(localState{Generation: r.gen, Replica: r.c.loc.String(), Session: session})
+	if err := atomicfile.WriteFile(r.local.DataDir, stateFile, sb); err != nil {
+		return fmt.Errorf("replica: record the generation in %s: %w", stateFile, err)
+	}
+	r.session, r.claim, r.checked = session, key, time.Now()
+	return nil
+}
+
+// newerClaim lists r.gen's claims and returns the newest one made after
+// this run's (nil: none; this run still writes the generation).
+func (r *Replicator) newerClaim(ctx context.Context) (*OwnerClaim, error) {
+	gens, _, err := r.c.listUnder(ctx, genDir(r.gen)+"owners/")
+	if err != nil {
+		return nil, err
+	}
+	g := gens[r.gen]
+	if g == nil || len(g.Owners) == 0 || g.Owners[len(g.Owners)-1].ID <= r.session {
+		return nil, nil
+	}
+	o := g.Owners[len(g.Owners)-1]
+	b, err := r.c.get(ctx, o, 1<<20)
+	if err != nil {
+		return nil, err
+	}
+	var c OwnerClaim
+	if err := json.Unmarshal(b, &c); err != nil || c.Session != o.ID {
+		return nil, fmt.Errorf("%w: %s: not an owner claim", ErrCorrupt, o.Key)
+	}
+	return &c, nil
+}
+
+// checkOwner looks at r.gen's claims when the last look is older than the
+// owner check interval (always when force): errLost when another
+// supervisor has claimed the generation since this run did. What this run
+// uploaded there after the other's claim is removed first, so the
+// generation holds one history: the other's.
+func (r *Replicator) checkOwner(ctx context.Context, force bool) error {
+	if r.session == "" || (!force && time.Since(r.checked) < r.opts.OwnerCheckInterval) {
+		return nil
+	}
+	other, err := r.newerClaim(ctx)
+	if err != nil {
+		return err
+	}
+	r.checked = time.Now()
+	if other == nil {
+		return nil
+	}
+	theirs := map[string]bool{}
+	for _, id := range other.Checkpoints {
+		theirs[id] = true
+	}
+	var keys []string
+	for _, ch := range r.chunks {
+		if r.mine[ch.Key] && ch.After >= other.Head {
+			keys = append(keys, ch.Key)
+		}
+	}
+	for _, cp := range r.ckpts {
+		if r.mine[cp.Key] && cp.Watermark > other.Head && !theirs[cp.ID] {
+			keys = append(keys, cp.Key)
+		}
+	}
+	r.log.Error("replica: another supervisor now writes this generation (a copy of this data directory, or a second supervisor with the same --replica); "+
+		"this one stops writing there and starts a generation of its own",
+		"generation", r.gen, "other_session", other.Session, "other_host", truncate(other.Hostname, 64), "other_pid", other.PID,
+		"other_from_sequence", other.Head, "own_objects_removed", len(keys))
+	if len(keys) > 0 {
+		if err := r.removeRaw(ctx, keys); err != nil {
+			r.log.Warn("replica: could not remove this supervisor's objects from the generation it left; a restore of it trusts it only up to the overlap", "err", err)
+		}
+	}
+	return errLost
+}
+
 // resume reads generation gen back from the bucket; ok is false when this
-// directory cannot continue it.
-func (r *Replicator) resume(ctx context.Context, gen string) (ok bool, err error) {
+// directory cannot continue it: its history does not reach the
+// generation's, or another directory continued the generation after this
+// one's last claim (session), as a copy of it would.
+func (r *Replicator) resume(ctx context.Context, gen, session string) (ok bool, err error) {
 	gens, _, err := r.c.listUnder(ctx, genDir(gen))
 	if err != nil {
 		return false, err
@@ -384,7 +544,38 @@ func (r *Replicator) resume(ctx context.Context, gen string) (ok bool, err error
 			"generation", gen, "replica_head", head, "local_last_sequence", last)
 		return false, nil
 	}
+	if n := len(g.Owners); n > 0 && g.Owners[n-1].ID != session {
+		r.log.Warn("replica: another supervisor continued the generation this data directory wrote (a copy of this directory, or a second supervisor with the same --replica); starting a generation of its own",
+			"generation", gen, "newest_claim", g.Owners[n-1].ID, "own_claim", session)
+		return false, nil
+	}
 	r.gen, r.head, r.chunks = gen, head, g.Chunks
+	if err := r.claimGen(ctx, head); err != nil {
+		r.gen = ""
+		return false, err
+	}
+	// Two copies that resumed at once both claimed: the newer claim wins.
+	if other, err := r.newerClaim(ctx); err != nil || other != nil {
+		r.removeRaw(ctx, []string{r.claim})
+		r.gen, r.head, r.chunks = "", 0, nil
+		if err != nil {
+			return false, err
+		}
+		r.log.Warn("replica: another supervisor claimed the generation this data directory wrote at the same time; starting a generation of its own",
+			"generation", gen, "other_session", other.Session)
+		return false, nil
+	}
+	// The claims before this one are history: one object per restart is
+	// enough (a copy still compares the newest claim with its own).
+	var old []string
+	for _, o := range g.Owners {
+		old = append(old, o.Key)
+	}
+	if len(old) > 0 {
+		if err := r.removeRaw(ctx, old); err != nil {
+			r.log.Warn("replica: could not delete older owner claims (harmless; retried at the next start)", "err", err)
+		}
+	}
 	for _, cp := range g.Checkpoints {
 		r.ckpts[cp.ID] = cp
 	}
@@ -406,8 +597,20 @@ func (r *Replicator) setGen(gen string) {
 	r.mu.Unlock()
 }
 
-// put uploads b under rel (relative to the prefix).
+// put uploads b under rel (relative to the prefix) into a generation this
+// run still writes.
 func (r *Replicator) put(ctx context.Context, rel string, b []byte) (int64, error) {
+	if err := r.checkOwner(ctx, false); err != nil {
+		return 0, err
+	}
+	n, err := r.putRaw(ctx, rel, b)
+	if err == nil {
+		r.mine[rel] = true
+	}
+	return n, err
+}
+
+func (r *Replicator) putRaw(ctx context.Context, rel string, b []byte) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout+time.Duration(len(b)>>20)*time.Second)
 	defer cancel()
 	if _, err := r.c.mc.PutObject(ctx, r.c.loc.Bucket, r.c.loc.key(rel), bytesReader(b), int64(len(b)),
@@ -441,7 +644,9 @@ func (r *Replicator) syncFiles(ctx context.Context) error {
 		}
 		r.files[name] = object{Key: key, Kind: "file", Name: name, SHA: s, Time: now}
 		if had {
-			r.remove(ctx, []string{old.Key})
+			if err := r.remove(ctx, []string{old.Key}); errors.Is(err, errLost) {
+				return err
+			}
 		}
 	}
 	return nil
@@ -488,6 +693,9 @@ func (r *Replicator) uploadCheckpoint(ctx context.Context, m checkpoint.Meta) (o
 	if err != nil {
 		return object{}, err
 	}
+	if err := r.checkOwner(ctx, false); err != nil {
+		return object{}, err
+	}
 	h := sha256.New()
 	if _, err := io.Copy(h, io.NewSectionReader(f, 0, fi.Size())); err != nil {
 		r.bad[m.ID] = true
@@ -504,6 +712,7 @@ func (r *Replicator) uploadCheckpoint(ctx context.Context, m checkpoint.Meta) (o
 		return object{}, r.c.wrap("upload", key, err)
 	}
 	r.uploaded(fi.Size())
+	r.mine[key] = true
 	r.log.Info("replica: checkpoint uploaded", "checkpoint_id", m.ID, "watermark", m.Watermark, "bytes", fi.Size())
 	return object{Key: key, Kind: "checkpoint", Gen: r.gen, ID: m.ID, Watermark: m.Watermark, SHA: s, Size: fi.Size()}, nil
 }
@@ -648,8 +857,18 @@ func (r *Replicator) retain(ctx context.Context) error {
 	return nil
 }
 
-// remove deletes objects (one multi-object request per 1,000).
+// remove deletes objects of a generation this run still writes (its claims
+// are looked at first, every time: retention never deletes from a
+// generation another supervisor took over).
 func (r *Replicator) remove(ctx context.Context, keys []string) error {
+	if err := r.checkOwner(ctx, true); err != nil {
+		return err
+	}
+	return r.removeRaw(ctx, keys)
+}
+
+// removeRaw deletes objects (one multi-object request per 1,000).
+func (r *Replicator) removeRaw(ctx context.Context, keys []string) error {
 	ch := make(chan minio.ObjectInfo, len(keys))
 	for _, k := range keys {
 		ch <- minio.ObjectInfo{Key: r.c.loc.key(k)}

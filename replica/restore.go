@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -31,6 +32,9 @@ type Result struct {
 	// Skipped lists checkpoints found corrupt and passed over (the restore
 	// then came from an older one reaching as far).
 	Skipped []string `json:"skipped,omitempty"`
+	// SkippedGenerations: newer generations that hold nothing restorable,
+	// passed over for this one (each also logged).
+	SkippedGenerations []SkippedGeneration `json:"skipped_generations,omitempty"`
 }
 
 // stagingDir is where a restore is assembled inside the data directory
@@ -80,6 +84,10 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 		return Result{}, err
 	}
 	plan, err := inv.Plan(t)
+	for _, s := range plan.Skipped {
+		log.Warn("replica: a generation holds nothing a restore can use; passed over for an older one",
+			"generation", s.ID, "reason", s.Reason)
+	}
 	if err != nil {
 		return Result{}, err
 	}
@@ -91,7 +99,7 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 	}
 	if g.ForkAt != nil {
 		log.Warn("the replica's generation was written by two supervisors (a copied data directory); only its history up to the fork is used",
-			"generation", g.ID, "fork_after_sequence", *g.ForkAt)
+			"generation", g.ID, "fork_after_sequence", *g.ForkAt, "objects", g.ForkObjects)
 	}
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return Result{}, fmt.Errorf("replica restore: create %s: %w", dataDir, err)
@@ -104,7 +112,7 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 		return Result{}, fmt.Errorf("replica restore: %w", err)
 	}
 	defer os.RemoveAll(stage)
-	res := Result{Generation: g.ID}
+	res := Result{Generation: g.ID, SkippedGenerations: plan.Skipped}
 	want := plan.Last
 	exclude := map[string]bool{}
 	for plan.Checkpoint != nil {
@@ -161,6 +169,9 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 		return res, fmt.Errorf("replica restore: write the WAL: %w", err)
 	}
 	res.LastSequence = max(last, after)
+	if res.CheckpointID == "" && res.Entries == 0 {
+		return res, fmt.Errorf("%w: generation %s: the restore would hold no checkpoint and no WAL entry; nothing restored", ErrNoTarget, g.ID)
+	}
 	for _, f := range plan.Files {
 		b, err := c.get(ctx, f, 16<<20)
 		res.Bytes += int64(len(b))
@@ -171,9 +182,16 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 			return res, fmt.Errorf("replica restore: write %s: %w", f.Name, err)
 		}
 	}
+	// The generation the supervisor starts next records where its history
+	// came from (GenerationInfo.Parent).
+	sb, _ := json.Marshal(localState{Replica: c.loc.String(),
+		Parent: &Position{Generation: g.ID, Sequence: res.LastSequence, CheckpointID: res.CheckpointID}})
+	if err := atomicfile.WriteFile(stage, stateFile, sb); err != nil {
+		return res, fmt.Errorf("replica restore: write %s: %w", stateFile, err)
+	}
 	// Into place: the WAL (whose floor is the watermark) before the
 	// checkpoint that covers it, the small files last.
-	for _, name := range append([]string{"wal", "checkpoints"}, fileNames(plan.Files)...) {
+	for _, name := range append([]string{"wal", "checkpoints"}, append(fileNames(plan.Files), stateFile)...) {
 		if err := os.Rename(filepath.Join(stage, name), filepath.Join(dataDir, name)); err != nil {
 			return res, fmt.Errorf("replica restore: move %s into %s: %w", name, dataDir, err)
 		}

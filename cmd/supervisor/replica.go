@@ -73,13 +73,13 @@ func (c *replicaCmd) restore(ctx context.Context, args []string) error {
 	const name = "replica restore"
 	f := newFlagSet(c.env, name, "supervisor replica restore --replica s3://BUCKET/PREFIX --data-dir DIR [--to-sequence N | --to-time T] [--generation ID] [--json]",
 		"Rebuilds a data directory (which must not exist or be empty) from the replica: one checkpoint and every WAL entry after it up to\n"+
-			"the newest uploaded one, or up to --to-sequence N, or as the replica held it at --to-time T (RFC 3339). The newest generation\n"+
-			"unless --generation names another. A corrupt object is detected and never used. Then start `supervisor run --data-dir DIR`.")
+			"the newest uploaded one, or up to --to-sequence N, or as the replica held it at --to-time T (RFC 3339). The most recently written\n"+
+			"generation that can be restored (newer ones holding nothing restorable are passed over, and named) unless --generation names another. A corrupt object is detected and never used. Then start `supervisor run --data-dir DIR`.")
 	client := replicaFlags(f)
 	dataDir := f.dataDir()
 	toSeq := f.String("to-sequence", "", "restore the state right after this WAL sequence")
 	toTime := f.String("to-time", "", "restore the state the replica held at this time (RFC 3339, e.g. 2026-11-23T18:00:00Z)")
-	gen := f.String("generation", "", "the generation to restore (see `supervisor replica list`); default the most recently written")
+	gen := f.String("generation", "", "the generation to restore (see `supervisor replica list`); default the most recently written that can be restored")
 	asJSON := f.Bool("json", false, "print the result as JSON")
 	f.meta["to-sequence"], f.meta["to-time"], f.meta["generation"] = "N", "T", "ID"
 	if err := f.parseFlagsOnly(args); err != nil {
@@ -129,13 +129,17 @@ func (c *replicaCmd) restore(ctx context.Context, args []string) error {
 	for _, id := range res.Skipped {
 		fmt.Fprintf(c.stdout, "  skipped:      checkpoint %s (corrupt in the replica)\n", id)
 	}
+	for _, g := range res.SkippedGenerations {
+		fmt.Fprintf(c.stdout, "  skipped:      generation %s (%s)\n", g.ID, g.Reason)
+	}
 	return nil
 }
 
 func (c *replicaCmd) list(ctx context.Context, args []string) error {
 	const name = "replica list"
 	f := newFlagSet(c.env, name, "supervisor replica list --replica s3://BUCKET/PREFIX [--json]",
-		"Lists the replica's generations (the default one for a restore first), their checkpoints and the WAL range each holds.")
+		"Lists the replica's generations (most recently written first; * marks the one a restore takes), their checkpoints and the WAL range each holds;\n"+
+			"a generation with nothing restorable says why (a restore passes it over).")
 	client := replicaFlags(f)
 	asJSON := f.Bool("json", false, "print JSON")
 	if err := f.parseFlagsOnly(args); err != nil {
@@ -172,6 +176,8 @@ func (c *replicaCmd) list(ctx context.Context, args []string) error {
 		to := "-"
 		if g.RestorableTo != nil {
 			to = strconv.FormatUint(*g.RestorableTo, 10)
+		} else if g.NotRestorable != "" {
+			to = "nothing (skipped)"
 		}
 		if g.ForkAt != nil {
 			to += fmt.Sprintf(" (forked after %d)", *g.ForkAt)
@@ -191,7 +197,15 @@ func (c *replicaCmd) list(ctx context.Context, args []string) error {
 		}
 		tw.Flush()
 	}
-	fmt.Fprintln(c.stdout, "\n* the generation a restore takes unless --generation names another (the most recently written)")
+	fmt.Fprintln(c.stdout, "\n* the generation a restore takes unless --generation names another (the most recently written that can be restored)")
+	for _, g := range sum {
+		if g.NotRestorable != "" {
+			fmt.Fprintf(c.stdout, "skipped by a restore: %s %s\n", g.ID, g.NotRestorable)
+		}
+		if g.Parent != nil {
+			fmt.Fprintf(c.stdout, "%s continues %s from sequence %d\n", g.ID, g.Parent.Generation, g.Parent.Sequence)
+		}
+	}
 	for _, k := range inv.Ignored {
 		fmt.Fprintf(c.stdout, "ignored (not this layout): %s\n", k)
 	}

@@ -1,0 +1,346 @@
+package replica_test
+
+// Issue 33: generations that hold nothing restorable, a copied data
+// directory, a foreign object among the chunks, a store that hangs or is
+// full.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/agent-sidecar/supervisor/replica"
+	"github.com/agent-sidecar/supervisor/replica/miniotest"
+	"github.com/agent-sidecar/supervisor/wal"
+)
+
+// clientAt opens a client for prefix in bucket "bkt" through endpoint.
+func clientAt(t testing.TB, endpoint, prefix string) *replica.Client {
+	t.Helper()
+	loc, err := replica.ParseURL("s3://bkt/"+prefix, endpoint, "us-east-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := replica.Open(loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// isCheckpointPut: an upload of a checkpoint object.
+func isCheckpointPut(r *http.Request) bool {
+	return r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/checkpoints/")
+}
+
+// replicateAll writes 100 entries with a checkpoint at 40 and replicates
+// them; it returns the generation.
+func replicateAll(t *testing.T, c *replica.Client, dir string) string {
+	t.Helper()
+	d := openDataDir(t, dir)
+	d.append(1, 40)
+	d.checkpoint()
+	d.append(41, 100)
+	r := replica.New(c, d.local(), replica.Options{SyncInterval: 50 * time.Millisecond})
+	r.Start()
+	waitUploaded(t, r, 100)
+	gen := r.Status().Generation
+	r.Close(5 * time.Second)
+	d.wal.Close()
+	return gen
+}
+
+// A node restores the replica, starts a generation of its own, and is lost
+// before its first checkpoint upload: killed while it hangs, or refused
+// because the store is full. A third node's restore passes that generation
+// over (and says so) and restores everything the first one replicated;
+// `replica list` marks it skipped. The refused upload counts as
+// kind="full", not "network".
+func TestGenerationWithNothingIsSkipped(t *testing.T) {
+	for _, fault := range []miniotest.Fault{miniotest.Hang, miniotest.Full} {
+		name := map[miniotest.Fault]string{miniotest.Hang: "killed-before-upload", miniotest.Full: "upload-refused"}[fault]
+		t.Run(name, func(t *testing.T) {
+			srv, c := setup(t, "agents/a")
+			genA := replicateAll(t, c, t.TempDir())
+
+			// Node B: restored from A, its checkpoint uploads never land.
+			dirB := filepath.Join(t.TempDir(), "b")
+			if _, err := c.Restore(context.Background(), dirB, replica.Target{}, nil); err != nil {
+				t.Fatal(err)
+			}
+			proxy := miniotest.StartProxy(t, srv)
+			proxy.Set(func(r *http.Request) miniotest.Fault {
+				if isCheckpointPut(r) {
+					return fault
+				}
+				return miniotest.Pass
+			})
+			d := openDataDir(t, dirB)
+			d.append(101, 110) // acknowledged locally, never uploaded: the lag
+			reg := prometheus.NewRegistry()
+			r := replica.New(clientAt(t, proxy.Endpoint(), "agents/a"), d.local(),
+				replica.Options{SyncInterval: 50 * time.Millisecond, Registerer: reg})
+			r.Start()
+			waitFor(t, func() bool { return r.Status().Generation != "" && r.Status().Generation != genA })
+			genB := r.Status().Generation
+			if fault == miniotest.Full {
+				waitFor(t, func() bool { return r.Status().LastErrorKind == "full" })
+				if n := testutil.ToFloat64(errorsOfKind(t, reg, "full")); n < 1 {
+					t.Fatalf("errors_total{kind=\"full\"} = %v", n)
+				}
+				if st := r.Status(); !strings.Contains(st.LastError, "XMinioStorageFull") || !strings.Contains(st.LastError, "free space") {
+					t.Fatalf("last error %q", st.LastError)
+				}
+			}
+			r.Close(100 * time.Millisecond) // the node is lost
+			d.wal.Close()
+
+			var logs strings.Builder
+			log := slogTo(&logs)
+			inv, err := c.List(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(inv.Generations) != 2 || inv.Generations[0].ID != genB {
+				t.Fatalf("generations %v, want B's %s newest", summaryIDs(inv), genB)
+			}
+			sum := inv.Summary()
+			if sum[0].Default || sum[0].NotRestorable == "" || sum[0].RestorableTo != nil || !sum[1].Default {
+				t.Fatalf("replica list: %+v", sum)
+			}
+			if sum[0].Parent == nil || sum[0].Parent.Generation != genA || sum[0].Parent.Sequence != 100 {
+				t.Fatalf("B's generation records parent %+v, want %s at 100", sum[0].Parent, genA)
+			}
+			out := filepath.Join(t.TempDir(), "c")
+			res, err := c.Restore(context.Background(), out, replica.Target{}, log)
+			if err != nil {
+				t.Fatalf("restore on a new node: %v", err)
+			}
+			if res.Generation != genA || len(res.SkippedGenerations) != 1 || res.SkippedGenerations[0].ID != genB {
+				t.Fatalf("restore %+v; want A's generation, B's skipped", res)
+			}
+			checkRestore(t, out, 40, 100)
+			if !strings.Contains(logs.String(), "passed over") || !strings.Contains(logs.String(), genB) {
+				t.Fatalf("the skipped generation is not logged:\n%s", logs.String())
+			}
+		})
+	}
+}
+
+func summaryIDs(inv *replica.Inventory) []string {
+	var ids []string
+	for _, g := range inv.Generations {
+		ids = append(ids, g.ID)
+	}
+	return ids
+}
+
+func errorsOfKind(t testing.TB, reg *prometheus.Registry, kind string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "supervisor_replica_errors_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == kind {
+					return constCollector{v: m.GetCounter().GetValue(), name: "errors"}
+				}
+			}
+		}
+	}
+	t.Fatalf("no errors_total{kind=%q}", kind)
+	return nil
+}
+
+// A replica whose only generations hold nothing is a fresh start
+// (ErrEmpty); one whose generations hold data none of which can be restored
+// is not (ErrNoTarget).
+func TestEmptyGenerationsAreAFreshStart(t *testing.T) {
+	srv, c := setup(t, "agents/e")
+	proxy := miniotest.StartProxy(t, srv)
+	proxy.Set(func(r *http.Request) miniotest.Fault {
+		if isCheckpointPut(r) || (r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/wal/")) {
+			return miniotest.Full
+		}
+		return miniotest.Pass
+	})
+	d := openDataDir(t, t.TempDir())
+	d.append(1, 10)
+	d.checkpoint()
+	r := replica.New(clientAt(t, proxy.Endpoint(), "agents/e"), d.local(), replica.Options{SyncInterval: 50 * time.Millisecond})
+	r.Start()
+	waitFor(t, func() bool { return r.Status().LastErrorKind == "full" })
+	r.Close(100 * time.Millisecond)
+	_, err := c.Restore(context.Background(), filepath.Join(t.TempDir(), "r"), replica.Target{}, nil)
+	if !errors.Is(err, replica.ErrEmpty) {
+		t.Fatalf("restore of a replica whose one generation holds nothing: %v, want ErrEmpty", err)
+	}
+}
+
+// A foreign 5-byte object named like a WAL chunk: the restore fails,
+// naming it, and writes nothing — never an "empty" success.
+func TestForeignObjectAmongChunks(t *testing.T) {
+	srv, c := setup(t, "agents/f")
+	gen := replicateAll(t, c, t.TempDir())
+	body := []byte("hello")
+	s := sha256.Sum256(body)
+	key := fmt.Sprintf("agents/f/generations/%s/wal/%016x-%016x-%016x-%s.chunk", gen, 0, 5, time.Now().UnixMilli(), hex.EncodeToString(s[:]))
+	srv.Put("bkt", key, body)
+	out := filepath.Join(t.TempDir(), "r")
+	res, err := c.Restore(context.Background(), out, replica.Target{}, nil)
+	if err == nil || !strings.Contains(err.Error(), key[len("agents/f/"):]) {
+		t.Fatalf("restore with a foreign object among the chunks: %+v %v; want an error naming it", res, err)
+	}
+	if es, _ := os.ReadDir(out); len(es) != 0 {
+		t.Fatalf("the failed restore left %d files", len(es))
+	}
+	inv, err := c.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum := inv.Summary(); !strings.Contains(sum[0].NotRestorable, key[len("agents/f/"):]) {
+		t.Fatalf("replica list: %+v", sum[0])
+	}
+}
+
+// The store accepts connections and never answers: the status stops saying
+// "ok" and shows the lag growing.
+func TestStatusWhenTheStoreHangs(t *testing.T) {
+	srv, _ := setup(t, "agents/h")
+	proxy := miniotest.StartProxy(t, srv)
+	d := openDataDir(t, t.TempDir())
+	d.append(1, 10)
+	r := replica.New(clientAt(t, proxy.Endpoint(), "agents/h"), d.local(), replica.Options{SyncInterval: 50 * time.Millisecond})
+	r.Start()
+	defer r.Close(100 * time.Millisecond)
+	waitUploaded(t, r, 10)
+	proxy.Set(func(*http.Request) miniotest.Fault { return miniotest.Hang })
+	d.append(11, 20)
+	deadline := time.Now().Add(90 * time.Second)
+	for r.Status().State != "stalled" {
+		if st := r.Status(); time.Now().After(deadline) {
+			t.Fatalf("the store hangs; status %+v", st)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if st := r.Status(); st.LagEntries != 10 || st.LagSeconds <= 0 || st.LastError == "" {
+		t.Fatalf("stalled status %+v; want the lag (10 entries, seconds) and why", st)
+	}
+}
+
+// A data directory copied while its supervisor runs, both copies writing
+// with the same replica and retention deleting: the copy that claimed the
+// generation last keeps it, the other finds the newer claim and starts its
+// own; each generation then restores to its writer's last uploaded entry,
+// with its writer's entries only.
+func TestCopiedDataDirectory(t *testing.T) {
+	_, c := setup(t, "agents/copy")
+	dir1 := filepath.Join(t.TempDir(), "one")
+	d1 := openDataDir(t, dir1)
+	d1.append(1, 30)
+	d1.checkpoint()
+	d1.append(31, 50)
+	opts := replica.Options{SyncInterval: 50 * time.Millisecond, OwnerCheckInterval: 100 * time.Millisecond}
+	r1 := replica.New(c, d1.local(), opts)
+	r1.Start()
+	defer r1.Close(time.Second)
+	waitUploaded(t, r1, 50)
+	gen := r1.Status().Generation
+
+	dir2 := filepath.Join(t.TempDir(), "two")
+	if out, err := exec.Command("cp", "-a", dir1, dir2).CombinedOutput(); err != nil {
+		t.Fatalf("copy: %v %s", err, out)
+	}
+	d2 := openDataDir(t, dir2)
+	r2 := replica.New(c, d2.local(), opts)
+	r2.Start()
+	defer r2.Close(time.Second)
+	waitFor(t, func() bool { return r2.Status().State == "ok" })
+	if g := r2.Status().Generation; g != gen {
+		t.Fatalf("the copy started %s, want it to continue %s (it holds everything the generation does)", g, gen)
+	}
+	// Both write their own entries, checkpoint and prune (Retain 2).
+	for round := 0; round < 4; round++ {
+		for _, x := range []struct {
+			d   *dataDir
+			tag string
+		}{{d1, "one"}, {d2, "two"}} {
+			from := x.d.wal.LastSequence() + 1
+			x.d.appendTagged(from, from+24, x.tag)
+			x.d.checkpoint()
+			x.d.appendTagged(from+25, from+29, x.tag)
+		}
+		time.Sleep(150 * time.Millisecond) // let both upload between rounds
+	}
+	last := d1.wal.LastSequence() // both: 50 + 4×30
+	waitFor(t, func() bool {
+		s1, s2 := r1.Status(), r2.Status()
+		return s1.UploadedSequence == last && s2.UploadedSequence == last && s1.Generation != gen && s2.Generation == gen
+	})
+	gen1 := r1.Status().Generation
+	r1.Close(5 * time.Second)
+	r2.Close(5 * time.Second)
+
+	for _, x := range []struct{ gen, tag string }{{gen1, "one"}, {gen, "two"}} {
+		out := filepath.Join(t.TempDir(), x.tag)
+		res, err := c.Restore(context.Background(), out, replica.Target{Generation: x.gen}, nil)
+		if err != nil {
+			t.Fatalf("restore generation %s (%s): %v", x.gen, x.tag, err)
+		}
+		if res.LastSequence != last {
+			t.Fatalf("generation %s (%s) restores to %d, want %d", x.gen, x.tag, res.LastSequence, last)
+		}
+		_, entries, _ := readBack(t, out)
+		for _, e := range entries {
+			if e.Sequence > 50 && !strings.HasSuffix(string(e.Data), "-"+x.tag) {
+				t.Fatalf("generation %s (%s) holds entry %d %q of the other copy", x.gen, x.tag, e.Sequence, e.Data)
+			}
+		}
+	}
+}
+
+func (d *dataDir) appendTagged(from, to uint64, tag string) {
+	d.t.Helper()
+	for s := from; s <= to; s++ {
+		if _, err := d.wal.Append(wal.Entry{Sequence: s, Data: []byte(fmt.Sprintf("entry-%d-%s", s, tag))}); err != nil {
+			d.t.Fatal(err)
+		}
+	}
+	if err := d.wal.Sync(); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+func slogTo(w *strings.Builder) *slog.Logger {
+	return slog.New(slog.NewTextHandler(&lockedWriter{w: w}, nil))
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  *strings.Builder
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
