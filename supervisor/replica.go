@@ -90,7 +90,7 @@ func (s *Supervisor) restoreFromReplica() error {
 	s.log.Info("data directory is empty: restoring it from the replica", "replica", loc.String())
 	res, err := c.Restore(ctx, s.cfg.DataDir, replica.Target{}, s.log)
 	if errors.Is(err, replica.ErrEmpty) {
-		s.log.Info("the replica holds nothing yet: a fresh start", "replica", loc.String())
+		s.log.Info("the replica holds nothing yet: a fresh start", "replica", loc.String(), "detail", err.Error())
 		return nil
 	}
 	if err != nil {
@@ -99,7 +99,7 @@ func (s *Supervisor) restoreFromReplica() error {
 	s.rep.restored = &res
 	s.log.Info("data directory restored from the replica", "generation", res.Generation, "checkpoint_id", res.CheckpointID,
 		"watermark", res.Watermark, "wal_entries", res.Entries, "last_sequence", res.LastSequence,
-		"bytes", res.Bytes, "seconds", time.Since(start).Seconds())
+		"bytes", res.Bytes, "seconds", time.Since(start).Seconds(), "skipped_generations", len(res.SkippedGenerations))
 	return nil
 }
 
@@ -118,7 +118,8 @@ func (s *Supervisor) startReplica() {
 	}
 	if res := s.rep.restored; res != nil {
 		s.rec.Audit(AuditReplicaRestore, map[string]any{"replica": s.rep.client.Location().String(), "generation": res.Generation,
-			"checkpoint_id": res.CheckpointID, "watermark": res.Watermark, "wal_entries": res.Entries, "last_sequence": res.LastSequence})
+			"checkpoint_id": res.CheckpointID, "watermark": res.Watermark, "wal_entries": res.Entries, "last_sequence": res.LastSequence,
+			"skipped_generations": res.SkippedGenerations})
 	}
 	st := s.st
 	r := replica.New(s.rep.client, replica.Local{DataDir: s.cfg.DataDir, WAL: st.WAL(), Checkpoints: st.Checkpoints(),
