@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agent-sidecar/supervisor/internal/clip"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 )
@@ -202,11 +203,6 @@ func isConnErr(err error) bool {
 
 // truncate caps text that came from the bucket or the command line before
 // it reaches a message.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
+func truncate(s string, n int) string { return clip.String(s, n) }
 
 func truncateErr(err error) string { return truncate(err.Error(), 300) }

@@ -10,11 +10,11 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/agent-sidecar/supervisor/agent"
+	"github.com/agent-sidecar/supervisor/internal/clip"
 	"github.com/agent-sidecar/supervisor/schema"
 )
 
@@ -671,16 +671,7 @@ func requestChange(m *schema.ProcessRequest, now int64, latency float64, failed 
 	})}
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	s = s[:n]
-	for len(s) > 0 && !utf8.ValidString(s) {
-		s = s[:len(s)-1]
-	}
-	return s
-}
+func truncate(s string, n int) string { return clip.String(s, n) }
 
 func (a *refAgent) emit(name string, kv ...any) {
 	if err := a.ev.emit(name, kv...); err != nil {
