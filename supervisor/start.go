@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/agent-sidecar/supervisor/evolution"
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
 	"github.com/agent-sidecar/supervisor/supervisor/api"
 	"github.com/agent-sidecar/supervisor/supervisor/durable"
@@ -121,7 +122,8 @@ func goRun(f func()) <-chan struct{} {
 // open creates the data directory, takes its lock and opens the stores.
 func (s *Supervisor) open() error {
 	dir := s.cfg.DataDir
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	// Created durably: each directory made here is fsynced in its parent.
+	if err := atomicfile.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("%w: create data directory %s: %v", ErrConfig, dir, err)
 	}
 	if err := checkDataDir(dir); err != nil {

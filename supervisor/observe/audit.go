@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 	"github.com/agent-sidecar/supervisor/logging"
 )
 
@@ -112,6 +114,12 @@ func openAuditFile(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open audit log %s: %w (a symlink there is refused; remove it)", path, err)
+	}
+	// The file's directory entry must outlive a power cut too: the records
+	// the writer fsyncs are in a file that is there after it.
+	if err := atomicfile.SyncDir(filepath.Dir(path)); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("make audit log %s durable in its directory: %w", path, err)
 	}
 	// A torn last line from a crash would glue onto the next record: end it.
 	if st, err := f.Stat(); err == nil && st.Size() > 0 {
