@@ -131,6 +131,8 @@ type FS struct {
 	order     uint64 // write order of dirty pages
 	scratch   string // the durable copies of files, one per inode
 	cut       bool
+	cutAfter  int           // writes left before an armed cut (CutAfterWrites)
+	cutDone   chan struct{} // closed by the armed cut
 	unmounted bool
 	faults    []Fsync
 	stats     Stats
@@ -292,8 +294,46 @@ func (f *FS) Dir() string { return f.mnt }
 // and before [FS.PowerOff] to end them at the instant of the cut.
 func (f *FS) Cut() {
 	f.mu.Lock()
-	f.cut = true
+	f.cutNow()
 	f.mu.Unlock()
+}
+
+// CutAfterWrites arms a cut right after the n-th write (or allocation)
+// from now, so the power goes while written data is not yet synced; the
+// returned channel is closed at the cut. [FS.Cut] also closes it.
+func (f *FS) CutAfterWrites(n int) <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cutDone == nil {
+		f.cutDone = make(chan struct{})
+	}
+	if f.cut {
+		return f.cutDone
+	}
+	f.cutAfter = max(n, 1)
+	return f.cutDone
+}
+
+// cutNow cuts the power. Called with f.mu held.
+func (f *FS) cutNow() {
+	if f.cut {
+		return
+	}
+	f.cut = true
+	f.cutAfter = 0
+	if f.cutDone != nil {
+		close(f.cutDone)
+	}
+}
+
+// wrote counts a write towards an armed cut. Called with f.mu held.
+func (f *FS) wrote() {
+	if f.cutAfter > 0 {
+		f.cutAfter--
+		if f.cutAfter == 0 {
+			f.cutNow()
+		}
+	}
 }
 
 // Faults lists the fsyncs Options.FailFsync failed, in order.

@@ -558,3 +558,31 @@ func TestFailRandomIsSeeded(t *testing.T) {
 		t.Fatalf("failed %d of 200 at p=0.3", n)
 	}
 }
+
+// TestCutAfterWrites: an armed cut lands right after the n-th write, with
+// that write in the live view and not on the disk; later writes fail.
+func TestCutAfterWrites(t *testing.T) {
+	d := mount(t, crashfs.Options{})
+	d.writeSynced("f", "")
+	f, err := os.OpenFile(d.p("f"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cut := d.fs.CutAfterWrites(2)
+	for i, want := range []error{nil, nil, syscall.EIO} {
+		if _, err := f.WriteAt([]byte("x"), int64(i)); !errors.Is(err, want) && err != want {
+			t.Fatalf("write %d: %v, want %v", i, err, want)
+		}
+		if i == 0 {
+			select {
+			case <-cut:
+				t.Fatal("cut after one write")
+			default:
+			}
+		}
+	}
+	<-cut
+	f.Close()
+	wantImage(t, d.powerOff(), map[string]string{"f": ""})
+}

@@ -476,6 +476,7 @@ func (h *handle) change(off int64, do func() (int64, syscall.Errno)) syscall.Err
 	n, errno := do()
 	if n > 0 {
 		f.markDirty(h.n, off, n)
+		f.wrote()
 	}
 	return errno
 }
