@@ -76,6 +76,7 @@ type plVariant struct {
 	kind   string                                     // the file kind fault fails, for the summary
 	early  bool                                       // cut within the first 400 ms of the start
 	create bool                                       // the supervisor creates the data directory (and its parent); a fresh disk every other round
+	point  bool                                       // before each start, `supervisor restore` records the newest acknowledged checkpoint as the restore point
 	rounds int                                        // rounds by default
 }
 
@@ -89,7 +90,7 @@ var fileKinds = map[string]func(c crashfs.Fsync) bool{
 	"checkpoint":      func(c crashfs.Fsync) bool { return !c.Dir && strings.Contains(c.Path, ".ckpt") },
 	"checkpoints-dir": func(c crashfs.Fsync) bool { return c.Dir && c.Path == dataRel+"/checkpoints" },
 	"agent.json":      func(c crashfs.Fsync) bool { return strings.Contains(c.Path, "agent.json") },
-	"data-dir":        func(c crashfs.Fsync) bool { return c.Dir && (c.Path == dataRel || c.Path == "") },
+	"data-dir":        func(c crashfs.Fsync) bool { return c.Dir && c.Path == dataRel },
 	"audit":           func(c crashfs.Fsync) bool { return strings.Contains(c.Path, "audit.jsonl") },
 	// Not written by this workload (evolutions, `supervisor restore`,
 	// replication); a round says how many it saw.
@@ -103,21 +104,25 @@ var fileKinds = map[string]func(c crashfs.Fsync) bool{
 	},
 }
 
-// failKind fails a seeded random third of the fsyncs of one kind, at most
-// three per round.
-func failKind(kind string) func(seed uint64) func(crashfs.Fsync) bool {
+// failKind fails up to three fsyncs of one kind in a round: after a seeded
+// random number (below skip) of them, each with probability p.
+func failKind(kind string, skip int, p float64) func(seed uint64) func(crashfs.Fsync) bool {
 	match := fileKinds[kind]
 	return func(seed uint64) func(crashfs.Fsync) bool {
 		rng := rand.New(rand.NewPCG(seed, 77))
 		var mu sync.Mutex
-		n := 0
+		skip, n := rng.IntN(skip+1), 0
 		return func(c crashfs.Fsync) bool {
 			if !match(c) {
 				return false
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			if n >= 3 || rng.IntN(3) != 0 {
+			if skip > 0 {
+				skip--
+				return false
+			}
+			if n >= 3 || rng.Float64() >= p {
 				return false
 			}
 			n++
@@ -144,14 +149,30 @@ func plVariants() []plVariant {
 		{name: "eio-random-always", sync: "always", flags: small, fault: failRandom(0.01), kind: "any", rounds: 3},
 		{name: "early-crash", sync: "batch", early: true, rounds: 4},
 		{name: "supervisor-creates-data-dir", sync: "batch", create: true, rounds: 4},
+		{name: "restore-point", sync: "batch", point: true, rounds: 3},
 	}
-	kinds := make([]string, 0, len(fileKinds))
-	for k := range fileKinds {
-		kinds = append(kinds, k)
-	}
-	slices.Sort(kinds)
-	for _, k := range kinds {
-		vs = append(vs, plVariant{name: "eio-" + k, sync: "batch", flags: small, fault: failKind(k), kind: k, rounds: 1})
+	// Kinds fsynced often fail after a random number of their fsyncs, so
+	// the failure lands anywhere in a round; rare ones fail at once.
+	for _, k := range []struct {
+		kind   string
+		skip   int
+		p      float64
+		rounds int
+	}{
+		{"segment", 200, 1.0 / 3, 2},
+		{"wal-dir", 0, 1, 2},
+		{"checkpoint", 8, 0.5, 2},
+		{"checkpoints-dir", 8, 0.5, 2},
+		{"agent.json", 0, 1, 2},
+		{"data-dir", 0, 1, 2},
+		{"audit", 4, 0.5, 1},
+		{"markers-and-others", 0, 1, 2},
+	} {
+		v := plVariant{name: "eio-" + k.kind, sync: "batch", flags: small, fault: failKind(k.kind, k.skip, k.p), kind: k.kind, rounds: k.rounds}
+		// restore-point.json is written by `supervisor restore` before each
+		// start from the second round on.
+		v.point = k.kind == "markers-and-others"
+		vs = append(vs, v)
 	}
 	return vs
 }
@@ -210,6 +231,7 @@ type plRun struct {
 	newest   *plCheckpoint   // the newest acknowledged checkpoint
 	ackedCPs map[string]int  // acknowledged checkpoint id → order
 	starts   int
+	pointID  string // a restore point recorded by `supervisor restore`, for the next start
 
 	// The rounds since the last reset, for reports.
 	history []string
@@ -285,7 +307,7 @@ func (pl *plRun) reset() {
 	}
 	pl.read, pl.starts = 0, 0
 	pl.acked, pl.refused, pl.sent, pl.ackedCPs = map[uint64]bool{}, map[uint64]int64{}, map[string]bool{}, map[string]int{}
-	pl.newest = nil
+	pl.newest, pl.pointID = nil, ""
 	pl.history, pl.cuts = nil, nil
 	pl.resets++
 }
@@ -335,6 +357,9 @@ func (pl *plRun) round(r int, seed uint64) {
 		}
 		syncDir(t, pl.mnt)
 	}
+	if pl.v.point {
+		pl.recordRestorePoint(r)
+	}
 	began := time.Now()
 	startsBefore := len(pl.events())
 	s := pl.start()
@@ -380,6 +405,23 @@ func (pl *plRun) round(r int, seed uint64) {
 			t.Errorf("%s: the supervisor exited on its own (code %d) before the power cut:\n%s", what, code, tail(s.out.String(), 30))
 		}
 	}
+}
+
+// recordRestorePoint runs `supervisor restore` (no supervisor running) to
+// record the newest acknowledged checkpoint as the restore point: an
+// acknowledgement too, which the next start must honour.
+func (pl *plRun) recordRestorePoint(r int) {
+	if pl.newest == nil { // (the record was checked to its end after the last cut)
+		return
+	}
+	code, out, errOut := cli(pl.t, "restore", "--data-dir", pl.dataDir, "--checkpoint", pl.newest.id)
+	if code != 0 {
+		if pl.v.fault == nil {
+			pl.t.Errorf("round %d: supervisor restore --checkpoint %s: exit %d: %s%s", r, pl.newest.id, code, out, errOut)
+		}
+		return
+	}
+	pl.pointID = pl.newest.id
 }
 
 // final starts the supervisor on the last image, without faults: its restore
@@ -481,8 +523,8 @@ func (pl *plRun) check(what string, s *sup) bool {
 		if hist == "" {
 			hist = "(none: a fresh disk)"
 		}
-		t.Errorf("%s: %s\n  power cuts since the disk was fresh:\n    %s\n  supervisor output (last lines):\n%s",
-			what, fmt.Sprintf(format, args...), hist, tail(s.out.String(), 25))
+		t.Errorf("%s\n  during %s\n  earlier power cuts since the disk was fresh (the last one is usually the cause):\n    %s\n  supervisor output (last lines):\n%s",
+			fmt.Sprintf(format, args...), what, hist, tail(s.out.String(), 25))
 	}
 	if out := s.out.String(); strings.Contains(strings.ToLower(out), "corruption") && len(pl.history) > 0 {
 		report("a power cut was reported as corruption (issue 22 item 4: a torn tail is not corruption):\n%s", grepLines(out, "orrupt", 5))
@@ -553,7 +595,7 @@ func (pl *plRun) checkStart(e plEvent) []string {
 	for _, q := range wal {
 		for g := prev + 1; g < q; g++ {
 			if _, refused := pl.refused[g]; !refused {
-				bad = append(bad, fmt.Sprintf("a gap in the restore: %d..%d missing before WAL entry %d (not refused to the agent)", prev+1, q-1, q))
+				bad = append(bad, fmt.Sprintf("a gap in the restore: %d..%d missing before WAL entry %d (not refused to the agent, or acknowledged after a refusal)", prev+1, q-1, q))
 				break
 			}
 		}
@@ -579,6 +621,10 @@ func (pl *plRun) checkStart(e plEvent) []string {
 			bad = append(bad, fmt.Sprintf("LOST the acknowledged checkpoint %s: restored from the older %s", pl.newest.id, cp))
 		}
 	}
+	if pl.pointID != "" && cp != pl.pointID {
+		bad = append(bad, fmt.Sprintf("LOST the restore point %s recorded by `supervisor restore`: restored from %q", pl.pointID, cp))
+	}
+	pl.pointID = ""
 	if cp != "" && !pl.sent[ranges(e.Restore.Snap)] {
 		bad = append(bad, fmt.Sprintf("checkpoint %s holds %s, a state the agent never checkpointed", cp, summary(snap)))
 	}
@@ -625,7 +671,8 @@ func grepLines(s, sub string, n int) string {
 	return strings.Join(out, "\n")
 }
 
-// syncDir fsyncs a directory.
+// syncDir fsyncs a directory, trying again after an injected failure (a
+// failed directory fsync leaves it as it was).
 func syncDir(t *testing.T, dir string) {
 	t.Helper()
 	d, err := os.Open(dir)
@@ -633,9 +680,12 @@ func syncDir(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	if err := d.Sync(); err != nil {
-		t.Fatal(err)
+	for range 20 {
+		if err = d.Sync(); err == nil {
+			return
+		}
 	}
+	t.Fatalf("fsync %s: %v", dir, err)
 }
 
 // killSupervisor kills the supervisor and its agents with SIGKILL, as a power

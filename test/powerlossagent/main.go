@@ -10,9 +10,10 @@
 // It logs bursts of PL_INFLIGHT entries in flight at once, waits for all of
 // them, and checkpoints every PL_CHECKPOINT_EVERY. An entry answered with an
 // error (WAL_FAILED, WAL_FULL) is left out of the state, as the protocol
-// says; the agent then checkpoints and logs the same entry again, byte for
-// byte — what a careful agent does, and what exposes a log that kept an
-// entry it reported failed.
+// says; the agent then checkpoints (trying again while the supervisor
+// answers CHECKPOINT_FAILED) and logs the same entry again, byte for byte —
+// what a careful agent does, and what exposes a log that kept an entry it
+// reported failed.
 //
 // Environment:
 //
@@ -209,7 +210,7 @@ func work(ctx context.Context, conn *agent.Conn, r *recorder, state set, last ui
 	next := last + 1
 	lastCP := time.Now()
 	cpN := 0
-	checkpoint := func() error {
+	checkpoint := func() (bool, error) {
 		for i := range cpPad {
 			cpPad[i] = byte(rng.Uint32())
 		}
@@ -217,22 +218,23 @@ func work(ctx context.Context, conn *agent.Conn, r *recorder, state set, last ui
 		cpN++
 		r.rec(map[string]any{"e": "cp_sent", "n": cpN, "state": rg})
 		if err := conn.SendCheckpoint(snapshot{Ranges: rg, Pad: fmt.Sprintf("%x", cpPad)}); err != nil {
-			return err
+			return false, err
 		}
+		lastCP = time.Now()
 		select {
 		case res := <-cps:
 			if res.err != nil {
 				r.rec(map[string]any{"e": "cp_fail", "n": cpN, "err": res.err.Error()})
-			} else {
-				r.rec(map[string]any{"e": "cp_ack", "n": cpN, "id": res.id, "state": rg})
+				return false, nil
 			}
+			r.rec(map[string]any{"e": "cp_ack", "n": cpN, "id": res.id, "state": rg})
+			return true, nil
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		case <-time.After(60 * time.Second):
 			r.rec(map[string]any{"e": "cp_timeout", "n": cpN})
+			return false, nil
 		}
-		lastCP = time.Now()
-		return nil
 	}
 	// logged waits for one entry's answer: acknowledged (into the state),
 	// refused (returned in failed), or the end of the connection.
@@ -272,12 +274,29 @@ func work(ctx context.Context, conn *agent.Conn, r *recorder, state set, last ui
 				return err
 			}
 		}
-		if len(failed) > 0 || time.Since(lastCP) >= every {
-			if err := checkpoint(); err != nil {
+		if len(failed) > 0 {
+			// Told not to act on them: checkpoint without them (once the
+			// supervisor stores checkpoints again), then log them again.
+			for try := 0; try < 50; try++ {
+				ok, err := checkpoint()
+				if err != nil {
+					return err
+				}
+				if ok {
+					break
+				}
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+		} else if time.Since(lastCP) >= every {
+			if _, err := checkpoint(); err != nil {
 				return err
 			}
 		}
-		for _, seq := range failed { // told not to act on them: checkpointed without them, now log them again
+		for _, seq := range failed {
 			wait, err := conn.StartLog(schema.OpMemoryAdd, params{Seq: seq, Pad: pad}, seq)
 			if err != nil {
 				return err
