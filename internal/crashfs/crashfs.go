@@ -99,10 +99,6 @@ type Stats struct {
 	LostPages    int // unsynced pages of files in the image not written at power-off
 }
 
-// ErrCut is the error of every change and fsync after [FS.Cut]: the machine
-// is off. Processes using the mount see EIO.
-var ErrCut = errors.New("crashfs: the power is cut")
-
 // Available reports why crashfs cannot mount here (nil: it can): it needs
 // root (for DirectMount) and /dev/fuse.
 func Available() error {

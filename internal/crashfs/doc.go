@@ -33,7 +33,7 @@
 // backing directory; nothing is ever fsynced to the real disk.
 //
 // What it does not model: metadata other than names and sizes (modes are
-// taken as they are at power-off, timestamps are not kept), extended
+// the latest ones set, synced or not; timestamps are not kept), extended
 // attributes, file locks beyond the kernel's own (flock works, locally),
 // O_TMPFILE (refused with EOPNOTSUPP), and mmap beyond what the kernel turns
 // into writes.
