@@ -1,0 +1,740 @@
+package test
+
+// Power-loss tests (SPEC §4 "Durable means durable across a machine crash",
+// §9 "Machine crashes"; issue 22). The supervisor runs with its data
+// directory on internal/crashfs, a FUSE filesystem that keeps only what was
+// fsynced (file data on fsync of the file, directory entries on fsync of the
+// directory), and an agent (test/powerlossagent) that logs with wal_ack and
+// checkpoints often, recording what it was told in a file off that disk.
+// Every round cuts the power at a random instant (the image freezes, then the
+// supervisor and the agent are killed with SIGKILL), and the next round
+// starts the supervisor on the crashed image. Every restore any agent gets
+// must hold every entry acknowledged before it and the newest acknowledged
+// checkpoint, with no gap but over entries the supervisor refused, and hold
+// none of those refused entries; the last start must accept new entries.
+//
+// POWERLOSS_ROUNDS=N runs N rounds per variant (default: a few), and
+// POWERLOSS_SEED=S replays a run's random choices (the instants, torn pages
+// and failed fsyncs; not the timing of the processes). docs/testing.md
+// explains how to read a failure.
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agent-sidecar/supervisor/internal/crashfs"
+)
+
+const (
+	envPowerlossRounds = "POWERLOSS_ROUNDS"
+	envPowerlossSeed   = "POWERLOSS_SEED"
+)
+
+var (
+	plAgentOnce sync.Once
+	plAgentPath string
+	plAgentErr  error
+)
+
+// powerlossAgent builds test/powerlossagent once.
+func powerlossAgent(t *testing.T) string {
+	t.Helper()
+	plAgentOnce.Do(func() {
+		plAgentPath = filepath.Join(filepath.Dir(binPath), "powerlossagent")
+		out, err := exec.Command("go", "build", "-o", plAgentPath, "./powerlossagent").CombinedOutput()
+		if err != nil {
+			plAgentErr = fmt.Errorf("building test/powerlossagent: %v\n%s", err, out)
+		}
+	})
+	if plAgentErr != nil {
+		t.Fatal(plAgentErr)
+	}
+	return plAgentPath
+}
+
+// plVariant is one way of running the rounds.
+type plVariant struct {
+	name   string
+	sync   string   // --wal-sync
+	flags  []string // more supervisor flags
+	env    []string // the agent's settings (PL_*, test/powerlossagent)
+	torn   crashfs.TornMode
+	fault  func(seed uint64) func(crashfs.Fsync) bool // the fsync failure policy of a round
+	kind   string                                     // the file kind fault fails, for the summary
+	early  bool                                       // cut within the first 400 ms of the start
+	create bool                                       // the supervisor creates the data directory (and its parent); a fresh disk every other round
+	point  bool                                       // before each start, `supervisor restore` records the newest acknowledged checkpoint as the restore point
+	rounds int                                        // rounds by default
+}
+
+// dataRel is the data directory's path on the mount, as crashfs names it.
+const dataRel = "data"
+
+// fileKinds name the files of a data directory, for fsync failures by kind.
+var fileKinds = map[string]func(c crashfs.Fsync) bool{
+	"segment":         func(c crashfs.Fsync) bool { return !c.Dir && strings.HasPrefix(c.Path, dataRel+"/wal/") },
+	"wal-dir":         func(c crashfs.Fsync) bool { return c.Dir && c.Path == dataRel+"/wal" },
+	"checkpoint":      func(c crashfs.Fsync) bool { return !c.Dir && strings.Contains(c.Path, ".ckpt") },
+	"checkpoints-dir": func(c crashfs.Fsync) bool { return c.Dir && c.Path == dataRel+"/checkpoints" },
+	"agent.json":      func(c crashfs.Fsync) bool { return strings.Contains(c.Path, "agent.json") },
+	"data-dir":        func(c crashfs.Fsync) bool { return c.Dir && c.Path == dataRel },
+	"audit":           func(c crashfs.Fsync) bool { return strings.Contains(c.Path, "audit.jsonl") },
+	// Not written by this workload (evolutions, `supervisor restore`,
+	// replication); a round says how many it saw.
+	"markers-and-others": func(c crashfs.Fsync) bool {
+		for _, s := range []string{".pin", ".bad", "restore-point.json", "evolution.json", "replica.json"} {
+			if strings.Contains(c.Path, s) {
+				return true
+			}
+		}
+		return false
+	},
+}
+
+// failKind fails up to three fsyncs of one kind in a round: after a seeded
+// random number (below skip) of them, each with probability p.
+func failKind(kind string, skip int, p float64) func(seed uint64) func(crashfs.Fsync) bool {
+	match := fileKinds[kind]
+	return func(seed uint64) func(crashfs.Fsync) bool {
+		rng := rand.New(rand.NewPCG(seed, 77))
+		var mu sync.Mutex
+		skip, n := rng.IntN(skip+1), 0
+		return func(c crashfs.Fsync) bool {
+			if !match(c) {
+				return false
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if skip > 0 {
+				skip--
+				return false
+			}
+			if n >= 3 || rng.Float64() >= p {
+				return false
+			}
+			n++
+			return true
+		}
+	}
+}
+
+func failRandom(p float64) func(seed uint64) func(crashfs.Fsync) bool {
+	return func(seed uint64) func(crashfs.Fsync) bool { return crashfs.FailRandom(seed, p, false) }
+}
+
+func plVariants() []plVariant {
+	small := []string{"--wal-segment-size", "32768", "--checkpoint-retain", "2"}
+	// Torn pages need unsynced data at the cut: many big entries in flight.
+	flood := []string{"PL_INFLIGHT=48", "PL_ENTRY_SIZE=1500", "PL_PAUSE=0s"}
+	vs := []plVariant{
+		{name: "batch", sync: "batch", rounds: 3},
+		{name: "always", sync: "always", rounds: 3},
+		{name: "small-segments-retain-2", sync: "batch", flags: small, rounds: 3},
+		{name: "torn-prefix", sync: "batch", env: flood, torn: crashfs.TornPrefix, rounds: 3},
+		{name: "torn-subset", sync: "batch", env: flood, torn: crashfs.TornSubset, rounds: 3},
+		{name: "torn-subset-always-small-segments", sync: "always", flags: small, env: flood, torn: crashfs.TornSubset, rounds: 2},
+		{name: "eio-random-batch", sync: "batch", fault: failRandom(0.01), kind: "any", rounds: 3},
+		{name: "eio-random-always", sync: "always", flags: small, fault: failRandom(0.01), kind: "any", rounds: 3},
+		{name: "early-crash", sync: "batch", early: true, rounds: 4},
+		{name: "supervisor-creates-data-dir", sync: "batch", create: true, rounds: 4},
+		{name: "restore-point", sync: "batch", point: true, rounds: 3},
+	}
+	// Kinds fsynced often fail after a random number of their fsyncs, so
+	// the failure lands anywhere in a round; rare ones fail at once.
+	for _, k := range []struct {
+		kind   string
+		skip   int
+		p      float64
+		rounds int
+	}{
+		{"segment", 200, 1.0 / 3, 2},
+		{"wal-dir", 20, 0.5, 2},
+		{"checkpoint", 8, 0.5, 2},
+		{"checkpoints-dir", 8, 0.5, 2},
+		{"agent.json", 0, 1, 2},
+		{"data-dir", 0, 1, 2},
+		{"audit", 4, 0.5, 1},
+		{"markers-and-others", 0, 1, 2},
+	} {
+		v := plVariant{name: "eio-" + k.kind, sync: "batch", flags: small, fault: failKind(k.kind, k.skip, k.p), kind: k.kind, rounds: k.rounds}
+		// restore-point.json is written by `supervisor restore` before each
+		// start from the second round on.
+		v.point = k.kind == "markers-and-others"
+		vs = append(vs, v)
+	}
+	return vs
+}
+
+// TestPowerLoss runs the variants; see the top of this file.
+func TestPowerLoss(t *testing.T) {
+	if err := crashfs.Available(); err != nil {
+		t.Skipf("power-loss tests need crashfs: %v", err)
+	}
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv(envPowerlossSeed); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("%s=%q: %v", envPowerlossSeed, s, err)
+		}
+		seed = v
+	}
+	rounds := 0
+	if s := os.Getenv(envPowerlossRounds); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			t.Fatalf("%s=%q: want a positive number", envPowerlossRounds, s)
+		}
+		rounds = v
+	}
+	t.Logf("%s=%d (replays the random choices of this run)", envPowerlossSeed, seed)
+	agentPath := powerlossAgent(t)
+	for _, v := range plVariants() {
+		t.Run(v.name, func(t *testing.T) {
+			n := v.rounds
+			if rounds > 0 {
+				n = rounds
+			}
+			h := fnv.New64a()
+			h.Write([]byte(v.name))
+			runPowerLoss(t, v, agentPath, seed^h.Sum64(), n)
+		})
+	}
+}
+
+// plRun is one variant's disk, record and verifier.
+type plRun struct {
+	t       *testing.T
+	v       plVariant
+	agent   string
+	disk    string // the image between rounds (crashfs's backing directory)
+	mnt     string
+	record  string // the agent's record, off the crashing disk
+	dataDir string
+
+	// What the record said so far, for the next start's check.
+	read     int             // events verified
+	acked    map[uint64]bool // acknowledged sequences
+	refused  map[uint64]int64
+	sent     map[string]bool // states the agent checkpointed
+	newest   *plCheckpoint   // the newest acknowledged checkpoint
+	ackedCPs map[string]int  // acknowledged checkpoint id → order
+	starts   int
+	pointID  string // a restore point recorded by `supervisor restore`, for the next start
+
+	// The rounds since the last reset, for reports.
+	history []string
+	cuts    [][2]int64 // from the power cut to the processes' death, Unix ns
+	// Totals for the summary.
+	rounds, losses, resets, maxAcked int
+	faults, torn, lost, kindSeen     int
+}
+
+type plCheckpoint struct {
+	id    string
+	state string
+	order int
+}
+
+// plEvent is one line of the agent's record.
+type plEvent struct {
+	E       string      `json:"e"`
+	PID     int         `json:"pid"`
+	T       int64       `json:"t"`
+	S       uint64      `json:"s"`
+	Retry   bool        `json:"retry"`
+	Err     string      `json:"err"`
+	N       int         `json:"n"`
+	ID      string      `json:"id"`
+	State   [][2]uint64 `json:"state"`
+	Restore *struct {
+		CP      string      `json:"cp"`
+		Snap    [][2]uint64 `json:"snap"`
+		WAL     [][2]uint64 `json:"wal"`
+		Ordered bool        `json:"ordered"`
+		Last    uint64      `json:"last"`
+	} `json:"restore"`
+}
+
+func runPowerLoss(t *testing.T, v plVariant, agentPath string, seed uint64, rounds int) {
+	base := t.TempDir()
+	pl := &plRun{t: t, v: v, agent: agentPath, disk: filepath.Join(base, "disk"), mnt: filepath.Join(base, "mnt"),
+		record: filepath.Join(base, "record.jsonl")}
+	pl.dataDir = filepath.Join(pl.mnt, dataRel)
+	if v.create {
+		pl.dataDir = filepath.Join(pl.mnt, "new", dataRel)
+	}
+	if err := os.Mkdir(pl.mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pl.reset()
+	for r := range rounds {
+		if v.create && r > 0 && r%2 == 0 {
+			pl.reset()
+		}
+		pl.round(r, seed+uint64(r))
+	}
+	pl.final()
+	t.Logf("%s: %d rounds, %d losses, highest acknowledged sequence %d; fsync failures injected: %d; torn pages written: %d, unsynced pages lost: %d",
+		v.name, pl.rounds, pl.losses, pl.maxAcked, pl.faults, pl.torn, pl.lost)
+	if v.kind != "" && v.kind != "any" {
+		t.Logf("%s: %d fsyncs of kind %q seen", v.name, pl.kindSeen, v.kind)
+	}
+}
+
+// reset starts over on an empty disk with a new record.
+func (pl *plRun) reset() {
+	pl.t.Helper()
+	if err := os.RemoveAll(pl.disk); err != nil {
+		pl.t.Fatal(err)
+	}
+	if err := os.Mkdir(pl.disk, 0o755); err != nil {
+		pl.t.Fatal(err)
+	}
+	if err := os.WriteFile(pl.record, nil, 0o600); err != nil {
+		pl.t.Fatal(err)
+	}
+	pl.read, pl.starts = 0, 0
+	pl.acked, pl.refused, pl.sent, pl.ackedCPs = map[uint64]bool{}, map[uint64]int64{}, map[string]bool{}, map[string]int{}
+	pl.newest, pl.pointID = nil, ""
+	pl.history, pl.cuts = nil, nil
+	pl.resets++
+}
+
+// mount mounts the disk with opts; a kind matcher counts what it sees.
+func (pl *plRun) mount(opts crashfs.Options) *crashfs.FS {
+	pl.t.Helper()
+	if match := fileKinds[pl.v.kind]; match != nil && opts.FailFsync != nil {
+		fail := opts.FailFsync
+		opts.FailFsync = func(c crashfs.Fsync) bool {
+			if match(c) {
+				pl.kindSeen++ // under crashfs's lock
+			}
+			return fail(c)
+		}
+	}
+	fsys, err := crashfs.Mount(pl.mnt, pl.disk, opts)
+	if err != nil {
+		pl.t.Fatal(err)
+	}
+	pl.t.Cleanup(func() { fsys.Close() })
+	return fsys
+}
+
+func (pl *plRun) start() *sup {
+	flags := append(slices.Clone(fastFlags), "--wal-sync", pl.v.sync, "--max-restarts", "0")
+	flags = append(flags, pl.v.flags...)
+	return startSup(pl.t, supOpts{dataDir: pl.dataDir, flags: flags, command: []string{pl.agent}, noHTTP: true,
+		events: pl.record, env: append([]string{"PL_RECORD=" + pl.record}, pl.v.env...)})
+}
+
+// round runs the supervisor on the image until a random instant, cuts the
+// power, and checks every start the record shows.
+func (pl *plRun) round(r int, seed uint64) {
+	t := pl.t
+	rng := rand.New(rand.NewPCG(seed, 1))
+	opts := crashfs.Options{Seed: seed, Torn: pl.v.torn}
+	if pl.v.fault != nil {
+		opts.FailFsync = pl.v.fault(seed)
+	}
+	fsys := pl.mount(opts)
+	if !pl.v.create && len(pl.history) == 0 {
+		// A fresh data directory, made durable (the supervisor's own
+		// creation of one is the create variant).
+		if err := os.Mkdir(pl.dataDir, 0o700); err != nil && !os.IsExist(err) {
+			t.Fatal(err)
+		}
+		syncDir(t, pl.mnt)
+	}
+	if pl.v.point {
+		pl.recordRestorePoint(r)
+	}
+	began := time.Now()
+	startsBefore := len(pl.events())
+	s := pl.start()
+	var cutAt time.Time
+	if pl.v.early {
+		cutAt = began.Add(time.Duration(rng.IntN(400)) * time.Millisecond)
+	} else {
+		started := pl.waitStart(s, startsBefore, 120*time.Second)
+		cutAt = started.Add(300*time.Millisecond + time.Duration(rng.IntN(1500))*time.Millisecond)
+	}
+	time.Sleep(time.Until(cutAt))
+	// Half the cuts (all of them when pages may tear) land right after a
+	// write, while written data is not yet synced.
+	if pl.v.torn != crashfs.TornNone || rng.IntN(2) == 0 {
+		select {
+		case <-fsys.CutAfterWrites(1 + rng.IntN(16)):
+		case <-time.After(2 * time.Second): // nothing is writing
+		}
+	}
+	fsys.Cut()
+	cut := time.Now()
+	killSupervisor(t, s)
+	pl.cuts = append(pl.cuts, [2]int64{cut.UnixNano(), time.Now().UnixNano()})
+	if err := fsys.PowerOff(pl.disk); err != nil {
+		t.Logf("round %d: power-off: %v", r, err)
+	}
+	st := fsys.Stats()
+	pl.rounds++
+	pl.faults += st.FailedFsyncs
+	pl.torn += st.TornPages
+	pl.lost += st.LostPages
+	what := fmt.Sprintf("round %d (seed %d, cut %s after the start; %s; torn %s: %d pages written, %d lost)",
+		r, seed, cut.Sub(began).Round(time.Millisecond), crashfs.Describe(fsys.Faults()), pl.v.torn, st.TornPages, st.LostPages)
+	if !pl.check(what, s) {
+		pl.reset()
+		return
+	}
+	pl.history = append(pl.history, what)
+	if code, exited := exitedOnItsOwn(s, cut); exited {
+		// An injected fault may legitimately stop the supervisor; without
+		// one, it must run until the power goes.
+		if pl.v.fault == nil {
+			t.Errorf("%s: the supervisor exited on its own (code %d) before the power cut:\n%s", what, code, tail(s.out.String(), 30))
+		} else {
+			t.Logf("%s: the supervisor exited on its own (code %d) before the power cut: %s", what, code, grepLines(s.out.String(), "level=ERROR", 1))
+		}
+	}
+}
+
+// recordRestorePoint runs `supervisor restore` (no supervisor running) to
+// record the newest acknowledged checkpoint as the restore point: an
+// acknowledgement too, which the next start must honour.
+func (pl *plRun) recordRestorePoint(r int) {
+	if pl.newest == nil { // (the record was checked to its end after the last cut)
+		return
+	}
+	code, out, errOut := cli(pl.t, "restore", "--data-dir", pl.dataDir, "--checkpoint", pl.newest.id)
+	if code != 0 {
+		if pl.v.fault == nil {
+			pl.t.Errorf("round %d: supervisor restore --checkpoint %s: exit %d: %s%s", r, pl.newest.id, code, out, errOut)
+		}
+		return
+	}
+	pl.pointID = pl.newest.id
+}
+
+// final starts the supervisor on the last image, without faults: its restore
+// is checked, and it must accept new entries.
+func (pl *plRun) final() {
+	t := pl.t
+	fsys := pl.mount(crashfs.Options{})
+	n := len(pl.events())
+	s := pl.start()
+	pl.waitStart(s, n, 120*time.Second)
+	var acks int
+	waitFor(t, 120*time.Second, "30 new entries acknowledged after the last restart", func() bool {
+		acks = 0
+		for _, e := range pl.events()[n:] {
+			if e.E == "ack" {
+				acks++
+			}
+		}
+		select {
+		case <-s.done:
+			t.Fatalf("the supervisor exited (code %d) on the final image:\n%s", s.code, tail(s.out.String(), 40))
+		default:
+		}
+		return acks >= 30
+	})
+	s.signal(syscall.SIGTERM)
+	if code := s.wait(60 * time.Second); code != 0 {
+		t.Errorf("the final supervisor exited %d after SIGTERM:\n%s", code, tail(s.out.String(), 30))
+	}
+	pl.check("the final start (no faults)", s)
+	if err := fsys.Close(); err != nil {
+		t.Logf("unmount: %v", err)
+	}
+}
+
+// waitStart waits for an agent start in the record after its first n
+// events, and returns when it was recorded. Without one (the supervisor
+// exited, or 120 s passed) it returns now; check then reports what it can.
+func (pl *plRun) waitStart(s *sup, n int, timeout time.Duration) time.Time {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		for _, e := range pl.events()[n:] {
+			if e.E == "start" {
+				return time.Unix(0, e.T)
+			}
+		}
+		select {
+		case <-s.done:
+			return time.Now()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	pl.t.Logf("no agent start within %s:\n%s", timeout, tail(s.out.String(), 30))
+	return time.Now()
+}
+
+// exitedOnItsOwn reports whether the supervisor had exited before the cut.
+func exitedOnItsOwn(s *sup, cut time.Time) (int, bool) {
+	select {
+	case <-s.done:
+	default:
+		return 0, false
+	}
+	if s.code == -1 { // killed by our SIGKILL
+		return 0, false
+	}
+	return s.code, true
+}
+
+// events reads the record (a torn last line is ignored).
+func (pl *plRun) events() []plEvent {
+	f, err := os.Open(pl.record)
+	if err != nil {
+		pl.t.Fatal(err)
+	}
+	defer f.Close()
+	var out []plEvent
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		var e plEvent
+		if json.Unmarshal(sc.Bytes(), &e) == nil {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// check applies the record's new events in order and checks each start's
+// restore against what came before it. It reports every violation (with
+// the rounds that led there) and returns false if there was one.
+func (pl *plRun) check(what string, s *sup) bool {
+	t := pl.t
+	ok := true
+	report := func(format string, args ...any) {
+		ok = false
+		pl.losses++
+		hist := strings.Join(pl.history, "\n    ")
+		if hist == "" {
+			hist = "(none: a fresh disk)"
+		}
+		t.Errorf("%s\n  during %s\n  earlier power cuts since the disk was fresh (the last one is usually the cause):\n    %s\n  supervisor output (last lines):\n%s",
+			fmt.Sprintf(format, args...), what, hist, tail(s.out.String(), 25))
+	}
+	if out := s.out.String(); strings.Contains(strings.ToLower(out), "corruption") && len(pl.history) > 0 {
+		report("a power cut was reported as corruption (issue 22 item 4: a torn tail is not corruption):\n%s", grepLines(out, "orrupt", 5))
+	}
+	events := pl.events()
+	for _, e := range events[pl.read:] {
+		switch e.E {
+		case "ack":
+			pl.acked[e.S] = true
+			delete(pl.refused, e.S)
+			pl.maxAcked = max(pl.maxAcked, int(e.S))
+		case "fail":
+			if !pl.acked[e.S] {
+				pl.refused[e.S] = e.T
+			}
+		case "cp_sent":
+			pl.sent[ranges(e.State)] = true
+		case "cp_ack":
+			pl.ackedCPs[e.ID] = len(pl.ackedCPs)
+			pl.newest = &plCheckpoint{id: e.ID, state: ranges(e.State), order: pl.ackedCPs[e.ID]}
+		case "start":
+			pl.starts++
+			for _, msg := range pl.checkStart(e) {
+				report("agent start %d (pid %d): %s", pl.starts, e.PID, msg)
+			}
+		}
+	}
+	pl.read = len(events)
+	return ok
+}
+
+// checkStart checks one restore against the acknowledgements before it.
+func (pl *plRun) checkStart(e plEvent) []string {
+	var bad []string
+	var snap, wal []uint64
+	cp := ""
+	if e.Restore != nil {
+		cp = e.Restore.CP
+		snap, wal = expand(e.Restore.Snap), expand(e.Restore.WAL)
+		if !e.Restore.Ordered {
+			bad = append(bad, "the restore's WAL entries are out of order")
+		}
+	}
+	got := map[uint64]bool{}
+	for _, q := range snap {
+		got[q] = true
+	}
+	for _, q := range wal {
+		got[q] = true
+	}
+	var missing []uint64
+	for q := range pl.acked {
+		if !got[q] {
+			missing = append(missing, q)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		bad = append(bad, fmt.Sprintf("LOST %d acknowledged entries %s (restore: checkpoint %q with %s, WAL entries %s)",
+			len(missing), summary(missing), cp, summary(snap), summary(wal)))
+	}
+	// No gap, but over entries the supervisor refused: the WAL tail starts
+	// right above the snapshot and runs without holes.
+	prev := uint64(0)
+	if len(snap) > 0 {
+		prev = snap[len(snap)-1]
+	}
+	for _, q := range wal {
+		for g := prev + 1; g < q; g++ {
+			if _, refused := pl.refused[g]; !refused {
+				bad = append(bad, fmt.Sprintf("a gap in the restore: %d..%d missing before WAL entry %d (not refused to the agent, or acknowledged after a refusal)", prev+1, q-1, q))
+				break
+			}
+		}
+		prev = q
+	}
+	// An error reply means "not logged" (§9): a refusal the supervisor
+	// lived through must never come back in a restore.
+	var back []uint64
+	for q, at := range pl.refused {
+		if got[q] && pl.beforeCut(at) {
+			back = append(back, q)
+		}
+	}
+	if len(back) > 0 {
+		slices.Sort(back)
+		bad = append(bad, fmt.Sprintf("%d entries answered with an error (never acknowledged) came back in the restore: %s", len(back), summary(back)))
+	}
+	if pl.newest != nil {
+		switch order, known := pl.ackedCPs[cp]; {
+		case cp == "":
+			bad = append(bad, fmt.Sprintf("LOST the acknowledged checkpoint %s: the restore has no checkpoint", pl.newest.id))
+		case known && order < pl.newest.order:
+			bad = append(bad, fmt.Sprintf("LOST the acknowledged checkpoint %s: restored from the older %s", pl.newest.id, cp))
+		}
+	}
+	if pl.pointID != "" && cp != pl.pointID {
+		bad = append(bad, fmt.Sprintf("LOST the restore point %s recorded by `supervisor restore`: restored from %q", pl.pointID, cp))
+	}
+	pl.pointID = ""
+	if cp != "" && !pl.sent[ranges(e.Restore.Snap)] {
+		bad = append(bad, fmt.Sprintf("checkpoint %s holds %s, a state the agent never checkpointed", cp, summary(snap)))
+	}
+	return bad
+}
+
+// beforeCut reports whether an event at Unix ns at happened while the
+// power was on: failures the cut itself caused (EIO from a dead disk, the
+// supervisor killed a moment later) are not held against it.
+func (pl *plRun) beforeCut(at int64) bool {
+	for _, c := range pl.cuts {
+		if at >= c[0]-int64(100*time.Millisecond) && at <= c[1] {
+			return false // the disk was dead, or about to be before the supervisor could act
+		}
+	}
+	return true
+}
+
+func expand(rs [][2]uint64) []uint64 {
+	var out []uint64
+	for _, r := range rs {
+		for q := r[0]; q <= r[1] && q != 0; q++ {
+			out = append(out, q)
+		}
+	}
+	return out
+}
+
+func ranges(rs [][2]uint64) string {
+	var b strings.Builder
+	for _, r := range rs {
+		fmt.Fprintf(&b, "%d-%d,", r[0], r[1])
+	}
+	return b.String()
+}
+
+func grepLines(s, sub string, n int) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) && len(out) < n {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// syncDir fsyncs a directory, trying again after an injected failure (a
+// failed directory fsync leaves it as it was).
+func syncDir(t *testing.T, dir string) {
+	t.Helper()
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	for range 20 {
+		if err = d.Sync(); err == nil {
+			return
+		}
+	}
+	t.Fatalf("fsync %s: %v", dir, err)
+}
+
+// killSupervisor kills the supervisor and its agents with SIGKILL, as a power
+// cut ends them, and waits until they are gone.
+func killSupervisor(t *testing.T, s *sup) {
+	t.Helper()
+	pid := s.cmd.Process.Pid
+	kids := childrenOf(pid)
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	for _, k := range kids {
+		_ = syscall.Kill(-k, syscall.SIGKILL) // the agent's process group
+		_ = syscall.Kill(k, syscall.SIGKILL)
+	}
+	s.wait(60 * time.Second)
+	waitFor(t, 60*time.Second, "the agents to die", func() bool {
+		for _, k := range kids {
+			if alive(k) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(pid int) []int {
+	des, _ := os.ReadDir("/proc")
+	var out []int
+	for _, de := range des {
+		p, err := strconv.Atoi(de.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", de.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
