@@ -529,7 +529,7 @@ func (pl *plRun) check(what string, s *sup) bool {
 		t.Errorf("%s\n  during %s\n  earlier power cuts since the disk was fresh (the last one is usually the cause):\n    %s\n  supervisor output (last lines):\n%s",
 			fmt.Sprintf(format, args...), what, hist, tail(s.out.String(), 25))
 	}
-	if out := s.out.String(); strings.Contains(strings.ToLower(out), "corruption") && len(pl.history) > 0 {
+	if out := s.out.String(); reportsCorruption(out) && len(pl.history) > 0 {
 		report("a power cut was reported as corruption (issue 22 item 4: a torn tail is not corruption):\n%s", grepLines(out, "orrupt", 5))
 	}
 	events := pl.events()
@@ -737,4 +737,16 @@ func childrenOf(pid int) []int {
 		}
 	}
 	return out
+}
+
+// reportsCorruption reports whether the supervisor's output has an error
+// line calling something corruption (the WAL's or the supervisor's report;
+// the torn-tail warning only says it is not).
+func reportsCorruption(out string) bool {
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "level=ERROR") && strings.Contains(strings.ToLower(line), "corruption") {
+			return true
+		}
+	}
+	return false
 }

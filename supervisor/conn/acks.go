@@ -129,9 +129,6 @@ func (in *Instance) ackFailed(err error, first, last uint64) {
 	if errors.Is(err, wal.ErrNoSpace) {
 		code = schema.CodeWALFull
 	}
-	in.met.WALErrors.WithLabelValues(code).Inc()
-	in.log.Error("WAL entries asked for wal_ack are not durable; told the agent", "code", code, "err", err,
-		"first_sequence", first, "last_sequence", last)
 	details := map[string]any{"first_sequence": first, "last_sequence": last}
 	var fe *wal.FailedError
 	if errors.As(err, &fe) {
@@ -141,5 +138,8 @@ func (in *Instance) ackFailed(err error, first, last uint64) {
 		}
 		details = map[string]any{"first_sequence": first, "last_sequence": last, "durable_sequence": fe.Durable}
 	}
+	in.met.WALErrors.WithLabelValues(code).Inc()
+	in.log.Error("WAL entries asked for wal_ack are not durable; told the agent", "code", code, "err", err,
+		"first_sequence", first, "last_sequence", last)
 	in.SendMsg(schema.NewError(code, fmt.Sprintf("WAL entries %d..%d may not be durable: %v; do not act on them", first, last, err), details))
 }
