@@ -180,11 +180,15 @@ func TestWriteFailure(t *testing.T) {
 				check("Append after the failure", err)
 				check("ReadAfter after the failure", l.ReadAfter(0, func(Entry) error { return nil }))
 				check("Failure()", l.Failure())
-				repMu.Lock()
-				if len(reported) != 1 {
-					t.Fatalf("OnFailure called %d times, want once", len(reported))
+				// OnFailure runs on the syncer right after the failure is
+				// visible: wait for it.
+				calls := func() int { repMu.Lock(); defer repMu.Unlock(); return len(reported) }
+				for deadline := time.Now().Add(time.Minute); calls() == 0 && time.Now().Before(deadline); {
+					time.Sleep(time.Millisecond)
 				}
-				repMu.Unlock()
+				if n := calls(); n != 1 {
+					t.Fatalf("OnFailure called %d times, want once", n)
+				}
 			}
 			// Readable up to the last good record meanwhile.
 			var got []Entry

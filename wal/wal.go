@@ -44,9 +44,10 @@ type Options struct {
 	// not block and must not call the Log.
 	OnSync func(d time.Duration, entries int, bytes int)
 	// OnFailure, when set, is called by the syncer once when the log stops
-	// after a failed fsync or write (see [FailedError]), so the owner can
-	// tell the agent the failed range and call Reopen without waiting for
-	// the next Append to fail. It must not block and must not call the Log.
+	// after a failed fsync or write (see [FailedError]), right after the
+	// failure became visible (Log.Failure returns it), so the owner can tell
+	// the agent the failed range and call Reopen without waiting for the
+	// next Append to fail. It must not block and must not call the Log.
 	OnFailure func(*FailedError)
 	// NoPreallocate turns off preallocation: by default every segment is
 	// created at its full size filled with zeros (the next one in the
