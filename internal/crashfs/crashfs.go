@@ -100,7 +100,9 @@ type Stats struct {
 }
 
 // Available reports why crashfs cannot mount here (nil: it can): it needs
-// root (for DirectMount) and /dev/fuse.
+// root (for DirectMount), /dev/fuse, and a mount that works — a container
+// may open /dev/fuse and still refuse the mount. The probe mounts an empty
+// directory once per process.
 func Available() error {
 	if os.Geteuid() != 0 {
 		return errors.New("crashfs needs root to mount FUSE without fusermount")
@@ -110,8 +112,28 @@ func Available() error {
 		return fmt.Errorf("crashfs needs /dev/fuse: %w", err)
 	}
 	f.Close()
-	return nil
+	return probeOnce()
 }
+
+var probeOnce = sync.OnceValue(func() error {
+	dir, err := os.MkdirTemp("", "crashfs-probe-")
+	if err != nil {
+		return fmt.Errorf("crashfs probe: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	mnt, back := filepath.Join(dir, "mnt"), filepath.Join(dir, "back")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		return fmt.Errorf("crashfs probe: %w", err)
+	}
+	if err := os.Mkdir(back, 0o700); err != nil {
+		return fmt.Errorf("crashfs probe: %w", err)
+	}
+	m, err := mount(mnt, back, Options{})
+	if err != nil {
+		return fmt.Errorf("crashfs cannot mount here: %w", err)
+	}
+	return m.Close()
+})
 
 // FS is one mounted crash-simulating filesystem.
 type FS struct {
@@ -181,6 +203,10 @@ func Mount(mountpoint, backing string, opts Options) (*FS, error) {
 	if err := Available(); err != nil {
 		return nil, err
 	}
+	return mount(mountpoint, backing, opts)
+}
+
+func mount(mountpoint, backing string, opts Options) (*FS, error) {
 	mnt, err := filepath.Abs(mountpoint)
 	if err != nil {
 		return nil, err
