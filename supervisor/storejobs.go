@@ -166,6 +166,13 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 	ctx, cancel := context.WithTimeout(context.Background(), walDurableTimeout)
 	err := dest.wal.WaitDurable(ctx, job.watermark)
 	cancel()
+	if err == nil {
+		// A log that stopped may have refused entries the agent's state
+		// already holds: no checkpoint is taken from it until it reopens.
+		if fe := dest.wal.Failure(); fe != nil {
+			err = fe
+		}
+	}
 	if err != nil {
 		fail("wal_durable", err)
 		return
