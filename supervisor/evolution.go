@@ -267,13 +267,21 @@ func (s *Supervisor) shadowEvent(ev conn.Event) {
 	}
 }
 
-// checkShadowHeartbeat fails the trial when the shadow stops heartbeating.
+// checkShadowHeartbeat fails the trial when the shadow stops heartbeating,
+// or when its scratch WAL stopped.
 func (s *Supervisor) checkShadowHeartbeat() {
 	t := s.lc.trial
 	if t == nil || t.decided || t.shadow == nil {
 		return
 	}
 	if t.failure = s.shadowHeartbeatFailure(t, false); t.failure != "" {
+		s.concludeTrial()
+		return
+	}
+	if fe := t.wal.Failure(); fe != nil {
+		// The trial's scratch WAL stopped (a failed write): what the shadow
+		// logged is no longer all there, so its figures cannot be trusted.
+		t.failure = "the trial's scratch WAL failed: " + fe.Error()
 		s.concludeTrial()
 	}
 }
