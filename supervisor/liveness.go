@@ -66,7 +66,12 @@ func (s *Supervisor) checkHeartbeat() {
 
 // stopInstance stops an instance in the background: SIGTERM to its group,
 // SIGKILL after --kill-timeout. Its exit arrives as an conn.Exited event.
-func (s *Supervisor) stopInstance(in *agent, reason string) {
+func (s *Supervisor) stopInstance(in *agent, reason string) { s.stopInstanceAfter(in, reason, 0) }
+
+// stopInstanceAfter is stopInstance after a grace period: an instance that
+// was sent a shutdown (and the error that explains it) gets grace to read
+// them and exit on its own before it is signalled.
+func (s *Supervisor) stopInstanceAfter(in *agent, reason string, grace time.Duration) {
 	if in.stopping {
 		return
 	}
@@ -77,6 +82,15 @@ func (s *Supervisor) stopInstance(in *agent, reason string) {
 		s.met.AgentUp.WithLabelValues(in.Role()).Set(0)
 	}
 	go func() {
+		if grace > 0 {
+			t := time.NewTimer(grace)
+			defer t.Stop()
+			select {
+			case <-in.Proc().Exited():
+				return
+			case <-t.C:
+			}
+		}
 		if in.Proc().StopGroup(s.cfg.KillTimeout) {
 			in.Log().Warn("agent ignored SIGTERM; killed it with SIGKILL", "kill_timeout", s.cfg.KillTimeout)
 		}

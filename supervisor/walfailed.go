@@ -51,7 +51,9 @@ func (s *Supervisor) walFailed(fe *wal.FailedError) {
 		in.SendMsg(walFailedError(fe, fe.First, fe.Last))
 	}
 	in.SendMsg(&schema.Shutdown{Reason: "the supervisor's WAL failed; you are restarted and restored from what it holds"})
-	s.stopInstance(in, reasonWALFailed)
+	// It reads the error and the shutdown first, and exits; signalled only
+	// when it does not within --kill-timeout.
+	s.stopInstanceAfter(in, reasonWALFailed, s.cfg.KillTimeout)
 }
 
 // walFailedError is the WAL_FAILED an agent gets for entries first..last
