@@ -192,9 +192,7 @@ func (s *Supervisor) appendWAL(in *conn.Instance, l *wal.Log, appendFn func([]wa
 		if errors.As(err, &fe) {
 			// The log stopped: these entries and its whole failed range are
 			// not in it (walfailed.go restarts the agent from what it holds).
-			e := walFailedError(fe, recs[0].Sequence, recs[len(recs)-1].Sequence)
-			e.Error.Code = code
-			in.SendMsg(e)
+			in.SendMsg(walFailedError(fe, recs[0].Sequence, recs[len(recs)-1].Sequence))
 		} else {
 			in.SendMsg(schema.NewError(code, "the supervisor could not append these WAL entries: "+err.Error(), details))
 		}

@@ -48,7 +48,9 @@ func (s *Supervisor) walFailed(fe *wal.FailedError) {
 		return // the next start reopens the log
 	}
 	if fe.First != 0 {
-		in.SendMsg(walFailedError(fe, fe.First, fe.Last))
+		e := walFailedError(fe, fe.First, fe.Last)
+		s.met.WALErrors.WithLabelValues(e.Error.Code).Inc()
+		in.SendMsg(e)
 	}
 	in.SendMsg(&schema.Shutdown{Reason: "the supervisor's WAL failed; you are restarted and restored from what it holds"})
 	// It reads the error and the shutdown first, and exits; signalled only
@@ -56,14 +58,19 @@ func (s *Supervisor) walFailed(fe *wal.FailedError) {
 	s.stopInstanceAfter(in, reasonWALFailed, s.cfg.KillTimeout)
 }
 
-// walFailedError is the WAL_FAILED an agent gets for entries first..last
-// that the stopped log does not hold: the range is widened to the log's
-// whole failed range, so it names every sequence that is not in the log.
+// walFailedError is the WAL_FAILED (WAL_FULL when the disk is full) an agent
+// gets for entries first..last that the stopped log does not hold: the range
+// is widened to the log's whole failed range, so it names every sequence
+// that is not in the log.
 func walFailedError(fe *wal.FailedError, first, last uint64) *schema.Error {
 	if fe.First != 0 {
 		first, last = min(first, fe.First), max(last, fe.Last)
 	}
-	return schema.NewError(schema.CodeWALFailed,
+	code := schema.CodeWALFailed
+	if errors.Is(fe, wal.ErrNoSpace) {
+		code = schema.CodeWALFull // the disk is full: what stopped the log
+	}
+	return schema.NewError(code,
 		fmt.Sprintf("WAL entries %d..%d are not in the log: the WAL failed (%v); do not act on them — you are restarted from what the log holds", first, last, fe.Err),
 		map[string]any{"first_sequence": first, "last_sequence": last, "durable_sequence": fe.Durable})
 }
