@@ -92,6 +92,10 @@ var fileKinds = map[string]func(c crashfs.Fsync) bool{
 	"agent.json":      func(c crashfs.Fsync) bool { return strings.Contains(c.Path, "agent.json") },
 	"data-dir":        func(c crashfs.Fsync) bool { return c.Dir && c.Path == dataRel },
 	"audit":           func(c crashfs.Fsync) bool { return strings.Contains(c.Path, "audit.jsonl") },
+	// An evolution's pinned backup and the ledger of promotions.
+	"evolution": func(c crashfs.Fsync) bool {
+		return strings.Contains(c.Path, ".pin") || strings.Contains(c.Path, "evolution.json")
+	},
 	// Not written by this workload (evolutions, `supervisor restore`,
 	// replication); a round says how many it saw.
 	"markers-and-others": func(c crashfs.Fsync) bool {
@@ -139,6 +143,9 @@ func plVariants() []plVariant {
 	small := []string{"--wal-segment-size", "32768", "--checkpoint-retain", "2"}
 	// Torn pages need unsynced data at the cut: many big entries in flight.
 	flood := []string{"PL_INFLIGHT=48", "PL_ENTRY_SIZE=1500", "PL_PAUSE=0s"}
+	// A trial every 300 ms, each 200 ms long.
+	evolve := []string{"--shadow-duration", "200ms"}
+	evolveEnv := []string{"PL_EVOLVE_EVERY=300ms"}
 	vs := []plVariant{
 		{name: "batch", sync: "batch", rounds: 3},
 		{name: "always", sync: "always", rounds: 3},
@@ -151,6 +158,10 @@ func plVariants() []plVariant {
 		{name: "early-crash", sync: "batch", early: true, rounds: 4},
 		{name: "supervisor-creates-data-dir", sync: "batch", create: true, rounds: 4},
 		{name: "restore-point", sync: "batch", point: true, rounds: 3},
+		// Evolutions pin a backup checkpoint (and unpin it after the trial)
+		// while the primary goes on logging; a shadow runs beside it.
+		{name: "evolutions-pinning-backups", sync: "batch", flags: evolve, env: evolveEnv, rounds: 3},
+		{name: "eio-evolution", sync: "batch", flags: evolve, env: evolveEnv, fault: failKind("evolution", 2, 0.5), kind: "evolution", rounds: 2},
 	}
 	// Kinds fsynced often fail after a random number of their fsyncs, so
 	// the failure lands anywhere in a round; rare ones fail at once.

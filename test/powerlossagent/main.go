@@ -23,6 +23,10 @@
 //	PL_CHECKPOINT_EVERY  time between checkpoints (default 150ms)
 //	PL_CHECKPOINT_PAD    bytes of padding per checkpoint (default 12000)
 //	PL_PAUSE             pause between bursts (default 5ms)
+//	PL_EVOLVE_EVERY      with a duration, the primary proposes an evolution
+//	                     that often (the supervisor pins a backup and runs a
+//	                     shadow); a shadow (SUPERVISOR_ROLE=shadow) only
+//	                     heartbeats and records nothing
 package main
 
 import (
@@ -128,6 +132,9 @@ type cpResult struct {
 }
 
 func run() error {
+	if os.Getenv("SUPERVISOR_ROLE") == "shadow" {
+		return shadow()
+	}
 	f, err := os.OpenFile(os.Getenv("PL_RECORD"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return err
@@ -186,6 +193,20 @@ func run() error {
 	workDone := make(chan error, 1)
 	wctx, stopWork := context.WithCancel(ctx)
 	go func() { workDone <- work(wctx, conn, r, state, last, cps) }()
+	if every := envDur("PL_EVOLVE_EVERY", 0); every > 0 {
+		go func() {
+			t := time.NewTicker(every)
+			defer t.Stop()
+			for {
+				select {
+				case <-wctx.Done():
+					return
+				case <-t.C:
+					_ = conn.SendEvolutionIntent(schema.Hypothesis{Reason: "power-loss test", Target: "planner", NewCode: "pass"})
+				}
+			}
+		}()
+	}
 	err = conn.Run(ctx, agent.Handlers{
 		CheckpointAck: func(m *schema.CheckpointAck) { cps <- cpResult{id: m.CheckpointID} },
 		Error: func(m *schema.Error) {
@@ -311,4 +332,19 @@ func work(ctx context.Context, conn *agent.Conn, r *recorder, state set, last ui
 		}
 	}
 	return ctx.Err()
+}
+
+// shadow is an evolution trial's shadow: it heartbeats and answers nothing
+// until the supervisor stops it; it records nothing (the record is the
+// primary's).
+func shadow() error {
+	conn, err := agent.Connect(agent.Options{})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go conn.Heartbeats(ctx, 300*time.Millisecond)
+	return conn.Run(ctx, agent.Handlers{})
 }
