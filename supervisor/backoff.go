@@ -31,6 +31,13 @@ func (b *backoff) next(now time.Time) (delay time.Duration, giveUp bool) {
 	if b.maxRestarts > 0 && len(b.restarts) > b.maxRestarts {
 		return 0, true
 	}
+	return b.wait(), false
+}
+
+// wait returns the next delay (exponential, with jitter) without counting a
+// restart towards the crash-loop limit: for restarts that are not the
+// agent's failure (a stopped WAL waits for our own disk).
+func (b *backoff) wait() time.Duration {
 	d := b.initial
 	for i := 0; i < b.attempt && d < b.max; i++ {
 		d *= 2
@@ -45,7 +52,7 @@ func (b *backoff) next(now time.Time) (delay time.Duration, giveUp bool) {
 	if half > 0 {
 		d = half + time.Duration(rand.Int64N(int64(half)+1))
 	}
-	return d, false
+	return d
 }
 
 // reset is called after the agent ran healthily for a while.

@@ -54,6 +54,13 @@ func (s *Supervisor) instanceExited(in *agent, st agentproc.ExitStatus) (stop bo
 		s.lc.startTimer.Reset(0)
 		return false, nil
 	}
+	if reason == reasonWALFailed {
+		// Our storage failed, not the agent: it is restarted whatever
+		// --restart says, after a back-off that never counts towards
+		// --max-restarts (walfailed.go).
+		s.restartAfter(reason, true, s.lc.bo.wait())
+		return false, nil
+	}
 	if first := in.FirstHeartbeatAt(); !first.IsZero() && now.Sub(first) >= s.cfg.HealthyReset {
 		s.lc.bo.reset()
 	}

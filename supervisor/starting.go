@@ -33,7 +33,8 @@ func (s *Supervisor) startFailed(err error) (stop bool, _ error) {
 	}
 	if errors.Is(err, errWALStopped) {
 		s.log.Error("cannot start the agent until the WAL is reopened; retrying after a back-off", "err", err)
-		return s.scheduleRestart(reasonWALFailed, true)
+		s.restartAfter(reasonWALFailed, true, s.lc.bo.wait())
+		return false, nil
 	}
 	s.log.Error("cannot start the agent", "err", err)
 	return s.scheduleRestart("spawn_failed", true)

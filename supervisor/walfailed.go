@@ -31,7 +31,9 @@ func (s *Supervisor) onWALFailure(fe *wal.FailedError) {
 
 // walFailed reports a stopped WAL and stops the primary (owner only): it is
 // told the failed range and asked to shut down; its restart reopens the log
-// (assembleStart) and restores it from what the log holds.
+// (assembleStart) and restores it from what the log holds. The restart is
+// not the agent's failure: it happens whatever --restart says, and its
+// back-off never counts towards --max-restarts (a full disk is waited out).
 func (s *Supervisor) walFailed(fe *wal.FailedError) {
 	s.lc.walFailed = fe
 	s.publish()

@@ -25,7 +25,9 @@ import (
 //   - the agent gets WAL_FAILED naming the sequences that are not in the log;
 //   - once the disk works again the log is reopened, the agent is restarted
 //     (reason wal_failed) from what the log holds, and goes on being
-//     acknowledged; every entry acknowledged before is in its restore.
+//     acknowledged; every entry acknowledged before is in its restore;
+//   - however many retries that took, the supervisor did not give up on a
+//     crash loop (--max-restarts 2).
 func TestWALFsyncFailureSeenAndHealed(t *testing.T) {
 	if err := crashfs.Available(); err != nil {
 		t.Skipf("needs crashfs: %v", err)
@@ -48,7 +50,9 @@ func TestWALFsyncFailureSeenAndHealed(t *testing.T) {
 	t.Cleanup(func() { fsys.Close() })
 
 	record := filepath.Join(dir, "record.jsonl") // off the failing disk
-	flags := append(slices.Clone(fastFlags), "--wal-sync", "batch", "--max-restarts", "0")
+	// A low crash-loop limit: the restarts (and reopen retries) a stopped WAL
+	// causes are not the agent's failures and must not add up to giving up.
+	flags := append(slices.Clone(fastFlags), "--wal-sync", "batch", "--max-restarts", "2")
 	s := startSup(t, supOpts{dataDir: filepath.Join(mnt, dataRel), flags: flags, command: []string{agentPath},
 		events: record, env: []string{"PL_RECORD=" + record}})
 	waitFor(t, time.Minute, "entries acknowledged", func() bool { return len(plRecords(t, record, "ack")) >= 200 })
@@ -83,6 +87,11 @@ func TestWALFsyncFailureSeenAndHealed(t *testing.T) {
 		return false
 	})
 	acked := plRecords(t, record, "ack")
+	// The log cannot be reopened while every WAL fsync fails: the start is
+	// retried, more often than --max-restarts allows a crash loop.
+	waitFor(t, time.Minute, "the start retried while the WAL cannot be reopened", func() bool {
+		return s.metric("supervisor_agent_restarts_total", `reason="wal_failed"`) >= 4
+	})
 
 	// The disk works again: the log reopens and the agent is restored from it.
 	failing.Store(false)
