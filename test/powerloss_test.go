@@ -236,12 +236,13 @@ type plRun struct {
 	dataDir string
 
 	// What the record said so far, for the next start's check.
-	read     int             // events verified
-	acked    map[uint64]bool // acknowledged sequences
-	refused  map[uint64]int64
-	sent     map[string]bool // states the agent checkpointed
-	newest   *plCheckpoint   // the newest acknowledged checkpoint
-	ackedCPs map[string]int  // acknowledged checkpoint id → order
+	read     int              // events verified
+	acked    map[uint64]bool  // acknowledged sequences
+	refused  map[uint64]int64 // refused sequences → when (Unix ns)
+	resent   map[uint64]int64 // refused sequences sent again → when
+	sent     map[string]bool  // states the agent checkpointed
+	newest   *plCheckpoint    // the newest acknowledged checkpoint
+	ackedCPs map[string]int   // acknowledged checkpoint id → order
 	starts   int
 	pointID  string // a restore point recorded by `supervisor restore`, for the next start
 
@@ -319,6 +320,7 @@ func (pl *plRun) reset() {
 	}
 	pl.read, pl.starts = 0, 0
 	pl.acked, pl.refused, pl.sent, pl.ackedCPs = map[uint64]bool{}, map[uint64]int64{}, map[string]bool{}, map[string]int{}
+	pl.resent = map[uint64]int64{}
 	pl.newest, pl.pointID = nil, ""
 	pl.history, pl.cuts = nil, nil
 	pl.resets++
@@ -554,6 +556,12 @@ func (pl *plRun) check(what string, s *sup) bool {
 			if !pl.acked[e.S] {
 				pl.refused[e.S] = e.T
 			}
+		case "resend":
+			// Sent again after its refusal: it may be in the log now, acked
+			// or not (the power may go before the ack), or still missing (a
+			// gap over it stays allowed). Refused again, it gets a new
+			// "fail", later than this.
+			pl.resent[e.S] = e.T
 		case "cp_sent":
 			pl.sent[ranges(e.State)] = true
 		case "cp_ack":
@@ -563,6 +571,18 @@ func (pl *plRun) check(what string, s *sup) bool {
 			pl.starts++
 			for _, msg := range pl.checkStart(e) {
 				report("agent start %d (pid %d): %s", pl.starts, e.PID, msg)
+			}
+			// The agent numbers its entries from the restore's last
+			// sequence on: a refused sequence above it is logged again (the
+			// same bytes), so from here it may be in the log, acked or not.
+			last := uint64(0)
+			if e.Restore != nil {
+				last = e.Restore.Last
+			}
+			for q := range pl.refused {
+				if q > last {
+					pl.resent[q] = e.T
+				}
 			}
 		}
 	}
@@ -619,7 +639,7 @@ func (pl *plRun) checkStart(e plEvent) []string {
 	// lived through must never come back in a restore.
 	var back []uint64
 	for q, at := range pl.refused {
-		if got[q] && pl.beforeCut(at) {
+		if got[q] && pl.beforeCut(at) && pl.resent[q] < at {
 			back = append(back, q)
 		}
 	}

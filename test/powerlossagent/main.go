@@ -318,6 +318,9 @@ func work(ctx context.Context, conn *agent.Conn, r *recorder, state set, last ui
 			}
 		}
 		for _, seq := range failed {
+			// Recorded before it is sent: from here the entry may be in the
+			// log again (appended, and the power cut before its ack).
+			r.rec(map[string]any{"e": "resend", "s": seq})
 			wait, err := conn.StartLog(schema.OpMemoryAdd, params{Seq: seq, Pad: pad}, seq)
 			if err != nil {
 				return err
