@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/agent-sidecar/supervisor/internal/crashfs"
+	"github.com/agent-sidecar/supervisor/replica/miniotest"
 )
 
 const (
@@ -78,6 +79,9 @@ type plVariant struct {
 	create bool                                       // the supervisor creates the data directory (and its parent); a fresh disk every other round
 	point  bool                                       // before each start, `supervisor restore` records the newest acknowledged checkpoint as the restore point
 	rounds int                                        // rounds by default
+	// replica: the supervisor replicates to a MinIO bucket (started for the
+	// variant, off the crashing disk), so replica.json is written too.
+	replica bool
 }
 
 // dataRel is the data directory's path on the mount, as crashfs names it.
@@ -92,6 +96,7 @@ var fileKinds = map[string]func(c crashfs.Fsync) bool{
 	"agent.json":      func(c crashfs.Fsync) bool { return strings.Contains(c.Path, "agent.json") },
 	"data-dir":        func(c crashfs.Fsync) bool { return c.Dir && c.Path == dataRel },
 	"audit":           func(c crashfs.Fsync) bool { return strings.Contains(c.Path, "audit.jsonl") },
+	"replica-state":   func(c crashfs.Fsync) bool { return strings.Contains(c.Path, "replica.json") },
 	// An evolution's pinned backup and the ledger of promotions.
 	"evolution": func(c crashfs.Fsync) bool {
 		return strings.Contains(c.Path, ".pin") || strings.Contains(c.Path, "evolution.json")
@@ -162,6 +167,10 @@ func plVariants() []plVariant {
 		// while the primary goes on logging; a shadow runs beside it.
 		{name: "evolutions-pinning-backups", sync: "batch", flags: evolve, env: evolveEnv, rounds: 3},
 		{name: "eio-evolution", sync: "batch", flags: evolve, env: evolveEnv, fault: failKind("evolution", 2, 0.5), kind: "evolution", rounds: 2},
+		// Replicating to MinIO: the replica's state file (replica.json)
+		// is written beside the WAL, and its fsyncs fail here too.
+		{name: "replicating", sync: "batch", replica: true, rounds: 2},
+		{name: "eio-replica-state", sync: "batch", replica: true, fault: failKind("replica-state", 1, 0.5), kind: "replica-state", rounds: 2},
 	}
 	// Kinds fsynced often fail after a random number of their fsyncs, so
 	// the failure lands anywhere in a round; rare ones fail at once.
@@ -234,6 +243,8 @@ type plRun struct {
 	mnt     string
 	record  string // the agent's record, off the crashing disk
 	dataDir string
+
+	minio *miniotest.Server // the replica's server (replica variants), started once
 
 	// What the record said so far, for the next start's check.
 	read     int              // events verified
@@ -349,8 +360,17 @@ func (pl *plRun) mount(opts crashfs.Options) *crashfs.FS {
 func (pl *plRun) start() *sup {
 	flags := append(slices.Clone(fastFlags), "--wal-sync", pl.v.sync, "--max-restarts", "0")
 	flags = append(flags, pl.v.flags...)
+	env := append([]string{"PL_RECORD=" + pl.record}, pl.v.env...)
+	if pl.v.replica {
+		if pl.minio == nil {
+			pl.minio = miniotest.Start(pl.t)
+			pl.minio.MakeBucket("state")
+		}
+		flags = append(flags, replicaFlags(pl.minio, "state", "powerloss")...)
+		env = append(env, pl.minio.Env()...)
+	}
 	return startSup(pl.t, supOpts{dataDir: pl.dataDir, flags: flags, command: []string{pl.agent}, noHTTP: true,
-		events: pl.record, env: append([]string{"PL_RECORD=" + pl.record}, pl.v.env...)})
+		events: pl.record, env: env})
 }
 
 // round runs the supervisor on the image until a random instant, cuts the
