@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -107,8 +108,11 @@ type PendingRestore struct {
 // data directory's lock, so a socket file there is stale).
 func ListenControl(dataDir string) (net.Listener, error) {
 	path := filepath.Join(dataDir, SocketName)
-	// We hold the data directory's lock, so a socket file here is stale.
-	_ = os.Remove(path)
+	// We hold the data directory's lock, so a socket file here is stale (a
+	// crash, even a power cut, leaves one behind).
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("remove the stale control socket %s: %w (remove it by hand)", path, err)
+	}
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("listen on control socket %s: %w", path, err)
