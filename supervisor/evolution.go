@@ -256,11 +256,6 @@ func (s *Supervisor) shadowEvent(ev conn.Event) {
 			t.failure = "shadow broke the framing: " + ev.Err.Error()
 			s.concludeTrial()
 		}
-	case conn.Unresponsive:
-		if !t.decided {
-			t.failure = "shadow stopped reading its input"
-			s.concludeTrial()
-		}
 	case conn.EvolutionIntent:
 		d := rejected(nil, "a shadow agent cannot propose evolutions")
 		ev.Inst.SendMsg(&schema.EvolutionResult{Success: false, Decision: d.Decision, Metrics: d.Metrics, Reason: d.Reason})
@@ -297,6 +292,8 @@ func (s *Supervisor) shadowHeartbeatFailure(t *trial, final bool) string {
 		return fmt.Sprintf("shadow sent no heartbeat within --start-timeout (%s)", s.cfg.StartTimeout)
 	case b.late():
 		return fmt.Sprintf("shadow hung: no heartbeat for %s", b.age.Round(time.Millisecond))
+	case b.unread():
+		return fmt.Sprintf("shadow stopped reading its input: a frame has waited %s for it", b.stalled.Round(time.Millisecond))
 	}
 	return ""
 }

@@ -20,16 +20,24 @@ type beat struct {
 	age   time.Duration // since the last heartbeat, or the start (HeartbeatAge)
 	seen  bool          // a heartbeat has arrived
 	limit time.Duration // --start-timeout before the first, --heartbeat-timeout after
+	// stalled is how long a frame for the agent has waited for it to read
+	// its pipe (conn.WriteStalled). A full queue is our back-pressure; an
+	// agent that reads nothing for the whole limit is unresponsive.
+	stalled time.Duration
 }
 
 // late reports whether the instance has missed its deadline.
 func (b beat) late() bool { return b.age >= b.limit }
 
+// unread reports whether the instance has read nothing of its input for the
+// whole deadline while a frame waited for it.
+func (b beat) unread() bool { return b.stalled >= b.limit }
+
 // heartbeat is the one place the heartbeat deadline is computed: for the
 // primary's timer, its liveness check, a shadow's, and readiness.
 func (s *Supervisor) heartbeat(in *conn.Instance, now time.Time) beat {
 	age, seen := in.HeartbeatAge(now)
-	b := beat{age: age, seen: seen, limit: s.cfg.StartTimeout}
+	b := beat{age: age, seen: seen, limit: s.cfg.StartTimeout, stalled: in.WriteStalled(now)}
 	if seen {
 		b.limit = s.cfg.HeartbeatTimeout
 	}
@@ -59,6 +67,10 @@ func (s *Supervisor) checkHeartbeat() {
 	case b.late():
 		s.log.Error("agent is hung: no heartbeat within --heartbeat-timeout; stopping it", "heartbeat_timeout", s.cfg.HeartbeatTimeout, "last_heartbeat_age", b.age.Round(time.Millisecond), "pid", in.Proc().ID())
 		s.stopInstance(in, "hung")
+	case b.unread():
+		s.log.Error("agent stopped reading its input: a frame has waited for it longer than its heartbeat deadline; restarting it",
+			"waited", b.stalled.Round(time.Millisecond), "limit", b.limit, "queued_bytes", in.OutQueued(), "pid", in.Proc().ID())
+		s.stopInstance(in, "unresponsive")
 	default:
 		s.armHeartbeat()
 	}

@@ -107,12 +107,6 @@ func (s *Supervisor) loop(ctx context.Context) error {
 				s.armHeartbeat()
 			case conn.StreamEnded:
 				s.streamEnded(cur, ev)
-			case conn.Unresponsive:
-				if !cur.stopping {
-					s.log.Error("agent stopped reading its input (outbound queue full); restarting it",
-						"queued_bytes", ev.Inst.OutQueued(), "max_frames", conn.OutboundQueue, "max_bytes", conn.OutboundBytes)
-					s.stopInstance(cur, "unresponsive")
-				}
 			case conn.EvolutionIntent:
 				s.evolutionIntent(cur, ev.Msg.(*schema.EvolutionIntent))
 			case conn.Exited:

@@ -619,14 +619,17 @@ func TestRestartLeaks(t *testing.T) {
 
 // Requests for an agent that stopped reading its input are bounded by bytes,
 // not by a count of frames: 100 requests of 900 KiB cost the supervisor less
-// than 64 MiB, and the agent is restarted as unresponsive.
+// than 64 MiB, those it cannot queue are refused with 503, and the agent —
+// heartbeating, but reading nothing for its whole heartbeat deadline — is
+// restarted as unresponsive. (A full queue alone is back-pressure, not a
+// verdict: TestRequestFloodIsBackPressure.)
 func TestOutboundQueueBoundedByBytes(t *testing.T) {
 	buildBoundsTools(t)
-	s := startSup(t, supOpts{bin: plainBin, noEvents: true, flags: []string{"--heartbeat-timeout", "120s", "--wal-segment-size", "1048576"},
-		agent: []string{"--heartbeat-interval", "100ms", "--hang-after", "1s"}})
+	s := startSup(t, supOpts{bin: plainBin, noEvents: true, flags: []string{"--heartbeat-timeout", "5s", "--wal-segment-size", "1048576"},
+		agent: []string{"--heartbeat-interval", "100ms", "--stop-reading-after", "1s"}})
 	waitFor(t, 30*time.Second, "the agent to be up", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 1 })
 	addr := s.httpAddr()
-	time.Sleep(1500 * time.Millisecond) // past --hang-after: the agent reads nothing more
+	time.Sleep(1500 * time.Millisecond) // past --stop-reading-after: the agent reads nothing more
 	body := `{"message":"` + strings.Repeat("m", 900<<10) + `"}`
 	codes := map[int]int{}
 	for i := 0; i < 100; i++ {
@@ -645,6 +648,9 @@ func TestOutboundQueueBoundedByBytes(t *testing.T) {
 	t.Logf("100 requests of 900 KiB to an agent that stopped reading: HTTP codes %v, supervisor VmHWM %.1f MiB", codes, float64(hwm)/1024)
 	if hwm >= 64<<10 {
 		t.Errorf("VmHWM %d kB, want under 64 MiB", hwm)
+	}
+	if codes[http.StatusServiceUnavailable] == 0 {
+		t.Errorf("no request was refused with 503: HTTP codes %v", codes)
 	}
 	waitFor(t, 30*time.Second, "the agent restarted as unresponsive", func() bool {
 		return s.metric("supervisor_agent_restarts_total", `reason="unresponsive"`) >= 1

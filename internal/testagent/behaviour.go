@@ -76,16 +76,16 @@ func ParseBehaviour(code string, base Behaviour) (Behaviour, error) {
 	return b, nil
 }
 
-// behaviourOf is the default behaviour overlaid by every module's code in
-// module-name order. Code that does not parse (a foreign snapshot) is
+// behaviourOf is base (the default behaviour, or --behaviour's) overlaid by
+// every module's code in module-name order. Code that does not parse (a foreign snapshot) is
 // skipped; the error names the modules that were.
-func behaviourOf(modules map[string]string) (Behaviour, error) {
+func behaviourOf(base Behaviour, modules map[string]string) (Behaviour, error) {
 	names := make([]string, 0, len(modules))
 	for m := range modules {
 		names = append(names, m)
 	}
 	sort.Strings(names)
-	b := DefaultBehaviour()
+	b := base
 	var errs []error
 	for _, m := range names {
 		nb, err := ParseBehaviour(modules[m], b)

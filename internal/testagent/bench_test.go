@@ -18,7 +18,7 @@ func benchAgent(b *testing.B, entrySize, batch int) *refAgent {
 	cfg := DefaultConfig()
 	cfg.EntrySize = entrySize
 	cfg.WALBatch = batch
-	a := &refAgent{conn: conn, cfg: cfg, log: discard, st: NewState(), beh: DefaultBehaviour(),
+	a := &refAgent{conn: conn, cfg: cfg, log: discard, st: NewState(), beh: DefaultBehaviour(), base: DefaultBehaviour(),
 		lim: Limits{MemoryBlocks: cfg.MemoryLimit, History: cfg.MemoryLimit}, ready: true}
 	a.padding = a.paddingFor(entrySize)
 	return a

@@ -49,12 +49,15 @@ type Config struct {
 	StderrFlood    bool          // --stderr-flood: write lines to stderr without pause
 	StartDelay     time.Duration // --start-delay: sleep before connecting
 
-	ProtocolVersion int           // --protocol-version: 1 or 2
-	EvolveAfter     time.Duration // --evolve-after: send one evolution_intent (primary only); 0 = never
-	EvolveRepeat    time.Duration // --evolve-repeat: after the first intent, send another every D; 0 = only one
-	ShadowCrash     time.Duration // --shadow-crash-after: as a shadow only, exit 1 after this long; 0 = never
-	EvolveCode      string        // --evolve-code: the intent's new_code
-	EvolveTarget    string        // --evolve-target: the intent's target (module)
+	ProtocolVersion  int           // --protocol-version: 1 or 2
+	EvolveAfter      time.Duration // --evolve-after: send one evolution_intent (primary only); 0 = never
+	EvolveRepeat     time.Duration // --evolve-repeat: after the first intent, send another every D; 0 = only one
+	ShadowCrash      time.Duration // --shadow-crash-after: as a shadow only, exit 1 after this long; 0 = never
+	EvolveCode       string        // --evolve-code: the intent's new_code
+	StopReadingAfter time.Duration // --stop-reading-after: fault: stop reading (heartbeats go on)
+	Answer           bool          // --answer: send a request_result for every process_request
+	Behaviour        string        // --behaviour: module code the agent starts with, under any restored module's
+	EvolveTarget     string        // --evolve-target: the intent's target (module)
 
 	// Not flags.
 	Logger        *slog.Logger // default: text on Stderr
@@ -107,6 +110,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), output io.Writ
 	fs.IntVar(&cfg.CrashCode, "crash-code", cfg.CrashCode, "exit `code` for --crash-after")
 	fs.StringVar(&cfg.CrashOnRestore, "crash-on-restore", cfg.CrashOnRestore, "fault: exit 3 on receiving a restore from this checkpoint `id`")
 	fs.DurationVar(&cfg.HangAfter, "hang-after", cfg.HangAfter, "fault: stop heartbeats and stop reading after this long, stay alive (0 = never)")
+	fs.DurationVar(&cfg.StopReadingAfter, "stop-reading-after", cfg.StopReadingAfter, "fault: stop reading input after this long, heartbeats going on (0 = never)")
 	fs.BoolVar(&cfg.IgnoreSIGTERM, "ignore-sigterm", cfg.IgnoreSIGTERM, "fault: ignore SIGTERM")
 	fs.StringVar(&cfg.Garbage, "garbage", cfg.Garbage, "fault: after the first heartbeat send `kind`: bytes, oversize, zero, invalid or notmap")
 	fs.BoolVar(&cfg.ForkGrandchild, "fork-grandchild", cfg.ForkGrandchild, "fault: start \"sleep 3600\" in the agent's process group")
@@ -117,6 +121,8 @@ func ParseArgs(args []string, lookup func(string) (string, bool), output io.Writ
 	fs.DurationVar(&cfg.EvolveRepeat, "evolve-repeat", cfg.EvolveRepeat, "after the first evolution_intent, send another this often (0 = only one)")
 	fs.DurationVar(&cfg.ShadowCrash, "shadow-crash-after", cfg.ShadowCrash, "fault: when running as a shadow, exit 1 after this long (0 = never)")
 	fs.StringVar(&cfg.EvolveCode, "evolve-code", cfg.EvolveCode, "the evolution's new_code, module `CODE` such as \"latency_ms=2\"")
+	fs.BoolVar(&cfg.Answer, "answer", cfg.Answer, "answer every process_request with a request_result {seq} (or an error result when the behaviour's error_rate fails it)")
+	fs.StringVar(&cfg.Behaviour, "behaviour", cfg.Behaviour, "module `CODE` the agent starts with, such as \"latency_ms=50\" (restored modules' code overrides it)")
 	fs.StringVar(&cfg.EvolveTarget, "evolve-target", cfg.EvolveTarget, "the evolution's target `MODULE`")
 
 	if err := fs.Parse(args); err != nil {

@@ -119,7 +119,7 @@ func TestParseBehaviour(t *testing.T) {
 }
 
 func TestBehaviourOfModules(t *testing.T) {
-	b, err := behaviourOf(map[string]string{"b_tools": "latency_ms=9", "a_memory": "latency_ms=3 memory_mb=10", "c_bad": "nonsense"})
+	b, err := behaviourOf(DefaultBehaviour(), map[string]string{"b_tools": "latency_ms=9", "a_memory": "latency_ms=3 memory_mb=10", "c_bad": "nonsense"})
 	if b != (Behaviour{LatencyMS: 9, MemoryMB: 10}) {
 		t.Errorf("behaviour = %+v, want modules overlaid in name order", b)
 	}

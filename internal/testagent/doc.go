@@ -32,7 +32,7 @@
 // restore. On shutdown with create_checkpoint it sends a checkpoint, waits up
 // to 2s for its ack and exits 0. Module code is a tiny config language
 // ([ParseBehaviour]) that sets the simulated latency, error rate and memory
-// it reports in metrics.
+// it reports in metrics; requests take the simulated latency, in line.
 //
 // # Flags
 //
@@ -40,9 +40,11 @@
 // (--wal-rate: REFAGENT_WAL_RATE), used when the flag is absent; the
 // supervisor passes its environment to the agent. docs/agent.md has the
 // table; `-h` prints them. Faults (--crash-after,
-// --crash-on-restore, --hang-after, --ignore-sigterm, --garbage,
-// --fork-grandchild, --stderr-flood) make it misbehave on purpose, and
-// --events PATH records what it did as JSON lines for tests to check.
+// --crash-on-restore, --hang-after, --stop-reading-after, --ignore-sigterm,
+// --garbage, --fork-grandchild, --stderr-flood) make it misbehave on
+// purpose, and --events PATH records what it did as JSON lines for tests to
+// check. --behaviour CODE sets its starting module code (a slow agent:
+// latency_ms=50) and --answer makes it answer every request.
 //
 // Exit codes: 0 shutdown or supervisor gone, 1 broken connection, 2 usage,
 // 3 --crash-on-restore, 4 restore failed, --crash-code for --crash-after.

@@ -47,7 +47,7 @@ func FuzzRestore(f *testing.F) {
 		if err != nil {
 			return
 		}
-		a := &refAgent{log: discard, st: NewState(), beh: DefaultBehaviour(), lim: Limits{MemoryBlocks: 100, History: 100}}
+		a := &refAgent{log: discard, st: NewState(), beh: DefaultBehaviour(), base: DefaultBehaviour(), lim: Limits{MemoryBlocks: 100, History: 100}}
 		if err := a.restore(m.(*schema.Restore)); err != nil {
 			return
 		}

@@ -96,9 +96,13 @@ func Run(ctx context.Context, conn *agent.Conn, cfg Config) error {
 		ev:    ev,
 		lim:   Limits{MemoryBlocks: cfg.MemoryLimit, History: cfg.MemoryLimit},
 		st:    NewState(),
-		beh:   DefaultBehaviour(),
 		ready: !conn.Config().RestorePending,
 	}
+	base, err := ParseBehaviour(cfg.Behaviour, DefaultBehaviour())
+	if err != nil {
+		return fmt.Errorf("--behaviour: %w", err)
+	}
+	a.base, a.beh = base, base
 	a.padding = a.paddingFor(cfg.EntrySize)
 	return a.run(ctx)
 }
@@ -113,6 +117,7 @@ type refAgent struct {
 	// Owned by the run loop.
 	st              *State
 	beh             Behaviour
+	base            Behaviour // --behaviour over the default: what modules' code overlays
 	ready           bool // no restore pending, or it has been applied
 	pendingAcks     []sentCheckpoint
 	sinceCheckpoint int
@@ -163,6 +168,7 @@ func (a *refAgent) run(parent context.Context) error {
 
 	crashC := afterOrNil(a.cfg.CrashAfter)
 	hangC := afterOrNil(a.cfg.HangAfter)
+	stopReadingC := afterOrNil(a.cfg.StopReadingAfter)
 	var evolveC, shadowCrashC <-chan time.Time
 	if a.conn.Config().Role == agent.RolePrimary {
 		evolveC = afterOrNil(a.cfg.EvolveAfter)
@@ -222,6 +228,11 @@ func (a *refAgent) run(parent context.Context) error {
 			a.emit("hang")
 			a.log.Warn("hanging as asked by --hang-after: no more heartbeats, no more reading")
 			stopHeartbeats()
+			<-ctx.Done()
+			return nil
+		case <-stopReadingC:
+			a.emit("stop_reading")
+			a.log.Warn("no longer reading input, as asked by --stop-reading-after; heartbeats go on")
 			<-ctx.Done()
 			return nil
 		case <-evolveC:
@@ -423,7 +434,7 @@ func (a *refAgent) restore(m *schema.Restore) error {
 		}
 		applied++
 	}
-	beh, err := behaviourOf(a.st.Modules)
+	beh, err := behaviourOf(a.base, a.st.Modules)
 	if err != nil {
 		a.log.Warn("restored module code that does not parse is ignored", "err", err)
 	}
@@ -551,7 +562,7 @@ func (a *refAgent) hotReload(m *schema.HotReload) (reject, fatal error) {
 	if err != nil {
 		return nil, err
 	}
-	beh, err := behaviourOf(a.st.Modules)
+	beh, err := behaviourOf(a.base, a.st.Modules)
 	if err != nil {
 		a.log.Warn("module code that does not parse is ignored", "err", err)
 	}
@@ -621,7 +632,13 @@ func (a *refAgent) processRequest(ctx context.Context, m *schema.ProcessRequest)
 	}
 	a.stats.record(latency, failed)
 	a.emit("request", "request_id", m.RequestID, "seq", entries[0].seq, "failed", failed)
-	return nil
+	if !a.cfg.Answer {
+		return nil
+	}
+	if failed {
+		return a.conn.SendRequestError(m.RequestID, "SIMULATED_FAILURE", "failed as the behaviour's error_rate asked")
+	}
+	return a.conn.SendRequestResult(m.RequestID, map[string]any{"seq": entries[0].seq})
 }
 
 func requestChange(m *schema.ProcessRequest, now int64, latency float64, failed bool, blocks int) change {

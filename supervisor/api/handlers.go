@@ -3,10 +3,10 @@ package api
 import (
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/agent-sidecar/supervisor/internal/clip"
-	"github.com/agent-sidecar/supervisor/schema"
 )
 
 // parseWait reads ?wait=DURATION: 0 when absent.
@@ -25,6 +25,10 @@ func parseWait(r *http.Request) (time.Duration, error) {
 	return d, nil
 }
 
+// busyRetryAfter is the Retry-After, in seconds, of a request refused because
+// the agent's input queue is full.
+const busyRetryAfter = 1
+
 // forwardRequest sends msg to the primary (and its shadow during a trial)
 // and, with wait > 0, waits for the answer: 200 with the result when it
 // comes in time, else 202 {request_id}.
@@ -32,14 +36,19 @@ func (s *Server) forwardRequest(w http.ResponseWriter, r *http.Request, in, shad
 	if shadow == nil {
 		trial = ""
 	}
-	req := s.requests.add(id, trial)
+	req, err := s.requests.add(id, trial)
+	if err != nil {
+		w.Header().Set("Retry-After", strconv.Itoa(busyRetryAfter))
+		return http.StatusTooManyRequests, map[string]any{"error": fmt.Sprintf("%v (%d, none answered yet); not accepted, retry after %ds", err, s.requests.maxCount, busyRetryAfter)}
+	}
 	// Registered before it is sent, so an instant answer is never missed.
-	if !in.SendFrame(schema.TypeProcessRequest, frame) {
+	if !in.SendRequest(frame) {
 		s.requests.forget(id)
-		return http.StatusServiceUnavailable, map[string]any{"error": "the agent is not accepting input (its input queue is full)"}
+		w.Header().Set("Retry-After", strconv.Itoa(busyRetryAfter))
+		return http.StatusServiceUnavailable, map[string]any{"error": "the agent's input queue is full (it is reading slower than requests arrive); not accepted, retry after " + strconv.Itoa(busyRetryAfter) + "s"}
 	}
 	if trial != "" {
-		shadow.SendFrame(schema.TypeProcessRequest, frame) // during an evolution trial the shadow gets the same traffic
+		shadow.SendRequest(frame) // during an evolution trial the shadow gets the same traffic
 	}
 	accepted := map[string]any{"request_id": id}
 	if wait <= 0 {

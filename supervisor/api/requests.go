@@ -20,6 +20,9 @@ const (
 var (
 	errRequestUnknown  = errors.New("no such request")
 	errRequestAnswered = errors.New("request already answered")
+	// errTableFull: every request held is still pending. A new one is
+	// refused (429) rather than forgetting one already accepted.
+	errTableFull = errors.New("the supervisor holds as many pending requests as it can")
 )
 
 // request is one process_request the supervisor sent to the primary.
@@ -75,20 +78,20 @@ func newRequestTable(retention time.Duration, met *observe.Metrics) *RequestTabl
 
 // add registers a request about to be sent (trial: the evolution trial it is
 // mirrored to, or ""). At the count cap it forgets the oldest finished
-// request, or the oldest pending one when none has finished (a caller
-// waiting for it gets 202).
-func (t *RequestTable) add(id, trial string) *request {
+// request; when every request held is pending it refuses the new one
+// (errTableFull): an accepted request is never forgotten to make room.
+func (t *RequestTable) add(id, trial string) (*request, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.now()
 	t.sweepLocked(now, false)
 	if len(t.recs) >= t.maxCount && !t.evictLocked() {
-		t.evictPendingLocked()
+		return nil, errTableFull
 	}
 	r := &request{id: id, sent: now, status: statusPending, done: make(chan struct{}), trial: trial}
 	t.recs[id] = r
 	t.gaugesLocked()
-	return r
+	return r, nil
 }
 
 // forget removes a request that could not be sent.
@@ -209,20 +212,6 @@ func (t *RequestTable) evictLocked() bool {
 	}
 	t.removeLocked(oldest)
 	return true
-}
-
-// evictPendingLocked forgets the oldest pending request, waking its waiter.
-func (t *RequestTable) evictPendingLocked() {
-	var oldest *request
-	for _, r := range t.recs {
-		if r.status == statusPending && (oldest == nil || r.sent.Before(oldest.sent)) {
-			oldest = r
-		}
-	}
-	if oldest != nil {
-		close(oldest.done)
-		t.removeLocked(oldest)
-	}
 }
 
 func (t *RequestTable) removeLocked(r *request) {

@@ -26,7 +26,7 @@ func newTestTable(retention time.Duration) (*RequestTable, *fakeClock) {
 
 func TestRequestTableLifecycle(t *testing.T) {
 	tb, clk := newTestTable(time.Minute)
-	r := tb.add("a", "")
+	r, _ := tb.add("a", "")
 	if v, _ := tb.view("a"); v.Status != statusPending {
 		t.Errorf("new request is %q, want pending", v.Status)
 	}
@@ -96,21 +96,20 @@ func TestRequestTableBounded(t *testing.T) {
 		}
 	}
 	// At the count cap with every request pending (an agent that never
-	// answers), the oldest pending one goes, and its waiter is woken.
-	p0 := tb.add("p0", "")
-	clk.advance(time.Second)
+	// answers), a new one is refused: none accepted is forgotten.
 	tb.add("p1", "")
+	clk.advance(time.Second)
 	tb.add("p2", "")
 	tb.add("p3", "")
-	held("p1", "p2", "p3")
-	select {
-	case <-p0.done:
-	default:
-		t.Error("the forgotten request's waiter was not woken")
+	if _, err := tb.add("p4", ""); !errors.Is(err, errTableFull) {
+		t.Errorf("add at the cap with all pending: %v, want errTableFull", err)
 	}
+	held("p1", "p2", "p3")
 	// With a finished one, it goes first.
 	tb.finish("p1", json.RawMessage(`{}`), nil)
-	tb.add("p4", "")
+	if _, err := tb.add("p4", ""); err != nil {
+		t.Fatal(err)
+	}
 	held("p2", "p3", "p4")
 	// Over the byte budget, the oldest finished results go.
 	tb.finish("p2", json.RawMessage(`"123456"`), nil)

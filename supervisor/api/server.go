@@ -68,7 +68,9 @@ type Owner interface {
 // Agent is an agent instance as the API uses it: frames are queued to it
 // (never blocking) and its heartbeat is read.
 type Agent interface {
-	SendFrame(typ string, frame []byte) bool
+	// SendRequest queues a process_request within the requests' share of
+	// the agent's input queue; false: full (answer 503, Retry-After).
+	SendRequest(frame []byte) bool
 	HeartbeatAge(now time.Time) (time.Duration, bool)
 }
 

@@ -15,11 +15,17 @@ import (
 )
 
 // OutboundQueue is how many frames may wait for an agent to read them, and
-// OutboundBytes how many bytes. An agent that lets either fill has stopped
-// reading its input and is treated as hung.
+// OutboundBytes how many bytes. A full queue refuses frames: it is the
+// supervisor's back-pressure, never a verdict on the agent, which is judged
+// by its heartbeats and by whether it reads its pipe at all (WriteStalled).
+//
+// Requests may fill only half of either bound (RequestShare): the rest stays
+// for what the agent waits on — wal_acks, restores, evolution results — so a
+// flood of requests refused with 503 never costs an acknowledgement.
 const (
 	OutboundQueue = 4096
 	OutboundBytes = 8 << 20
+	RequestShare  = 2 // requests use at most 1/RequestShare of the queue
 )
 
 // outCharge is what a frame counts against OutboundBytes: its size, but at
@@ -42,7 +48,6 @@ const (
 	FirstHeartbeat  EventKind = iota + 1
 	StreamEnded               // the frame reader returned (Err: io.EOF or a framing/read error)
 	Exited                    // the process exited (not yet reaped)
-	Unresponsive              // the outbound queue filled up
 	EvolutionIntent           // Msg holds the *schema.EvolutionIntent
 	Finished                  // drained and reaped after Exited (Status set); sent by the owner's drain
 )
@@ -118,13 +123,16 @@ type Instance struct {
 	outMu     sync.Mutex
 	out       chan []byte
 	outQueued atomic.Int64 // bytes in out, not yet written
+	// writingSince is when the writer began writing the frame it is on (unix
+	// nanos; 0 between frames): an agent that does not read its pipe leaves
+	// it set. Written by the writer only.
+	writingSince atomic.Int64
 	outClosed bool
 	writerEnd chan struct{}
 	readerEnd chan struct{}
 	logsEnd   sync.WaitGroup
 
 	restoreQueuedAt atomic.Int64 // unix nanos the restore was queued (SendRestore); 0: none
-	unresponsiveEv  atomic.Bool
 	// abandoned is closed when the owner starts finishing the instance: events
 	// sent after that are dropped instead of blocking a goroutine the owner is
 	// waiting for.
@@ -267,17 +275,22 @@ func (in *Instance) emit(ev Event) {
 	}
 }
 
-// send queues an encoded frame for the agent without blocking. It reports
-// false when the instance is gone or its queue is full.
-func (in *Instance) Send(frame []byte) bool {
+// Send queues an encoded frame for the agent without blocking. It reports
+// false when the instance is gone or its queue is full (the frame is
+// refused and counted; the agent is not blamed for it).
+func (in *Instance) Send(frame []byte) bool { return in.send(frame, 1) }
+
+// send queues frame when the queue, this frame included, stays within
+// 1/share of its bounds.
+func (in *Instance) send(frame []byte, share int) bool {
 	in.outMu.Lock()
 	defer in.outMu.Unlock()
 	if in.outClosed {
 		return false
 	}
 	n := outCharge(frame)
-	if q := in.outQueued.Load(); q+n > OutboundBytes {
-		in.queueFull()
+	if q := in.outQueued.Load(); q+n > OutboundBytes/int64(share) || len(in.out) >= OutboundQueue/share {
+		in.met.OutboundDropped.Inc()
 		return false
 	}
 	select {
@@ -285,18 +298,31 @@ func (in *Instance) Send(frame []byte) bool {
 		in.outQueued.Add(n)
 		return true
 	default:
-		in.queueFull()
+		in.met.OutboundDropped.Inc()
 		return false
 	}
 }
 
-// queueFull counts a frame the full outbound queue refused and tells the
-// owner, once, that the agent has stopped reading its input.
-func (in *Instance) queueFull() {
-	in.met.OutboundDropped.Inc()
-	if in.unresponsiveEv.CompareAndSwap(false, true) {
-		go in.emit(Event{Kind: Unresponsive})
+// SendRequest queues an encoded process_request, within the requests' share
+// of the queue (RequestShare). false: the queue is too full for another
+// request — the caller answers 503 with Retry-After, and the agent's
+// acknowledgements still have room.
+func (in *Instance) SendRequest(frame []byte) bool {
+	if !in.send(frame, RequestShare) {
+		return false
 	}
+	in.countOut(schema.TypeProcessRequest, frame)
+	return true
+}
+
+// WriteStalled is how long the writer has been blocked on one frame: the
+// agent has not read its pipe for that long while a frame waited (0: the
+// writer is idle or making progress).
+func (in *Instance) WriteStalled(now time.Time) time.Duration {
+	if n := in.writingSince.Load(); n != 0 {
+		return max(now.Sub(time.Unix(0, n)), 0)
+	}
+	return 0
 }
 
 // sendMsg encodes and queues a message.
@@ -314,9 +340,13 @@ func (in *Instance) SendFrame(typ string, b []byte) bool {
 	if !in.Send(b) {
 		return false
 	}
+	in.countOut(typ, b)
+	return true
+}
+
+func (in *Instance) countOut(typ string, b []byte) {
 	in.met.Frames.WithLabelValues("out", typ).Inc()
 	in.met.FrameBytes.WithLabelValues("out").Add(float64(len(b)))
-	return true
 }
 
 // closeOutbound stops the writer after it has written what is queued (or
@@ -338,7 +368,10 @@ func (in *Instance) writeLoop(w *wire.Writer) {
 		if broken {
 			continue
 		}
-		if err := w.WriteFrame(frame); err != nil {
+		in.writingSince.Store(time.Now().UnixNano())
+		err := w.WriteFrame(frame)
+		in.writingSince.Store(0)
+		if err != nil {
 			// EPIPE or closed: the agent is gone; its exit is handled elsewhere.
 			in.log.Debug("writing to the agent failed", "err", err)
 			broken = true

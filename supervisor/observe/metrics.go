@@ -94,7 +94,7 @@ func NewMetrics(heartbeatAge, walLastSeq func() float64, extra ...prometheus.Col
 		Name: "supervisor_agent_reported_errors_total", Help: "error messages sent by the agent.",
 	})
 	m.OutboundDropped = a.NewCounter(prometheus.CounterOpts{
-		Name: "supervisor_outbound_queue_full_total", Help: "Times a message to the agent found its queue full (the agent stopped reading its input).",
+		Name: "supervisor_outbound_queue_full_total", Help: "Messages to the agent refused because its input queue was full (back-pressure: requests get 503).",
 	})
 	m.WALAppends = a.NewCounter(prometheus.CounterOpts{
 		Name: "supervisor_wal_appends_total", Help: "WAL entries appended.",
