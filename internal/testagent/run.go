@@ -118,7 +118,7 @@ type refAgent struct {
 	st              *State
 	beh             Behaviour
 	base            Behaviour // --behaviour over the default: what modules' code overlays
-	ready           bool // no restore pending, or it has been applied
+	ready           bool      // no restore pending, or it has been applied
 	pendingAcks     []sentCheckpoint
 	sinceCheckpoint int
 	selfCount       int

@@ -127,10 +127,10 @@ type Instance struct {
 	// nanos; 0 between frames): an agent that does not read its pipe leaves
 	// it set. Written by the writer only.
 	writingSince atomic.Int64
-	outClosed bool
-	writerEnd chan struct{}
-	readerEnd chan struct{}
-	logsEnd   sync.WaitGroup
+	outClosed    bool
+	writerEnd    chan struct{}
+	readerEnd    chan struct{}
+	logsEnd      sync.WaitGroup
 
 	restoreQueuedAt atomic.Int64 // unix nanos the restore was queued (SendRestore); 0: none
 	// abandoned is closed when the owner starts finishing the instance: events
