@@ -94,10 +94,23 @@ func (k *sinks) Checkpoint(in *conn.Instance, cp *schema.Checkpoint, arrived tim
 	wm, at := k.ckpts.arrived()
 	size := int64(len(cp.Data) + len(cp.Zstd))
 	job := ckptJob{inst: in, dest: k.ckpts, data: cp.Data, zstd: cp.Zstd, size: size, watermark: wm, tailAt: at, arrived: arrived}
+	if size > ckptQueueBytes {
+		job.stored = make(chan struct{})
+	}
 	s.bmet.CkptQueueBytes.Add(float64(size))
 	if !s.work.Queue(job, size, in.Abandoned()) {
 		// The instance is being finished; this checkpoint is not acknowledged.
 		s.bmet.CkptQueueBytes.Sub(float64(size))
+		return
+	}
+	if job.stored != nil {
+		// A checkpoint larger than the queue is the only one in memory: the
+		// reader reads no further frame until it is stored (the agent's pipe
+		// fills meanwhile: back-pressure, on our time).
+		select {
+		case <-job.stored:
+		case <-in.Abandoned():
+		}
 	}
 }
 

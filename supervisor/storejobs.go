@@ -25,6 +25,10 @@ type ckptJob struct {
 	watermark uint64
 	tailAt    int64 // stores.checkpointArrived's accounting mark
 	arrived   time.Time
+	// stored, when set, is closed once the job is done (stored or not): a
+	// checkpoint larger than the queue makes the frame reader wait for it
+	// (Checkpoint), so no second one is read meanwhile.
+	stored chan struct{}
 }
 
 // ckptQueueBytes bounds the checkpoints waiting to be stored (compressed ones
@@ -149,6 +153,9 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 	defer func() {
 		s.work.Release(job.size)
 		s.bmet.CkptQueueBytes.Sub(float64(job.size))
+		if job.stored != nil {
+			close(job.stored)
+		}
 	}()
 	in, dest := job.inst, job.dest
 	fail := func(stage string, err error) {

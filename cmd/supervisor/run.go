@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -130,6 +131,9 @@ func (c *runCmd) Run(ctx context.Context, args []string) error {
 	log, logBuf := logging.New(c.stderr, logging.Options{Format: logFormat, Level: slog.LevelInfo})
 	defer logBuf.Close(2 * time.Second)
 	cfg.Logger, cfg.LogDropped = log, logBuf.Dropped
+	if limit, set := softMemoryLimit(c.lookupEnv); set {
+		log.Debug("Go soft memory limit", "bytes", limit)
+	}
 	sup, err := supervisor.New(cfg)
 	if err != nil {
 		return failed("run", err)
@@ -181,4 +185,23 @@ func (demoAgent) Run(_ context.Context, args []string) error {
 		return &cliError{cmd: "demo-agent", err: errors.New("agent exited"), code: code, quiet: true}
 	}
 	return nil
+}
+
+// defaultSoftMemoryLimit is the Go runtime's soft memory limit for `run`
+// unless GOMEMLIMIT is set: the supervisor promises to stay under 64 MiB of
+// RSS (docs/operations.md, bounds), and without a limit the garbage
+// collector lets the heap grow to twice what is live — a few large frames
+// (1 MiB results, a 30 MiB checkpoint) would then cost two or three times
+// their size. It is soft: a supervisor that really needs more (a restore of
+// a 100 MiB checkpoint) gets it, and collects more often meanwhile.
+const defaultSoftMemoryLimit = 40 << 20
+
+// softMemoryLimit sets defaultSoftMemoryLimit unless GOMEMLIMIT is set (the
+// runtime has read it already). It returns the limit and whether it set it.
+func softMemoryLimit(lookupEnv func(string) (string, bool)) (int64, bool) {
+	if v, ok := lookupEnv("GOMEMLIMIT"); ok && v != "" {
+		return 0, false
+	}
+	debug.SetMemoryLimit(defaultSoftMemoryLimit)
+	return defaultSoftMemoryLimit, true
 }

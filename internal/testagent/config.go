@@ -56,6 +56,7 @@ type Config struct {
 	EvolveCode       string        // --evolve-code: the intent's new_code
 	StopReadingAfter time.Duration // --stop-reading-after: fault: stop reading (heartbeats go on)
 	Answer           bool          // --answer: send a request_result for every process_request
+	AnswerSize       int           // --answer-size: pad each answer's data to about this many bytes
 	Behaviour        string        // --behaviour: module code the agent starts with, under any restored module's
 	EvolveTarget     string        // --evolve-target: the intent's target (module)
 
@@ -122,6 +123,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), output io.Writ
 	fs.DurationVar(&cfg.ShadowCrash, "shadow-crash-after", cfg.ShadowCrash, "fault: when running as a shadow, exit 1 after this long (0 = never)")
 	fs.StringVar(&cfg.EvolveCode, "evolve-code", cfg.EvolveCode, "the evolution's new_code, module `CODE` such as \"latency_ms=2\"")
 	fs.BoolVar(&cfg.Answer, "answer", cfg.Answer, "answer every process_request with a request_result {seq} (or an error result when the behaviour's error_rate fails it)")
+	fs.IntVar(&cfg.AnswerSize, "answer-size", cfg.AnswerSize, "with --answer, pad each answer's data with a `bytes`-long string (0 = none)")
 	fs.StringVar(&cfg.Behaviour, "behaviour", cfg.Behaviour, "module `CODE` the agent starts with, such as \"latency_ms=50\" (restored modules' code overrides it)")
 	fs.StringVar(&cfg.EvolveTarget, "evolve-target", cfg.EvolveTarget, "the evolution's target `MODULE`")
 

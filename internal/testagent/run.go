@@ -638,7 +638,11 @@ func (a *refAgent) processRequest(ctx context.Context, m *schema.ProcessRequest)
 	if failed {
 		return a.conn.SendRequestError(m.RequestID, "SIMULATED_FAILURE", "failed as the behaviour's error_rate asked")
 	}
-	return a.conn.SendRequestResult(m.RequestID, map[string]any{"seq": entries[0].seq})
+	data := map[string]any{"seq": entries[0].seq}
+	if a.cfg.AnswerSize > 0 {
+		data["padding"] = strings.Repeat("r", a.cfg.AnswerSize)
+	}
+	return a.conn.SendRequestResult(m.RequestID, data)
 }
 
 func requestChange(m *schema.ProcessRequest, now int64, latency float64, failed bool, blocks int) change {

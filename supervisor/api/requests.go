@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -15,6 +16,9 @@ const (
 	statusAnswered = "answered"
 	statusFailed   = "failed"
 	statusExpired  = "expired"
+	// statusDropped: answered, but the result was dropped to keep the
+	// results held within their byte budget (maxRetainedResultBytes).
+	statusDropped = "dropped"
 )
 
 var (
@@ -135,7 +139,7 @@ func (t *RequestTable) finish(id string, data json.RawMessage, rerr *resultError
 	}
 	close(r.done)
 	t.bytes += r.size
-	for t.bytes > t.maxBytes && t.evictLocked() {
+	for t.bytes > t.maxBytes && t.dropOldestResultLocked(r) {
 	}
 	t.gaugesLocked()
 	return outcome, now.Sub(r.sent), r.trial, nil
@@ -196,6 +200,29 @@ func (t *RequestTable) sweepLocked(now time.Time, force bool) {
 		}
 	}
 	t.gaugesLocked()
+}
+
+// dropOldestResultLocked keeps the results held within their byte budget:
+// it drops the oldest result other than keep (the one just recorded, which
+// its waiter is about to read), leaving its request as statusDropped with an
+// error saying why. false when there is none to drop.
+func (t *RequestTable) dropOldestResultLocked(keep *request) bool {
+	var oldest *request
+	for _, r := range t.recs {
+		if r != keep && r.size > 0 && r.status != statusPending && (oldest == nil || r.finished.Before(oldest.finished)) {
+			oldest = r
+		}
+	}
+	if oldest == nil {
+		return false
+	}
+	oldest.err = &resultError{Code: "RESULT_DROPPED", Message: fmt.Sprintf(
+		"the agent answered (%s result, %d bytes), but the result was dropped: the supervisor holds at most %d bytes of results, newest first. Fetch results sooner, or wait for them with POST ?wait=",
+		oldest.status, oldest.size, t.maxBytes)}
+	oldest.status, oldest.data = statusDropped, nil
+	t.bytes -= oldest.size
+	oldest.size = 0
+	return true
 }
 
 // evictLocked forgets the oldest finished request; false when every request

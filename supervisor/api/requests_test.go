@@ -111,13 +111,20 @@ func TestRequestTableBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	held("p2", "p3", "p4")
-	// Over the byte budget, the oldest finished results go.
+	// Over the byte budget, the oldest results are dropped; their requests
+	// stay, saying so.
 	tb.finish("p2", json.RawMessage(`"123456"`), nil)
 	clk.advance(time.Second)
 	tb.finish("p3", json.RawMessage(`"123456"`), nil)
-	held("p3", "p4")
+	held("p2", "p3", "p4")
 	if tb.bytes != 8 {
 		t.Errorf("%d bytes counted, want 8", tb.bytes)
+	}
+	if v, _ := tb.view("p2"); v.Status != statusDropped || v.Data != nil || v.Error == nil || v.Error.Code != "RESULT_DROPPED" {
+		t.Errorf("p2 after its result was dropped: %+v", v)
+	}
+	if v, _ := tb.view("p3"); v.Status != statusAnswered || string(v.Data) != `"123456"` {
+		t.Errorf("p3, the newest result: %+v", v)
 	}
 }
 

@@ -19,13 +19,14 @@ const (
 	// maxRequestWait caps POST /v1/requests?wait=.
 	maxRequestWait = 5 * time.Minute
 	// maxRetainedRequests bounds the requests held for GET (pending and
-	// finished); at the cap the oldest finished one is forgotten, or, when
-	// every one is still pending (an agent that never answers), the oldest
-	// pending one.
+	// finished); at the cap the oldest finished one is forgotten, and when
+	// every one is still pending (an agent that never answers) a new request
+	// is refused (429).
 	maxRetainedRequests = 10000
-	// maxRetainedResultBytes bounds the bytes of results held; the oldest
-	// finished results are forgotten first.
-	maxRetainedResultBytes = 64 << 20
+	// maxRetainedResultBytes bounds the bytes of results held (as JSON);
+	// over it the oldest results are dropped (statusDropped). It is part of
+	// the supervisor's 64 MiB memory promise (docs/operations.md, bounds).
+	maxRetainedResultBytes = 16 << 20
 	// maxResultJSON bounds one result converted to JSON (a 1 MiB MessagePack
 	// map of bin values grows by a third in base64).
 	maxResultJSON = 4 << 20

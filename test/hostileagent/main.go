@@ -12,6 +12,9 @@
 //	             start_new_session=True does), then heartbeats until stopped
 //	setsid-exit  the same, then exits 1 after 20 ms (a crash loop that leaks)
 //	exit         exits at once with the code in $HOSTILE_CODE
+//	plaincheckpoints
+//	             8 uncompressed checkpoints of 30 MiB each, back to back,
+//	             then heartbeats until stopped
 package main
 
 import (
@@ -210,6 +213,17 @@ func main() {
 		}
 		for i := 0; i < 30; i++ {
 			send(ei.Bytes())
+		}
+		note("sent all")
+		select {}
+	case "plaincheckpoints":
+		go readReplies()
+		go heartbeats()
+		close(ready)
+		blob := bytes.Repeat([]byte("checkpoint "), 30<<20/11)
+		for i := 0; i < 8; i++ {
+			send(marshal(map[string]any{"type": "checkpoint", "data": map[string]any{
+				"agent_state": map[string]any{"status": "idle"}, "n": i, "blob": blob}}))
 		}
 		note("sent all")
 		select {}
