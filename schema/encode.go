@@ -399,6 +399,9 @@ type RestoreBuilder struct {
 	countAt int // offset of the wal_entries array32 count
 	count   int
 	limit   int
+	// streamed: bytes of entries counted by Count, which the caller sends
+	// after the payload Frame returns (they are its last bytes).
+	streamed int64
 }
 
 // NewRestore starts a restore payload. snapshot is the checkpoint's data map
@@ -467,29 +470,50 @@ func (c *Codec) NewRestore(h Header, checkpointID string, snapshot, snapshotZstd
 
 // Add appends one WAL entry map (raw MessagePack). It fails with a
 // *ValidationError, leaving the payload as it was, when entry is not one
-// well-formed map or would take the restore over its limit.
+// well-formed map or would take the restore over its limit. No entry may be
+// added after one was counted (Count).
 func (rb *RestoreBuilder) Add(entry []byte) error {
+	if rb.streamed > 0 {
+		return rb.e.fail("wal_entries", RuleMalformed, "an entry added after streamed ones")
+	}
+	return rb.check(entry, true)
+}
+
+// Count checks one WAL entry map as Add does, and counts it, but does not
+// append it: the caller sends it, byte for byte and in order with the other
+// counted entries, after the payload Frame returns (Streamed bytes). A large
+// restore is so never held whole.
+func (rb *RestoreBuilder) Count(entry []byte) error { return rb.check(entry, false) }
+
+// Streamed is the bytes of the entries counted by Count.
+func (rb *RestoreBuilder) Streamed() int64 { return rb.streamed }
+
+func (rb *RestoreBuilder) check(entry []byte, add bool) error {
 	e := &rb.e
-	if len(e.b)+len(entry) > rb.limit {
+	if int64(len(e.b))+rb.streamed+int64(len(entry)) > int64(rb.limit) {
 		return e.fail("wal_entries", RuleTooLarge, "restore of %d bytes with %d WAL entries would be over its %d-byte limit",
-			len(e.b)+len(entry), rb.count+1, rb.limit)
+			int64(len(e.b))+rb.streamed+int64(len(entry)), rb.count+1, rb.limit)
 	}
 	if err := checkMap(entry); err != "" {
 		return e.fail(path("wal_entries", rb.count, ""), RuleMalformed, "%s", err)
 	}
-	e.b = append(e.b, entry...)
+	if add {
+		e.b = append(e.b, entry...)
+	} else {
+		rb.streamed += int64(len(entry))
+	}
 	rb.count++
 	return nil
 }
 
-// Len is the payload's size so far.
-func (rb *RestoreBuilder) Len() int { return len(rb.e.b) }
+// Len is the payload's size so far, streamed entries included.
+func (rb *RestoreBuilder) Len() int { return len(rb.e.b) + int(rb.streamed) }
 
 // Entries is the number of WAL entries added.
 func (rb *RestoreBuilder) Entries() int { return rb.count }
 
-// Frame finishes the payload and returns it. The builder must not be used
-// after.
+// Frame finishes the payload and returns it — without the entries counted
+// by Count, which follow it on the wire. The builder must not be used after.
 func (rb *RestoreBuilder) Frame() []byte {
 	binary.BigEndian.PutUint32(rb.e.b[rb.countAt:], uint32(rb.count))
 	return rb.e.b

@@ -90,7 +90,8 @@ func ackTestInstance(t *testing.T, role string) *conn.Instance {
 func nextToAgent(t *testing.T, in *conn.Instance) schema.Message {
 	t.Helper()
 	select {
-	case b := <-in.Outbound():
+	case f := <-in.Outbound():
+		b := f.Head
 		m, err := schema.Decode(schema.ToAgent, b)
 		if err != nil {
 			t.Fatal(err)

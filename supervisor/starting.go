@@ -189,7 +189,11 @@ func (s *Supervisor) refuseStart(err error) {
 
 // sendRestore queues a restore to an instance and records it.
 func (s *Supervisor) sendRestore(in *conn.Instance, plan *durable.Plan, trigger string) bool {
-	if !in.SendRestore(plan.Frame) {
+	var tail conn.Tail
+	if plan.Tail != nil { // not a nil *WALTail in a non-nil interface
+		tail = plan.Tail
+	}
+	if !in.SendRestore(plan.Frame, tail) {
 		in.Log().Error("could not queue the restore for the agent", "trigger", trigger)
 		return false
 	}

@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -74,4 +77,36 @@ func jsonField(t *testing.T, body, key string) string {
 	}
 	v, _ := m[key].(string)
 	return v
+}
+
+// A restore of a long WAL tail — 100,000 entries of 1 KB above no
+// checkpoint, about 105 MB, near the most one restore may carry — is
+// streamed from the log to the agent: restoring it costs the supervisor
+// under 64 MiB at its peak (it peaked at 274 MiB building it whole), and the
+// agent gets every entry.
+func TestLongWALTailRestoreMemoryBounded(t *testing.T) {
+	buildBoundsTools(t)
+	const entries = 100000
+	s := startSup(t, supOpts{bin: plainBin, flags: []string{"--backoff-initial", "10ms"},
+		agent: []string{"--heartbeat-interval", "200ms", "--wal-rate", "50000", "--wal-batch", "100", "--entry-size", "1000",
+			"--wal-max", strconv.Itoa(entries), "--checkpoint-interval", "0", "--memory-limit", "100"}})
+	waitFor(t, 3*time.Minute, "the agent's entries in the WAL", func() bool { return s.metric("supervisor_wal_last_sequence") >= entries })
+	_, ready := s.get("/readyz")
+	pid := readyPID(t, ready)
+	// Only the restore's peak counts: the peak so far is reset.
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", s.cmd.Process.Pid), []byte("5"), 0); err != nil {
+		t.Fatalf("reset VmHWM: %v", err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	restored := s.waitEvents("restored", 1, 3*time.Minute)[0]
+	hwm := procStatus(s.cmd.Process.Pid, "VmHWM")
+	t.Logf("restore of %v WAL entries (last_seq %v): supervisor VmHWM %.1f MiB", restored["wal_entries"], restored["last_seq"], float64(hwm)/1024)
+	if restored.int("wal_entries") != entries || restored.int("last_seq") != entries {
+		t.Errorf("restored %v", restored)
+	}
+	if hwm >= 64<<10 {
+		t.Errorf("VmHWM %d kB, want under 64 MiB", hwm)
+	}
 }

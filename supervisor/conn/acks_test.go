@@ -15,7 +15,7 @@ import (
 func ackTestInstance(t *testing.T) *Instance {
 	t.Helper()
 	in := &Instance{
-		role: RolePrimary, codec: schema.NewCodec(schema.Options{}), out: make(chan []byte, 64),
+		role: RolePrimary, codec: schema.NewCodec(schema.Options{}), out: make(chan OutFrame, 64),
 		met: observe.NewMetrics(func() float64 { return 0 }, func() float64 { return 0 }), log: slog.New(slog.NewTextHandler(t.Output(), nil)),
 	}
 	t.Cleanup(in.stopAcks)
@@ -25,7 +25,8 @@ func ackTestInstance(t *testing.T) *Instance {
 func nextToAgent(t *testing.T, in *Instance) schema.Message {
 	t.Helper()
 	select {
-	case b := <-in.out:
+	case f := <-in.out:
+		b := f.Head
 		m, err := schema.Decode(schema.ToAgent, b)
 		if err != nil {
 			t.Fatal(err)

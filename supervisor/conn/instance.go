@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -121,7 +122,7 @@ type Instance struct {
 	lastFrameAt atomic.Int64 // unix nanos the reader last finished a frame
 
 	outMu     sync.Mutex
-	out       chan []byte
+	out       chan OutFrame
 	outQueued atomic.Int64 // bytes in out, not yet written
 	// writingSince is when the writer began writing the frame it is on (unix
 	// nanos; 0 between frames): an agent that does not read its pipe leaves
@@ -147,7 +148,7 @@ type Instance struct {
 func Start(c Config) *Instance {
 	inst := newInstance(c)
 	toAgent, fromAgent, logs := c.Proc.Pipes()
-	go inst.writeLoop(wire.NewWriter(toAgent, 0))
+	go inst.writeLoop(wire.NewWriter(toAgent, 0), toAgent)
 	go inst.readLoop(wire.NewReader(fromAgent, c.MaxFrame))
 	for i, f := range logs {
 		stream := "stderr"
@@ -168,7 +169,7 @@ func newInstance(c Config) *Instance {
 	in := &Instance{
 		n: c.N, role: c.Role, proc: c.Proc, started: time.Now(), codec: c.Codec, sink: c.Sink,
 		events: c.Events, met: c.Metrics,
-		out:       make(chan []byte, OutboundQueue),
+		out:       make(chan OutFrame, OutboundQueue),
 		writerEnd: make(chan struct{}),
 		readerEnd: make(chan struct{}),
 		abandoned: make(chan struct{}),
@@ -196,7 +197,26 @@ func NewDetached(role string, proc agentproc.Proc, codec *schema.Codec, met *obs
 
 // Outbound is the queue of frames for the agent: a detached instance's
 // (NewDetached) is read by its test.
-func (in *Instance) Outbound() <-chan []byte { return in.out }
+func (in *Instance) Outbound() <-chan OutFrame { return in.out }
+
+// OutFrame is a frame queued for the agent: Head is the whole payload, or,
+// with a Tail, its first bytes, the Tail's following on the wire.
+type OutFrame struct {
+	Head []byte
+	Tail Tail
+}
+
+// Tail is the end of a frame too large to hold (a restore's WAL entries):
+// the writer streams it from where it is kept, behind the frame's head.
+type Tail interface {
+	// Size is how many bytes Stream writes.
+	Size() int64
+	// Stream writes exactly Size bytes to w, or fails.
+	Stream(w io.Writer) error
+}
+
+// charge is what the frame counts against OutboundBytes.
+func (f OutFrame) charge() int64 { return outCharge(f.Head) }
 
 // Acking reports whether the instance's acker goroutine has been started
 // (by an entry that asked for wal_ack).
@@ -255,12 +275,20 @@ func (in *Instance) RestoreQueuedAt() time.Time {
 	return time.Time{}
 }
 
-// SendRestore queues a restore frame, encoded, and counts it. It reports
-// false when the queue refused it.
-func (in *Instance) SendRestore(frame []byte) bool {
-	if !in.SendFrame(schema.TypeRestore, frame) {
+// SendRestore queues a restore frame, encoded — head, followed on the wire
+// by tail when it is not nil (the WAL entries of a large restore, streamed
+// from the log) — and counts it. It reports false when the queue refused
+// it.
+func (in *Instance) SendRestore(head []byte, tail Tail) bool {
+	if !in.send(OutFrame{Head: head, Tail: tail}, 1) {
 		return false
 	}
+	size := int64(len(head))
+	if tail != nil {
+		size += tail.Size()
+	}
+	in.met.Frames.WithLabelValues("out", schema.TypeRestore).Inc()
+	in.met.FrameBytes.WithLabelValues("out").Add(float64(size))
 	in.restoreQueuedAt.Store(time.Now().UnixNano())
 	return true
 }
@@ -278,17 +306,17 @@ func (in *Instance) emit(ev Event) {
 // Send queues an encoded frame for the agent without blocking. It reports
 // false when the instance is gone or its queue is full (the frame is
 // refused and counted; the agent is not blamed for it).
-func (in *Instance) Send(frame []byte) bool { return in.send(frame, 1) }
+func (in *Instance) Send(frame []byte) bool { return in.send(OutFrame{Head: frame}, 1) }
 
 // send queues frame when the queue, this frame included, stays within
 // 1/share of its bounds.
-func (in *Instance) send(frame []byte, share int) bool {
+func (in *Instance) send(frame OutFrame, share int) bool {
 	in.outMu.Lock()
 	defer in.outMu.Unlock()
 	if in.outClosed {
 		return false
 	}
-	n := outCharge(frame)
+	n := frame.charge()
 	if q := in.outQueued.Load(); q+n > OutboundBytes/int64(share) || len(in.out) >= OutboundQueue/share {
 		in.met.OutboundDropped.Inc()
 		return false
@@ -308,7 +336,7 @@ func (in *Instance) send(frame []byte, share int) bool {
 // request — the caller answers 503 with Retry-After, and the agent's
 // acknowledgements still have room.
 func (in *Instance) SendRequest(frame []byte) bool {
-	if !in.send(frame, RequestShare) {
+	if !in.send(OutFrame{Head: frame}, RequestShare) {
 		return false
 	}
 	in.countOut(schema.TypeProcessRequest, frame)
@@ -360,21 +388,38 @@ func (in *Instance) closeOutbound() {
 	}
 }
 
-func (in *Instance) writeLoop(w *wire.Writer) {
+// writeLoop writes queued frames to the agent's input, pipe being the
+// underlying writer of w.
+func (in *Instance) writeLoop(w *wire.Writer, pipe io.Writer) {
 	defer close(in.writerEnd)
 	broken := false
 	for frame := range in.out {
-		in.outQueued.Add(-outCharge(frame))
+		in.outQueued.Add(-frame.charge())
 		if broken {
 			continue
 		}
 		in.writingSince.Store(time.Now().UnixNano())
-		err := w.WriteFrame(frame)
+		var err error
+		if frame.Tail == nil {
+			err = w.WriteFrame(frame.Head)
+		} else {
+			err = w.WriteFrameStream(frame.Head, frame.Tail.Size(), frame.Tail.Stream)
+		}
 		in.writingSince.Store(0)
 		if err != nil {
-			// EPIPE or closed: the agent is gone; its exit is handled elsewhere.
-			in.log.Debug("writing to the agent failed", "err", err)
+			// EPIPE or closed: the agent is gone; its exit is handled
+			// elsewhere. A streamed frame that could not be read to its end
+			// is cut short: its input is closed so that it sees the cut
+			// rather than wait for the rest.
 			broken = true
+			if frame.Tail != nil {
+				in.log.Error("a streamed frame to the agent was cut short; closing its input (it will see the end of its input, and be restarted)", "err", err)
+				if c, ok := pipe.(io.Closer); ok {
+					_ = c.Close()
+				}
+				continue
+			}
+			in.log.Debug("writing to the agent failed", "err", err)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package durable
 import (
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
@@ -21,7 +22,12 @@ type Point struct {
 
 // Plan is an assembled restore, ready to send.
 type Plan struct {
-	Frame        []byte // the encoded restore: one that cannot be encoded never starts an agent
+	// Frame is the encoded restore (one that cannot be encoded never
+	// starts an agent) — its first bytes only when Tail is set: the WAL
+	// entries beyond the first streamTailFrom bytes, checked and counted
+	// but left in the log, follow it on the wire, streamed.
+	Frame        []byte
+	Tail         *WALTail
 	CheckpointID string
 	Created      time.Time
 	Watermark    uint64
@@ -107,7 +113,7 @@ func (st *Stores) BuildRestore(point Point) (*Plan, error) {
 	plan.Compressed = zdata != nil || (st.version.Load() >= 2 && len(data) > schema.CompressThreshold)
 	hint := len(data) + len(zdata) + restoreOverhead
 	if !point.NoWAL {
-		hint += int(min(st.appended.Load()-st.base.Load(), st.restoreLimit))
+		hint += int(min(st.appended.Load()-st.base.Load(), streamTailFrom))
 	}
 	rb, err := st.codec.NewRestore(schema.Header{}, meta.ID, data, zdata, plan.Compressed, lastSeq, hint)
 	if err != nil {
@@ -116,13 +122,25 @@ func (st *Stores) BuildRestore(point Point) (*Plan, error) {
 	if int64(rb.Len()) > st.restoreLimit {
 		return nil, st.unrestorable("checkpoint %s alone makes a restore of %d bytes, over the %d-byte limit (--max-frame-size)", meta.ID, rb.Len(), st.restoreLimit)
 	}
+	tail := &WALTail{log: st.wal, after: meta.Watermark}
 	if !point.NoWAL {
+		inline := 0
 		err := st.wal.ReadAfter(meta.Watermark, func(e wal.Entry) error {
 			if int64(rb.Len()+len(e.Data)) > st.restoreLimit {
 				return fmt.Errorf("%w: checkpoint %q plus the WAL after it is more than %d bytes (--max-frame-size); at sequence %d",
 					ErrRestoreFull, meta.ID, st.restoreLimit, e.Sequence)
 			}
-			return rb.Add(e.Data)
+			if tail.count == 0 && inline+len(e.Data) <= streamTailFrom {
+				inline += len(e.Data)
+				tail.after = e.Sequence
+				return rb.Add(e.Data)
+			}
+			if err := rb.Count(e.Data); err != nil {
+				return err
+			}
+			tail.last = e.Sequence
+			tail.count++
+			return nil
 		})
 		switch {
 		case errors.Is(err, wal.ErrCorrupt), errors.Is(err, ErrRestoreFull):
@@ -141,7 +159,64 @@ func (st *Stores) BuildRestore(point Point) (*Plan, error) {
 	plan.Entries = rb.Entries()
 	plan.LastSequence = lastSeq
 	plan.Frame = rb.Frame()
+	if tail.count > 0 {
+		tail.size = rb.Streamed()
+		plan.Tail = tail
+	}
 	return plan, nil
+}
+
+// streamTailFrom is how many bytes of WAL entries a restore holds in
+// memory; the entries after them are streamed from the log as the restore
+// is written to the agent (WALTail). A restore of a long tail — up to
+// --max-frame-size, 128 MiB — so costs the supervisor about this much.
+const streamTailFrom = 1 << 20
+
+// WALTail is the end of a restore too large to hold: the WAL entries after
+// sequence after, up to last, which BuildRestore checked and counted. The
+// frame writer streams them from the log behind the restore's first bytes
+// (conn.Tail).
+type WALTail struct {
+	log         *wal.Log
+	after, last uint64
+	count       int
+	size        int64
+}
+
+// Size is the bytes of the entries.
+func (t *WALTail) Size() int64 { return t.size }
+
+// errTailDone stops the log reader after the tail's last entry.
+var errTailDone = errors.New("durable: restore tail written")
+
+// Stream writes the entries' bytes to w, as BuildRestore counted them. A
+// log that no longer holds exactly those entries (a rollback or a
+// truncation since) is an error: the frame is then cut short, and the agent
+// restarted with a restore built again.
+func (t *WALTail) Stream(w io.Writer) error {
+	var n int
+	var written int64
+	err := t.log.ReadAfter(t.after, func(e wal.Entry) error {
+		if e.Sequence > t.last {
+			return errTailDone
+		}
+		if n++; n > t.count || written+int64(len(e.Data)) > t.size {
+			return fmt.Errorf("the WAL after sequence %d no longer holds what the restore counted: more than %d entries of %d bytes", t.after, t.count, t.size)
+		}
+		written += int64(len(e.Data))
+		_, err := w.Write(e.Data)
+		return err
+	})
+	if errors.Is(err, errTailDone) {
+		err = nil
+	}
+	if err == nil && (n != t.count || written != t.size) {
+		err = fmt.Errorf("the WAL after sequence %d no longer holds what the restore counted: %d entries of %d bytes, want %d of %d", t.after, n, written, t.count, t.size)
+	}
+	if err != nil {
+		return fmt.Errorf("stream the restore's WAL entries %d to %d: %w", t.after+1, t.last, err)
+	}
+	return nil
 }
 
 // fallbackCandidate returns the newest good checkpoint older than id whose
