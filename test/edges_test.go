@@ -79,3 +79,35 @@ func TestInvalidUTF8NeverReachesTheAgent(t *testing.T) {
 		t.Errorf("the agent was restarted %v times", r)
 	}
 }
+
+// A frame above the largest one any message may have (a checkpoint: 100 MiB
+// plus 16 KiB) but within --max-frame-size is read and thrown away in small
+// pieces by its length, never held: the agent gets the same INVALID_MESSAGE
+// too_large reply as before, the stream stays in step (the next checkpoint
+// is acknowledged), and the supervisor's peak memory stays under 64 MiB.
+// Before, each such frame was read whole first: four of 120 MiB cost the
+// supervisor hundreds of MiB.
+func TestOversizeFramesDiscardedUnread(t *testing.T) {
+	buildBoundsTools(t)
+	const size, count = 120 << 20, 4
+	notes := filepath.Join(t.TempDir(), "notes")
+	h := &hostileRun{notes: notes, sup: startSup(t, supOpts{bin: plainBin, command: []string{hostilePath, "oversize"},
+		env: []string{"HOSTILE_OUT=" + notes, "HOSTILE_SIZE=" + strconv.Itoa(size), "HOSTILE_COUNT=" + strconv.Itoa(count)}})}
+	waitFor(t, 3*time.Minute, "every oversize frame answered and the small checkpoint acknowledged", func() bool {
+		return len(noted(h.notes, "sent all")) == 1 && len(noted(h.notes, "error INVALID_MESSAGE")) >= count && len(noted(h.notes, "ack ")) >= 1
+	})
+	hwm := procStatus(h.cmd.Process.Pid, "VmHWM")
+	t.Logf("supervisor VmHWM %.1f MiB after %d checkpoint frames of %d MiB", float64(hwm)/1024, count, size>>20)
+	if hwm <= 0 || hwm >= 64<<10 {
+		t.Errorf("VmHWM %d kB, want under 64 MiB", hwm)
+	}
+	if n := len(noted(h.notes, "error ")); n != count {
+		t.Errorf("%d error replies, want %d (one per oversize frame)", n, count)
+	}
+	if r := h.metric("supervisor_agent_restarts_total"); r > 0 {
+		t.Errorf("the agent was restarted %v times", r)
+	}
+	if !strings.Contains(h.out.String(), "too_large") {
+		t.Errorf("the supervisor's log does not say the frames were too large")
+	}
+}
