@@ -5,6 +5,7 @@ package test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -109,5 +110,67 @@ func TestOversizeFramesDiscardedUnread(t *testing.T) {
 	}
 	if !strings.Contains(h.out.String(), "too_large") {
 		t.Errorf("the supervisor's log does not say the frames were too large")
+	}
+}
+
+// reportEvents reads the scripted agent's report keeping integers exact
+// (sequences near 2^62 do not survive a float64).
+func reportEvents(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, l := range reportLines(path) {
+		d := json.NewDecoder(strings.NewReader(l))
+		d.UseNumber()
+		var m map[string]any
+		if d.Decode(&m) == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// Sequences run from 1 to 2^62 − 1 with any gap (SPEC §4: agents number by
+// Unix nanoseconds or snowflake ids): 1, 2^40 and 2^62 − 1 are accepted and
+// come back in the next restore; 2^62 is refused with SEQUENCE_CONFLICT.
+// Before, a gap over 2^32 was refused.
+func TestSequencesUpToTheCeiling(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "data")
+	const big, top, ceiling = "1099511627776", "4611686018427387903", "4611686018427387904"
+	o := scripted(t, dataDir, nil, nil,
+		plan{{"entry": 1}, {"entry": uint64(1) << 40}, {"entry": uint64(1)<<62 - 1}, {"entry": uint64(1) << 62}, {"sleep": 1}, {"crash": 1}},
+		plan{{"stay": true}})
+	s := startSup(t, o)
+	var restore map[string]any
+	waitFor(t, 60*time.Second, "the agent's second start", func() bool {
+		for _, e := range reportEvents(t, s.events) {
+			if e["event"] == "start" && e["incarnation"] == json.Number("1") {
+				restore, _ = e["restore"].(map[string]any)
+				return true
+			}
+		}
+		return false
+	})
+	var conflicts []string
+	for _, e := range reportEvents(t, s.events) {
+		if e["event"] == "error" {
+			d, _ := e["details"].(map[string]any)
+			if e["code"] != "SEQUENCE_CONFLICT" {
+				t.Errorf("error %v %v: %v", e["code"], e["message"], d)
+				continue
+			}
+			conflicts = append(conflicts, fmt.Sprint(d["sequence"]))
+		}
+	}
+	if len(conflicts) != 1 || conflicts[0] != ceiling {
+		t.Errorf("SEQUENCE_CONFLICT for %v, want exactly one, for %s", conflicts, ceiling)
+	}
+	if restore == nil {
+		t.Fatal("the second start got no restore")
+	}
+	if got := fmt.Sprint(restore["entries"]); got != "[1 "+big+" "+top+"]" {
+		t.Errorf("restored entries %s, want [1 %s %s]", got, big, top)
+	}
+	if got := fmt.Sprint(restore["last_sequence"]); got != top {
+		t.Errorf("restore.last_sequence %s, want %s", got, top)
 	}
 }
