@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -172,5 +173,50 @@ func TestSequencesUpToTheCeiling(t *testing.T) {
 	}
 	if got := fmt.Sprint(restore["last_sequence"]); got != top {
 		t.Errorf("restore.last_sequence %s, want %s", got, top)
+	}
+}
+
+// mountReadOnly mounts an empty tmpfs at a new directory, with the
+// subdirectory data (mode 0700) in it, and remounts it read-only; it skips
+// the test where mounting is not allowed (not root, no CAP_SYS_ADMIN).
+func mountReadOnly(t *testing.T) string {
+	t.Helper()
+	mnt := filepath.Join(t.TempDir(), "ro")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "mode=0700,size=1m", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs (%v: %s): run as root", err, strings.TrimSpace(string(out)))
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", mnt).Run() })
+	if err := os.Mkdir(filepath.Join(mnt, "data"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-o", "remount,ro", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("remount read-only: %v: %s", err, out)
+	}
+	return mnt
+}
+
+// A data directory on a read-only file system — existing, or to be created
+// there — is refused at start with exit 2 and a message that says so and
+// what to do. Before, an existing one was reported as a failure to open
+// LOCK with "(a symlink there is refused; remove it)", exit 1.
+func TestReadOnlyDataDirSaysSo(t *testing.T) {
+	mnt := mountReadOnly(t)
+	for _, dir := range []string{filepath.Join(mnt, "data"), filepath.Join(mnt, "new", "data")} {
+		code, _, stderr := cli(t, "run", "--data-dir", dir, "--http-addr", "", "--", "true")
+		if code != 2 {
+			t.Errorf("%s: exit %d, want 2; stderr:\n%s", dir, code, stderr)
+		}
+		last := tail(strings.TrimSpace(stderr), 1)
+		for _, want := range []string{"the data directory " + dir + " is on a read-only file system", "Mount it read-write", "--data-dir"} {
+			if !strings.Contains(last, want) {
+				t.Errorf("%s: the error does not say %q:\n%s", dir, want, last)
+			}
+		}
+		if strings.Contains(stderr, "symlink") {
+			t.Errorf("%s: the error still guesses at a symlink:\n%s", dir, stderr)
+		}
 	}
 }

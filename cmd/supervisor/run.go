@@ -134,6 +134,11 @@ func (c *runCmd) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return failed("run", err)
 	}
+	if err := checkDataDirWritable(cfg.DataDir); err != nil {
+		log.Error("supervisor stopped", "exit_code", exitCode(err), "err", errors.Unwrap(err))
+		logBuf.Close(2 * time.Second)
+		return err
+	}
 	done := make(chan struct{})
 	defer close(done)
 	// A log reader that went away (a log shipper restarted, `| head`) must
@@ -162,6 +167,9 @@ func (c *runCmd) Run(ctx context.Context, args []string) error {
 	}()
 	runErr := sup.Run(ctx)
 	err = failed("run", runErr)
+	if de := explainDataDir(cfg.DataDir, runErr); de != runErr {
+		err, runErr = de, errors.Unwrap(de)
+	}
 	code := exitCode(err)
 	if code == exitOK {
 		log.Info("supervisor stopped", "exit_code", code)
