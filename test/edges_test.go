@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -218,5 +219,43 @@ func TestReadOnlyDataDirSaysSo(t *testing.T) {
 		if strings.Contains(stderr, "symlink") {
 			t.Errorf("%s: the error still guesses at a symlink:\n%s", dir, stderr)
 		}
+	}
+}
+
+// A checkpoint file replaced by a symlink (files in the data directory are
+// never followed, SPEC §9) is ignored, and the operator is told which one:
+// a warning at start naming it, and one from `supervisor checkpoints list`.
+// Before, it was skipped without a word.
+func TestSymlinkedCheckpointIsNamed(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "data")
+	o := scripted(t, dataDir, nil, []string{"AGENT_NO_FINAL_CHECKPOINT=1"},
+		plan{{"log": 3}, {"checkpoint": true}, {"stay": true}})
+	s := startSup(t, o)
+	s.waitEvents("ack", 1, 60*time.Second)
+	s.signal(syscall.SIGTERM)
+	if code := s.wait(30 * time.Second); code != 0 {
+		t.Fatalf("first run exited %d", code)
+	}
+	files, _ := filepath.Glob(filepath.Join(dataDir, "checkpoints", "*.ckpt"))
+	if len(files) != 1 {
+		t.Fatalf("checkpoint files %v, want one", files)
+	}
+	moved := filepath.Join(t.TempDir(), "moved.ckpt")
+	if err := os.Rename(files[0], moved); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(moved, files[0]); err != nil {
+		t.Fatal(err)
+	}
+	o.flags = []string{"--max-restarts", "0"}
+	s2 := startSup(t, o)
+	s2.waitOutput("checkpoint file ignored", 60*time.Second)
+	out := s2.out.String()
+	if !strings.Contains(out, files[0]) || !strings.Contains(out, "symlink") {
+		t.Errorf("the warning does not name %s as a symlink:\n%s", files[0], tail(out, 20))
+	}
+	code, stdout, stderr := cli(t, "checkpoints", "list", "--data-dir", dataDir)
+	if !strings.Contains(stderr, "checkpoint file ignored") || !strings.Contains(stderr, files[0]) {
+		t.Errorf("checkpoints list (exit %d) does not name the ignored file; stdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 }
