@@ -259,3 +259,31 @@ func TestSymlinkedCheckpointIsNamed(t *testing.T) {
 		t.Errorf("checkpoints list (exit %d) does not name the ignored file; stdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 }
+
+// An unknown flag followed by its value is named as the unknown flag (exit
+// 2), not reported as an unexpected argument (its value); an agent command
+// without "--" is still reported as such. Before, `--bogus 3` said
+// `unexpected argument "3"`.
+func TestUnknownFlagWithValueIsNamed(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "data")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--bogus", "3", "--", "true"}, "unknown flag --bogus"},
+		{[]string{"--max-restarts", "3", "--bogus", "3", "--", "true"}, "unknown flag --bogus"},
+		{[]string{"--bogus=3", "./agent"}, "unknown flag --bogus"},
+		{[]string{"./agent", "--bogus", "3"}, `unexpected argument "./agent": the agent command goes after --`},
+	} {
+		code, _, stderr := cli(t, append([]string{"run", "--data-dir", dataDir}, tc.args...)...)
+		if code != 2 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("run %s: exit %d, stderr %q; want exit 2 and %q", strings.Join(tc.args, " "), code, stderr, tc.want)
+		}
+		if strings.HasPrefix(tc.want, "unknown") && strings.Contains(stderr, "unexpected argument") {
+			t.Errorf("run %s: %q still blames the flag's value", strings.Join(tc.args, " "), stderr)
+		}
+	}
+	if _, err := os.Stat(dataDir); err == nil {
+		t.Errorf("a refused command line created the data directory")
+	}
+}
