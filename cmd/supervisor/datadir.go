@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 )
 
@@ -35,19 +36,28 @@ func (e *dataDirError) Error() string {
 func (e *dataDirError) Unwrap() error { return e.err }
 
 // explainDataDir returns err as a *dataDirError (exit code 2: retrying will
-// not help) when it is a write refused by a read-only file system or by
-// permissions under dir, and err itself otherwise.
+// not help) when it is an operation on dir, or on a path in or above it,
+// refused by a read-only file system or by permissions, and err itself
+// otherwise (an agent command that is not executable is not about dir).
 func explainDataDir(dir string, err error) error {
 	var errno syscall.Errno
-	if err == nil || !errors.As(err, &errno) || (errno != syscall.EROFS && errno != syscall.EACCES && errno != syscall.EPERM) {
+	var pe *fs.PathError
+	if err == nil || !errors.As(err, &pe) || !errors.As(pe.Err, &errno) ||
+		(errno != syscall.EROFS && errno != syscall.EACCES && errno != syscall.EPERM) || !related(dir, pe.Path) {
 		return err
 	}
-	what := "writing " + dir
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		what = pe.Op + " " + pe.Path
+	return &cliError{cmd: "run", err: &dataDirError{dir: dir, what: pe.Op + " " + pe.Path, errno: errno, err: err}, code: exitUsage}
+}
+
+// related reports whether path is dir, inside it, or a directory above it
+// (where dir would be created).
+func related(dir, path string) bool {
+	dir, path = filepath.Clean(dir), filepath.Clean(path)
+	within := func(a, b string) bool { // a is b or below it
+		r, err := filepath.Rel(b, a)
+		return err == nil && r != ".." && !strings.HasPrefix(r, "../")
 	}
-	return &cliError{cmd: "run", err: &dataDirError{dir: dir, what: what, errno: errno, err: err}, code: exitUsage}
+	return within(path, dir) || within(dir, path)
 }
 
 // checkDataDirWritable refuses, before anything starts, a data directory
