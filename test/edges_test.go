@@ -40,7 +40,8 @@ func TestInvalidUTF8NeverReachesTheAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := startSup(t, supOpts{command: []string{python, agent}, env: []string{"AGENT_REPORT=" + report}})
+	// The agent never exits on shutdown: a short wait at cleanup.
+	s := startSup(t, supOpts{command: []string{python, agent}, env: []string{"AGENT_REPORT=" + report}, flags: []string{"--shutdown-timeout", "1s"}})
 	var sent int
 	waitFor(t, 60*time.Second, "the hostile messages sent and each answered", func() bool {
 		errs := 0
@@ -94,7 +95,7 @@ func TestOversizeFramesDiscardedUnread(t *testing.T) {
 	buildBoundsTools(t)
 	const size, count = 120 << 20, 4
 	notes := filepath.Join(t.TempDir(), "notes")
-	h := &hostileRun{notes: notes, sup: startSup(t, supOpts{bin: plainBin, command: []string{hostilePath, "oversize"},
+	h := &hostileRun{notes: notes, sup: startSup(t, supOpts{bin: plainBin, command: []string{hostilePath, "oversize"}, flags: []string{"--shutdown-timeout", "1s"},
 		env: []string{"HOSTILE_OUT=" + notes, "HOSTILE_SIZE=" + strconv.Itoa(size), "HOSTILE_COUNT=" + strconv.Itoa(count)}})}
 	waitFor(t, 3*time.Minute, "every oversize frame answered and the small checkpoint acknowledged", func() bool {
 		return len(noted(h.notes, "sent all")) == 1 && len(noted(h.notes, "error INVALID_MESSAGE")) >= count && len(noted(h.notes, "ack ")) >= 1
