@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -126,6 +127,11 @@ type Store struct {
 	// mu serialises the other writes (Pin, Unpin, MarkBad, Prune, the
 	// restore point), which must not interleave with one another.
 	mu sync.Mutex
+
+	// ignored holds the names of checkpoint files already logged as ignored
+	// (a symlink, not a regular file): each is logged once per Store.
+	ignoredMu sync.Mutex
+	ignored   map[string]bool
 }
 
 // Open opens the store in dir, creating the directory (mode 0700) if needed,
@@ -396,12 +402,18 @@ func (s *Store) list() ([]entry, error) {
 	markers := make(map[string]bool)
 	for _, de := range des {
 		name := de.Name()
-		if !de.Type().IsRegular() || strings.HasSuffix(name, atomicfile.TempSuffix) {
+		if strings.HasSuffix(name, atomicfile.TempSuffix) {
 			continue
 		}
 		stem, ext := name[:len(name)-len(filepath.Ext(name))], filepath.Ext(name)
 		if id, err := ParseID(stem); err != nil || id != stem {
 			continue // not ours
+		}
+		if !de.Type().IsRegular() {
+			if ext == ckptSuffix {
+				s.warnIgnored(name, de.Type())
+			}
+			continue
 		}
 		switch ext {
 		case ckptSuffix:
@@ -422,6 +434,27 @@ func (s *Store) list() ([]entry, error) {
 		return cmp.Compare(b.ID, a.ID) // ids grow with every Save (see order.go)
 	})
 	return es, nil
+}
+
+// warnIgnored logs, once per name, a checkpoint file that is never read
+// because it is not a regular file: files in the store are opened without
+// following symlinks (SPEC §9), so a symlinked checkpoint is not one.
+func (s *Store) warnIgnored(name string, mode fs.FileMode) {
+	s.ignoredMu.Lock()
+	defer s.ignoredMu.Unlock()
+	if s.ignored[name] {
+		return
+	}
+	if s.ignored == nil {
+		s.ignored = make(map[string]bool)
+	}
+	s.ignored[name] = true
+	what := "not a regular file"
+	if mode&fs.ModeSymlink != 0 {
+		what = "a symlink"
+	}
+	s.log.Warn("checkpoint file ignored: it is "+what+", and checkpoint files are never followed; "+
+		"replace it with the file itself (or remove it)", "file", filepath.Join(s.dir, name))
 }
 
 // Stat returns the metadata of checkpoint id from its header, without

@@ -99,6 +99,14 @@ type decodeState struct {
 	typ string // message type once known, for errors
 }
 
+// FrameTooLarge is the error for a payload of size bytes above max, the
+// largest frame any message may have ([Codec.MaxFrameSizeFor]): rule
+// too_large, no type (the payload was not read). A reader that skipped such
+// a frame unread reports it with this, as Decode would have.
+func FrameTooLarge(size, max int) *ValidationError {
+	return &ValidationError{Rule: RuleTooLarge, Reason: fmt.Sprintf("payload of %d bytes is above the largest accepted frame (%d bytes)", size, max)}
+}
+
 // Decode checks and decodes one payload that travelled in direction dir:
 // the bounds walk (well-formed MessagePack, lengths within the payload,
 // nesting at most MaxDepth, no trailing bytes), then the type and its
@@ -115,7 +123,7 @@ func (c *Codec) Decode(dir Direction, payload []byte) (Message, error) {
 		return nil, &ValidationError{Rule: RuleWrongDirection, Reason: fmt.Sprintf("unknown direction %d", dir)}
 	}
 	if max := c.MaxFrameSizeFor(dir); len(payload) > max {
-		return nil, &ValidationError{Rule: RuleTooLarge, Reason: fmt.Sprintf("payload of %d bytes is above the largest accepted frame (%d bytes)", len(payload), max)}
+		return nil, FrameTooLarge(len(payload), max)
 	}
 	s := &decodeState{c: c}
 	var top [nTop][]byte

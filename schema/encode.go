@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/agent-sidecar/supervisor/internal/clip"
 )
 
 // Encode returns the MessagePack payload of m (without the frame header).
@@ -154,9 +156,12 @@ func (e *encoder) beginSized(h *Header, n int, compressed bool, size int) {
 
 func (e *encoder) key(k string) { e.b = AppendStr(e.b, k) }
 
+// str appends key k and the str v, made valid UTF-8 (clip.Valid: invalid
+// bytes become \xNN): every str the codec writes is UTF-8, as MessagePack
+// requires and strict decoders (Python's msgpack, raw=False) insist.
 func (e *encoder) str(k, v string) {
 	e.key(k)
-	e.b = AppendStr(e.b, v)
+	e.b = AppendStr(e.b, clip.Valid(v))
 }
 
 // raw appends key k and the raw map v, which must be one well-formed map.
@@ -197,7 +202,7 @@ func (e *encoder) numbers(field string, m map[string]float64) {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			e.setErr(e.fail(path(field, -1, k), RuleFieldValue, "must be a finite number, got %v", v))
 		}
-		e.b = AppendStr(e.b, k)
+		e.b = AppendStr(e.b, clip.Valid(k))
 		e.b = appendFloat(e.b, v)
 	}
 }

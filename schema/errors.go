@@ -90,10 +90,14 @@ func ErrorReply(err error) *Error {
 // NewError builds an error message with any code (CodeWALFull etc.), a
 // human message and optional details (nil for none). details must hold
 // values MessagePack can encode (strings, numbers, bools, maps, slices);
-// a value that cannot be encoded is replaced by its fmt %v string.
+// a value that cannot be encoded is replaced by its fmt %v string. Strings
+// in details (keys and values, nested ones too) are made valid UTF-8
+// (clip.Valid), as Encode does with the code and the message: the reply
+// often quotes the agent's own bytes.
 func NewError(code, message string, details map[string]any) *Error {
 	m := &Error{Error: ErrorBody{Code: code, Message: message}}
 	if len(details) > 0 {
+		details = validStrings(details).(map[string]any)
 		raw, err := MarshalMap(details)
 		if err != nil {
 			safe := make(map[string]any, len(details))
@@ -156,4 +160,38 @@ type rawBuffer []byte
 func (b *rawBuffer) Write(p []byte) (int, error) {
 	*b = append(*b, p...)
 	return len(p), nil
+}
+
+// validStrings returns v with every string in it, map keys included, made
+// valid UTF-8 by clip.Valid. Values of other types are returned as they are.
+func validStrings(v any) any {
+	switch v := v.(type) {
+	case string:
+		return clip.Valid(v)
+	case []string:
+		out := make([]string, len(v))
+		for i, s := range v {
+			out[i] = clip.Valid(s)
+		}
+		return out
+	case []any:
+		out := make([]any, len(v))
+		for i, e := range v {
+			out[i] = validStrings(e)
+		}
+		return out
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, e := range v {
+			out[clip.Valid(k)] = validStrings(e)
+		}
+		return out
+	case map[string]string:
+		out := make(map[string]string, len(v))
+		for k, e := range v {
+			out[clip.Valid(k)] = clip.Valid(e)
+		}
+		return out
+	}
+	return v
 }

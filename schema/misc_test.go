@@ -6,6 +6,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
+
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/agent-sidecar/supervisor/schema"
 )
@@ -64,4 +67,49 @@ func TestCodecConcurrentUse(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// Every str the codec writes is valid UTF-8, whatever bytes the Go strings
+// it was given hold (an error reply quotes the agent's own bytes): strict
+// decoders refuse anything else.
+func TestEncodedStrsAreValidUTF8(t *testing.T) {
+	c := schema.NewCodec(schema.Options{})
+	msgs := []schema.Message{
+		schema.NewError("CODE\xff", "message \xc3 here", map[string]any{"field": "data.k\xfe", "k\xff": []string{"\xed\xa0\x80"}, "n": 3}),
+		schema.ErrorReply(&schema.ValidationError{Type: "metrics", Field: "data.\xff", Rule: schema.RuleFieldType, Reason: "bad \xff"}),
+		&schema.HotReload{Code: "print('\xff')", Module: "m\xfe", BackupCheckpointID: "x"},
+		&schema.ProcessRequest{RequestID: "r\xff", Data: schema.RequestData{Message: "hi\xff"}},
+	}
+	for _, m := range msgs {
+		b, err := c.Encode(m)
+		if err != nil {
+			t.Fatalf("%T: %v", m, err)
+		}
+		var v any
+		if err := msgpack.Unmarshal(b, &v); err != nil {
+			t.Fatal(err)
+		}
+		var check func(v any)
+		check = func(v any) {
+			switch v := v.(type) {
+			case string:
+				if !utf8.ValidString(v) {
+					t.Errorf("%T: str %q is not UTF-8", m, v)
+				}
+			case map[string]any:
+				for k, e := range v {
+					check(k)
+					check(e)
+				}
+			case []any:
+				for _, e := range v {
+					check(e)
+				}
+			}
+		}
+		check(v)
+		if !bytes.Contains(b, []byte(`\xff`)) {
+			t.Errorf("%T: the invalid byte is not shown escaped: %q", m, b)
+		}
+	}
 }

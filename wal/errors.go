@@ -86,7 +86,7 @@ func isSyncFailure(err error) bool {
 
 // SequenceConflictError rejects an Append with an entry at or below the
 // last sequence that is not a byte-identical replay of the entry the log
-// holds there, or one that jumps more than [MaxSequenceGap] above it. Nothing
+// holds there, or one above [MaxSequence]. Nothing
 // of that Append was appended. It wraps [ErrSequenceConflict].
 type SequenceConflictError struct {
 	Sequence     uint64 // the offending entry's sequence

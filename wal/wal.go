@@ -358,10 +358,12 @@ func (l *Log) FirstSequence() uint64 {
 	return 0
 }
 
-// MaxSequenceGap is the largest jump above the last sequence Append accepts.
-// A gap is allowed (and reported), but one entry numbered near 2^64 by
-// mistake must not leave no room for every later one.
-const MaxSequenceGap = 1 << 32
+// MaxSequence is the largest sequence Append accepts: 2^62 − 1, below the
+// ceiling of 2^62 (SPEC §4). Sequences run from 1 up to it, and a gap of
+// any size below it is allowed and reported (agents may number by Unix
+// nanoseconds, about 2^60.6 today, or by snowflake ids); an entry above it
+// is refused, so an entry numbered near 2^64 by mistake cannot wrap.
+const MaxSequence = 1<<62 - 1
 
 // Append appends entries as one atomic unit: after a crash either all of
 // the appended ones are in the log or none. An entry whose sequence is not
@@ -374,7 +376,7 @@ const MaxSequenceGap = 1 << 32
 //
 // Errors: a *SequenceConflictError (wrapping ErrSequenceConflict) when an
 // entry at or below the last sequence is not a byte-identical replay of what
-// the log holds there, or jumps more than MaxSequenceGap above it;
+// the log holds there, or is above MaxSequence;
 // ErrOutOfOrder when a sequence is below its predecessor in entries,
 // ErrTooLarge, ErrClosed, and ErrNoSpace / ErrWriteFailed while the disk
 // fails. On any error nothing of entries was appended and LastSequence is
@@ -422,9 +424,9 @@ func (l *Log) Append(entries ...Entry) (AppendResult, error) {
 			res.Duplicates++
 			continue
 		}
-		if e.Sequence-prev > MaxSequenceGap {
+		if e.Sequence > MaxSequence {
 			return AppendResult{Last: l.lastSeq}, &SequenceConflictError{Sequence: e.Sequence, LastSequence: l.lastSeq,
-				Reason: fmt.Sprintf("the sequence jumps more than %d above the last one; number entries above restore.last_sequence", uint64(MaxSequenceGap))}
+				Reason: fmt.Sprintf("the sequence is above the ceiling: sequences run from 1 to %d; number entries above restore.last_sequence", uint64(MaxSequence))}
 		}
 		if e.Sequence > prev+1 {
 			res.Gaps = append(res.Gaps, Gap{After: prev, Next: e.Sequence})

@@ -748,8 +748,8 @@ func TestConcurrentUnserialized(t *testing.T) {
 // TestSequenceConflicts: an entry at or below the last sequence is skipped
 // only when it is a byte-identical replay of what the log holds; anything
 // else is refused with a SequenceConflictError and nothing of the append is
-// kept. A jump of more than MaxSequenceGap is refused the same way, so one
-// mistaken sequence near 2^64 cannot wedge the log.
+// kept. A sequence above MaxSequence (2^62 − 1) is refused the same way, so
+// one mistaken sequence near 2^64 cannot wrap; any gap below it is allowed.
 func TestSequenceConflicts(t *testing.T) {
 	o := testOptions(t, t.TempDir())
 	o.SegmentSize = 8 << 10 // replays are read back across segments
@@ -768,7 +768,7 @@ func TestSequenceConflicts(t *testing.T) {
 		{"changed entry then new ones", []Entry{changed(200), {Sequence: 201, Data: payload(201)}}, 200},
 		{"repeat inside a batch with other bytes", []Entry{{Sequence: 201, Data: payload(201)}, changed(201)}, 201},
 		{"jump near 2^64", []Entry{{Sequence: 1<<63 - 1, Data: payload(1)}}, 1<<63 - 1},
-		{"jump just over the cap", []Entry{{Sequence: 200 + MaxSequenceGap + 1, Data: payload(1)}}, 200 + MaxSequenceGap + 1},
+		{"the ceiling 2^62", []Entry{{Sequence: 1 << 62, Data: payload(1)}}, 1 << 62},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res, err := l.Append(tc.in...)
@@ -784,13 +784,18 @@ func TestSequenceConflicts(t *testing.T) {
 			}
 		})
 	}
-	// The log is not wedged: the next sequences, and a gap within the cap,
-	// are accepted; identical replays are still skipped.
-	res := mustAppend(t, l, append(seqEntries(195, 201), Entry{Sequence: 201 + MaxSequenceGap, Data: payload(9)})...)
-	if res.Appended != 2 || res.Duplicates != 6 || res.Last != 201+MaxSequenceGap {
+	// The log is not wedged: the next sequences, and a gap of 2^40, are
+	// accepted; identical replays are still skipped; then the last sequence
+	// below the ceiling.
+	res := mustAppend(t, l, append(seqEntries(195, 201), Entry{Sequence: 1 << 40, Data: payload(9)})...)
+	if res.Appended != 2 || res.Duplicates != 6 || res.Last != 1<<40 {
 		t.Fatalf("Append after conflicts = %+v", res)
 	}
-	if got := readAll(t, l, 0); len(got) != 202 {
-		t.Fatalf("log holds %d entries, want 202", len(got))
+	res = mustAppend(t, l, Entry{Sequence: MaxSequence, Data: payload(10)})
+	if res.Appended != 1 || res.Last != MaxSequence {
+		t.Fatalf("Append after conflicts = %+v", res)
+	}
+	if got := readAll(t, l, 0); len(got) != 203 {
+		t.Fatalf("log holds %d entries, want 203", len(got))
 	}
 }

@@ -37,7 +37,25 @@ var (
 	// ErrTruncated is returned when the input ends inside a frame (in its
 	// header or its payload). Its chain also holds io.ErrUnexpectedEOF.
 	ErrTruncated = errors.New("wire: input ended inside a frame")
+	// ErrFrameDiscarded is what every [*DiscardedError] unwraps to.
+	ErrFrameDiscarded = errors.New("wire: frame discarded unread")
 )
+
+// DiscardedError is returned by ReadFrame for a frame above the Reader's
+// discard limit ([Reader.DiscardAbove]) but within its maximum: its payload
+// was read and thrown away, so the stream is still in step and the next
+// ReadFrame reads the next frame. It is not a framing error.
+type DiscardedError struct {
+	Size  int // the frame's declared length
+	Limit int // the discard limit it was above
+}
+
+func (e *DiscardedError) Error() string {
+	return fmt.Sprintf("wire: frame of %d bytes discarded unread: above the %d-byte limit", e.Size, e.Limit)
+}
+
+// Unwrap returns [ErrFrameDiscarded].
+func (e *DiscardedError) Unwrap() error { return ErrFrameDiscarded }
 
 // IsFramingError reports whether err is a framing error: a zero length, a
 // length above the maximum, or a frame cut short. After one the stream cannot
@@ -61,9 +79,10 @@ func normalizeMax(max int) int {
 // Reader reads frames from an underlying reader. It is not safe for
 // concurrent use: one goroutine owns a Reader.
 type Reader struct {
-	br  *bufio.Reader
-	max int
-	hdr [HeaderSize]byte
+	br      *bufio.Reader
+	max     int
+	discard int // frames above it (and within max) are skipped; 0: none
+	hdr     [HeaderSize]byte
 }
 
 // NewReader returns a Reader that buffers r (64 KiB) and accepts payloads of
@@ -74,6 +93,19 @@ func NewReader(r io.Reader, maxFrameSize int) *Reader {
 
 // MaxFrameSize returns the largest payload the Reader accepts.
 func (r *Reader) MaxFrameSize() int { return r.max }
+
+// DiscardAbove makes ReadFrame skip any frame longer than n bytes but within
+// the maximum: the payload is read through the Reader's 64 KiB buffer and
+// thrown away, never held, and ReadFrame returns a [*DiscardedError]. For a
+// peer that may send a frame the Reader's owner refuses by its size anyway,
+// without either holding it or losing step. n <= 0, or n at or above the
+// maximum, turns it off.
+func (r *Reader) DiscardAbove(n int) {
+	if n <= 0 || n >= r.max {
+		n = 0
+	}
+	r.discard = n
+}
 
 // ReadFrame reads the next frame and returns its payload in a new slice owned
 // by the caller. It returns io.EOF itself when the input ends cleanly between
@@ -100,7 +132,22 @@ func (r *Reader) ReadFrame() ([]byte, error) {
 		}
 		return nil, fmt.Errorf("%w: declared %d bytes, limit %d", ErrFrameTooLarge, size, r.max)
 	}
+	if r.discard > 0 && int(size) > r.discard {
+		return nil, r.skipPayload(int(size))
+	}
 	return r.readPayload(int(size))
+}
+
+// skipPayload reads n payload bytes and throws them away.
+func (r *Reader) skipPayload(n int) error {
+	got, err := r.br.Discard(n)
+	if err != nil {
+		if err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF) {
+			return fmt.Errorf("%w: payload cut short after %d of %d bytes: %w", ErrTruncated, got, n, io.ErrUnexpectedEOF)
+		}
+		return fmt.Errorf("wire: reading frame payload (%d of %d bytes read): %w", got, n, err)
+	}
+	return &DiscardedError{Size: n, Limit: r.discard}
 }
 
 // readPayload reads exactly n payload bytes. Up to eagerAlloc bytes are

@@ -370,3 +370,33 @@ func FuzzReadFrame(f *testing.F) {
 		}
 	})
 }
+
+// A frame above the discard limit is skipped without being held and the
+// next frame reads as usual; one cut short is still a truncated frame.
+func TestDiscardAbove(t *testing.T) {
+	big := make([]byte, 3<<20)
+	stream := wire.AppendFrame(wire.AppendFrame(wire.AppendFrame(nil, []byte("a")), big), []byte("b"))
+	r := wire.NewReader(iotest.HalfReader(bytes.NewReader(stream)), 4<<20)
+	r.DiscardAbove(1 << 20)
+	if p, err := r.ReadFrame(); err != nil || string(p) != "a" {
+		t.Fatalf("first frame: %q, %v", p, err)
+	}
+	_, err := r.ReadFrame()
+	var de *wire.DiscardedError
+	if !errors.As(err, &de) || de.Size != len(big) || de.Limit != 1<<20 || !errors.Is(err, wire.ErrFrameDiscarded) || wire.IsFramingError(err) {
+		t.Fatalf("oversize frame: %v", err)
+	}
+	if p, err := r.ReadFrame(); err != nil || string(p) != "b" {
+		t.Fatalf("frame after the discarded one: %q, %v", p, err)
+	}
+	r = wire.NewReader(bytes.NewReader(append(header(2<<20), 1, 2, 3)), 4<<20)
+	r.DiscardAbove(1 << 20)
+	if _, err := r.ReadFrame(); !errors.Is(err, wire.ErrTruncated) || !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("cut-short oversize frame: %v", err)
+	}
+	r = wire.NewReader(bytes.NewReader(header(5<<20)), 4<<20)
+	r.DiscardAbove(1 << 20)
+	if _, err := r.ReadFrame(); !errors.Is(err, wire.ErrFrameTooLarge) {
+		t.Fatalf("above the maximum: %v", err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -60,7 +61,10 @@ func openStore(dataDir string) (*checkpoint.Store, error) {
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("no checkpoint store in %s (has a supervisor ever run with this --data-dir?)", dataDir)
 	}
-	return checkpoint.Open(dir, checkpoint.Options{})
+	// Warnings (a checkpoint file that is a symlink, hence ignored) go to
+	// stderr, beside the listing.
+	warn := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return checkpoint.Open(dir, checkpoint.Options{Logger: warn})
 }
 
 // checkpointsCmd is `supervisor checkpoints list|show`.

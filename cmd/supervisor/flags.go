@@ -123,6 +123,33 @@ func (f *flagSet) split(args []string) (flagArgs, pos, afterDashDash []string, d
 	return flagArgs, pos, afterDashDash, dashdash
 }
 
+// firstStray returns the first argument before any "--" that split would
+// not take as a known flag or its value: an unknown flag (as "--name",
+// unknown true) or a positional argument (as given). split cannot know
+// whether an unknown flag takes a value, so in "--bogus 3" the "3" is a
+// positional argument there; the flag came first, and is what to name.
+// Help flags are known. "" when there is none.
+func (f *flagSet) firstStray(args []string) (arg string, unknown bool) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		if len(a) < 2 || a[0] != '-' {
+			return a, false
+		}
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		fl := f.Lookup(name)
+		if fl == nil && name != "h" && name != "help" {
+			return "--" + name, true
+		}
+		if fl != nil && !hasValue && !isBool(fl) && i+1 < len(args) {
+			i++
+		}
+	}
+	return "", false
+}
+
 // parseFlagsOnly parses args for a command that takes flags and nothing else.
 func (f *flagSet) parseFlagsOnly(args []string) error {
 	pos, _, _, err := f.parse(args)

@@ -82,8 +82,12 @@ func parseRun(e env, args []string) (supervisor.Config, string, error) {
 	cfg := supervisor.DefaultConfig()
 	f, restart, ops, logFormat := runFlags(e, &cfg)
 	// An agent command without "--" is the likelier mistake than whatever
-	// flag of the agent's follows it: say so first.
+	// flag of the agent's follows it: say so first — unless an unknown flag
+	// came before it, whose value it probably is (--bogus 3): name the flag.
 	if _, pos, _, _ := f.split(args); len(pos) > 0 {
+		if stray, unknown := f.firstStray(args); unknown {
+			return cfg, "", usageErr("run", "unknown flag %s", truncate(stray, 64))
+		}
 		i := slices.Index(args, pos[0])
 		return cfg, "", usageErr("run", "unexpected argument %q: the agent command goes after --, as in: supervisor run [flags] -- %s",
 			truncate(pos[0], 64), truncate(strings.Join(args[i:], " "), 80))
@@ -138,6 +142,11 @@ func (c *runCmd) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return failed("run", err)
 	}
+	if err := checkDataDirWritable(cfg.DataDir); err != nil {
+		log.Error("supervisor stopped", "exit_code", exitCode(err), "err", errors.Unwrap(err))
+		logBuf.Close(2 * time.Second)
+		return err
+	}
 	done := make(chan struct{})
 	defer close(done)
 	// A log reader that went away (a log shipper restarted, `| head`) must
@@ -166,6 +175,9 @@ func (c *runCmd) Run(ctx context.Context, args []string) error {
 	}()
 	runErr := sup.Run(ctx)
 	err = failed("run", runErr)
+	if de := explainDataDir(cfg.DataDir, runErr); de != runErr {
+		err, runErr = de, errors.Unwrap(de)
+	}
 	code := exitCode(err)
 	if code == exitOK {
 		log.Info("supervisor stopped", "exit_code", code)

@@ -78,7 +78,18 @@ def _decompress(body: bytes) -> Any:
     if _zstd is None:
         raise SupervisorError("a compressed message arrived but zstandard is not installed")
     raw = _zstd.ZstdDecompressor().decompress(body, max_output_size=MAX_DECOMPRESSED)
-    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    return msgpack.unpackb(raw, raw=False, strict_map_key=False, unicode_errors="backslashreplace")
+
+
+def _int(v: Any) -> Optional[int]:
+    """v as an int, or None when it is not a whole number (a reply never kills the reader)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return None
 
 
 class Agent:
@@ -360,15 +371,15 @@ class Agent:
             elif exc.code in ("WAL_FULL", "WAL_FAILED", "SEQUENCE_CONFLICT") or (
                 exc.code == "INVALID_MESSAGE" and d.get("type") in ("wal_entry", "wal_batch")
             ):
-                first = d.get("first_sequence")
-                last = d.get("last_sequence", first)
+                first = _int(d.get("first_sequence"))
+                last = _int(d.get("last_sequence", first))
                 if exc.code == "SEQUENCE_CONFLICT" and first is not None:
                     # last_sequence is the log's; the whole frame was refused
-                    last = int(first) + int(d.get("entries", 1)) - 1
+                    last = first + (_int(d.get("entries", 1)) or 1) - 1
                 with self._cond:
-                    if first is None:  # unknown range: fail every entry still in flight
+                    if first is None or last is None:  # unknown range: fail every entry still in flight
                         first, last = self._durable + 1, max(self._seq, self._durable + 1)
-                    self._wal_errors.append((int(first), int(last), exc))
+                    self._wal_errors.append((first, last, exc))
                     self._wal_gen += 1
                     del self._wal_errors[:-256]
                     self._cond.notify_all()

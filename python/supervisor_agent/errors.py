@@ -62,9 +62,13 @@ class NotDurable(SupervisorError):
 _BY_CODE = {c.code: c for c in (WalFull, WalFailed, SequenceConflict, InvalidMessage, CheckpointFailed)}
 
 
-def from_error_message(err: Dict[str, Any]) -> SupervisorError:
+def from_error_message(err: Any) -> SupervisorError:
+    """The exception for an error reply's body; any shape of body gives one."""
+    if not isinstance(err, dict):
+        err = {"message": str(err)}
     code = str(err.get("code", ""))
     cls = _BY_CODE.get(code, SupervisorError)
-    e = cls(f"{code}: {err.get('message', '')}", err.get("details") or {})
+    details = err.get("details")
+    e = cls(f"{code}: {err.get('message', '')}", details if isinstance(details, dict) else {})
     e.code = code
     return e

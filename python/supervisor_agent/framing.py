@@ -42,7 +42,10 @@ def read_frame(f: BinaryIO, max_frame: int = DEFAULT_MAX_FRAME) -> Optional[Dict
         raise ProtocolError(f"invalid frame: length {n} exceeds the maximum of {max_frame} bytes")
     body = read_exact(f, n)
     try:
-        m = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        # A str that is not UTF-8 (the supervisor never sends one, but an older
+        # one quoted the agent's own bytes in error replies) becomes text with
+        # \xNN escapes instead of killing the reader.
+        m = msgpack.unpackb(body, raw=False, strict_map_key=False, unicode_errors="backslashreplace")
     except Exception as e:  # ExtraData, FormatError, StackError, ValueError...
         raise ProtocolError(f"invalid frame payload: {e.__class__.__name__}: {e}") from None
     if not isinstance(m, dict):

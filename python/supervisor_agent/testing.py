@@ -59,6 +59,14 @@ class FakeSupervisor:
             self._w.write(encode_frame(msg))
             self._w.flush()
 
+    def send_raw(self, payload: bytes) -> None:
+        """Send one frame whose MessagePack payload was built by hand: what a
+        dict cannot express (a str that is not UTF-8, a key twice)."""
+        import struct
+        with self._wlock:
+            self._w.write(struct.pack(">I", len(payload)) + payload)
+            self._w.flush()
+
     def request(self, message: str, context: Optional[Dict[str, Any]] = None, user_id: str = "") -> str:
         rid = str(uuid.uuid4())
         self.send({"type": "process_request", "request_id": rid,

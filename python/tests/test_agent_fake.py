@@ -166,3 +166,47 @@ def test_concurrent_checkpoints_each_get_their_ack():
         [t.start() for t in ts]
         [t.join() for t in ts]
         assert len(set(ids)) == 8
+
+
+def _error_frame(code: bytes, message: bytes, details: bytes = b"\x80") -> bytes:
+    """An error reply built byte by byte: code and message strs may be any bytes."""
+    def s(b):
+        return bytes([0xd9, len(b)]) + b
+    return (b"\x83" + s(b"type") + s(b"error") + s(b"timestamp") + b"\x00" + s(b"error") +
+            b"\x83" + s(b"code") + s(code) + s(b"message") + s(message) + s(b"details") + details)
+
+
+def test_error_replies_never_kill_the_reader():
+    """Whatever an error reply holds — strs that are not UTF-8, odd shapes —
+    the client reads on: the next entry is still acknowledged."""
+    import msgpack
+    from supervisor_agent import InvalidMessage, WalFailed
+    from supervisor_agent.errors import from_error_message
+    with FakeSupervisor() as sup:
+        agent = sup.agent()
+        assert agent.log("memory_add", {"n": 1}) == 1
+        sup.send_raw(_error_frame(b"INVALID_MESSAGE", b"invalid metrics message: data.lat\xff\xfe: bad",
+                                  b"\x81" + bytes([0xd9, 5]) + b"field" + bytes([0xd9, 6]) + b"data.\xff"))
+        sup.send_raw(_error_frame(b"CODE_\xc3", b"\xed\xa0\x80"))
+        for odd in ({"type": "error", "timestamp": 0, "error": "just a string"},
+                    {"type": "error", "timestamp": 0, "error": {"code": "INVALID_MESSAGE", "details": ["x"]}},
+                    {"type": "error", "timestamp": 0, "error": {"code": "WAL_FAILED", "message": "m",
+                                                                "details": {"first_sequence": "x", "last_sequence": None}}},
+                    {"type": "error", "timestamp": 0, "error": {"code": "SEQUENCE_CONFLICT",
+                                                                "details": {"first_sequence": 7, "entries": "many"}}}):
+            sup.send_raw(msgpack.packb(odd, use_bin_type=True))
+        got = []
+        while len(got) < 2:
+            m = agent.events.get(timeout=5)
+            if m.get("type") == "error":
+                got.append(m)
+        assert got[0]["error"]["message"] == "invalid metrics message: data.lat\\xff\\xfe: bad"
+        assert got[0]["error"]["details"] == {"field": "data.\\xff"}
+        assert got[1]["error"]["code"] == "CODE_\\xc3"
+        assert not agent._closed.is_set(), agent._close_reason
+        # the reader is alive: the WAL_FAILED whose range is not a number
+        # fails the entry in flight, and the next one is acknowledged
+        with pytest.raises(WalFailed):
+            agent.log("memory_add", {"n": 2})
+        assert agent.log("memory_add", {"n": 3}) == 3
+        assert isinstance(from_error_message({"code": "INVALID_MESSAGE", "details": "not a map"}), InvalidMessage)

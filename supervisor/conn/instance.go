@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"errors"
 	"io"
 	"log/slog"
 	"sync"
@@ -149,7 +150,11 @@ func Start(c Config) *Instance {
 	inst := newInstance(c)
 	toAgent, fromAgent, logs := c.Proc.Pipes()
 	go inst.writeLoop(wire.NewWriter(toAgent, 0), toAgent)
-	go inst.readLoop(wire.NewReader(fromAgent, c.MaxFrame))
+	r := wire.NewReader(fromAgent, c.MaxFrame)
+	// A frame no message may have is skipped by its length, never held
+	// (issue 33: four 120 MiB frames cost 447 MiB read whole).
+	r.DiscardAbove(c.Codec.MaxFrameSizeFor(schema.FromAgent))
+	go inst.readLoop(r)
 	for i, f := range logs {
 		stream := "stderr"
 		if i == 1 {
@@ -428,6 +433,12 @@ func (in *Instance) readLoop(r *wire.Reader) {
 	defer close(in.readerEnd)
 	for {
 		payload, err := r.ReadFrame()
+		var skipped *wire.DiscardedError
+		if errors.As(err, &skipped) {
+			in.inBytes.Add(float64(skipped.Size))
+			in.sink.Invalid(in, schema.FrameTooLarge(skipped.Size, skipped.Limit))
+			continue
+		}
 		if err != nil {
 			in.emit(Event{Kind: StreamEnded, Err: err})
 			return

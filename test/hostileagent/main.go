@@ -15,6 +15,9 @@
 //	plaincheckpoints
 //	             8 uncompressed checkpoints of 30 MiB each, back to back,
 //	             then heartbeats until stopped
+//	oversize     $HOSTILE_COUNT uncompressed checkpoint frames of
+//	             $HOSTILE_SIZE bytes each (streamed, never built in memory),
+//	             then a small checkpoint, then heartbeats until stopped
 package main
 
 import (
@@ -143,6 +146,31 @@ func bigCheckpoint() []byte {
 	return buf.Bytes()
 }
 
+// sendOversize writes one checkpoint frame of size bytes, {type, timestamp,
+// data: {agent_state, blob: bin32}}, in 64 KiB pieces.
+func sendOversize(size int) {
+	head := marshal(map[string]any{"type": "checkpoint"})
+	head[0]++ // one more pair: data
+	head = append(head, 0xa4, 'd', 'a', 't', 'a')
+	st, _ := msgpack.Marshal(map[string]any{"agent_state": map[string]any{"status": "idle"}})
+	st[0] = 0x82
+	head = append(head, st...)
+	blob := size - len(head) - 10
+	head = append(head, 0xa4, 'b', 'l', 'o', 'b', 0xc6, byte(blob>>24), byte(blob>>16), byte(blob>>8), byte(blob))
+	wMu.Lock()
+	defer wMu.Unlock()
+	hdr := []byte{byte(size >> 24), byte(size >> 16), byte(size >> 8), byte(size)}
+	if _, err := os.Stdout.Write(append(hdr, head...)); err != nil {
+		os.Exit(0)
+	}
+	chunk := make([]byte, 64<<10)
+	for n := 0; n < blob; n += len(chunk) {
+		if _, err := os.Stdout.Write(chunk[:min(len(chunk), blob-n)]); err != nil {
+			os.Exit(0)
+		}
+	}
+}
+
 // lyingFrame declares 100 MiB - 1 of content and holds a few bytes.
 func lyingFrame(body []byte) []byte {
 	b := []byte{0x28, 0xb5, 0x2f, 0xfd, 0xe0}
@@ -225,6 +253,17 @@ func main() {
 			send(marshal(map[string]any{"type": "checkpoint", "data": map[string]any{
 				"agent_state": map[string]any{"status": "idle"}, "n": i, "blob": blob}}))
 		}
+		note("sent all")
+		select {}
+	case "oversize":
+		go readReplies()
+		go heartbeats()
+		size, _ := strconv.Atoi(os.Getenv("HOSTILE_SIZE"))
+		count, _ := strconv.Atoi(os.Getenv("HOSTILE_COUNT"))
+		for range count {
+			sendOversize(size)
+		}
+		send(marshal(map[string]any{"type": "checkpoint", "data": map[string]any{"agent_state": map[string]any{"status": "idle"}}}))
 		note("sent all")
 		select {}
 	case "chatty":
