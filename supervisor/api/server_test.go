@@ -5,12 +5,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
 )
 
 func TestJSONDepth(t *testing.T) {
@@ -179,5 +184,23 @@ func TestTokenModeRule(t *testing.T) {
 		if got := tokenModeOK(tc.mode, tc.owner, tc.me); got != tc.ok {
 			t.Errorf("mode %04o owner %d read by %d: ok %v, want %v", tc.mode, tc.owner, tc.me, got, tc.ok)
 		}
+	}
+}
+
+// The API's own metrics follow the Prometheus conventions.
+func TestAPIMetricsFollowConventions(t *testing.T) {
+	met := observe.NewMetrics(func() float64 { return 0 }, func() float64 { return 0 })
+	s, err := New(Options{Log: slog.New(slog.DiscardHandler), Metrics: met, Bounds: observe.NewBoundsMetrics(met.Reg, nil), Retention: time.Minute}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.waitsRefused.Inc()
+	s.evictions.WithLabelValues("http").Inc()
+	problems, err := testutil.GatherAndLint(met.Reg, "supervisor_http_waits_refused_total", "supervisor_http_connections_evicted_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("metric %s: %s", p.Metric, p.Text)
 	}
 }
