@@ -204,3 +204,32 @@ func TestAPIMetricsFollowConventions(t *testing.T) {
 		t.Errorf("metric %s: %s", p.Metric, p.Text)
 	}
 }
+
+func TestWaitLimiter(t *testing.T) {
+	l := newWaitLimiter(2, 3)
+	req := func(addr string) *http.Request { return &http.Request{RemoteAddr: addr} }
+	var releases []func()
+	for _, c := range []struct {
+		addr string
+		ok   bool
+	}{
+		{"10.0.0.1:1000", true}, {"10.0.0.1:1001", true},
+		{"10.0.0.1:1002", false}, // a third from one client
+		{"10.0.0.2:1000", true},
+		{"10.0.0.3:1000", false}, // a fourth in all
+	} {
+		release, why, ok := l.acquire(req(c.addr))
+		if ok != c.ok {
+			t.Fatalf("%s: ok %v (%s), want %v", c.addr, ok, why, c.ok)
+		}
+		if ok {
+			releases = append(releases, release)
+		} else if why == "" {
+			t.Errorf("%s: refused without a reason", c.addr)
+		}
+	}
+	releases[0]()
+	if _, why, ok := l.acquire(req("10.0.0.1:1003")); !ok {
+		t.Errorf("after a release: refused: %s", why)
+	}
+}
