@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/agent-sidecar/supervisor/evolution"
@@ -44,6 +45,13 @@ type Config struct {
 	HTTPTokenFile string
 	// HTTPAllowRemote allows a non-loopback HTTPAddr without a token file.
 	HTTPAllowRemote bool
+	// AllowInsecureTokenFile accepts an HTTPTokenFile that other users can
+	// read (api.CheckTokenFile), which is otherwise refused.
+	AllowInsecureTokenFile bool
+	// ProbeAddr is a second listener that serves only /healthz, /readyz and
+	// /metrics, with its own small connection cap, so that probes answer
+	// whatever clients do to HTTPAddr. "" (the default): none.
+	ProbeAddr string
 	// RequestRetention: how long a request waits for its result, and a
 	// result is kept for GET /v1/requests/ID. 10m.
 	RequestRetention time.Duration
@@ -209,6 +217,14 @@ func (c *Config) Validate() error {
 		return bad("--http-addr %s is not a loopback address and no --http-token-file protects /v1/requests: "+
 			"anyone who can reach it could send work to the agent. Give --http-token-file FILE (a bearer token), "+
 			"or --http-allow-remote to expose it without one (e.g. behind an authenticating proxy or a network policy)", c.HTTPAddr)
+	}
+	if c.HTTPTokenFile != "" && !c.AllowInsecureTokenFile {
+		if err := api.CheckTokenFile(c.HTTPTokenFile); errors.Is(err, api.ErrInsecureTokenFile) {
+			return bad("%v", err)
+		} // any other error (a missing file) is reported when the token is read
+	}
+	if c.ProbeAddr != "" && c.ProbeAddr == c.HTTPAddr && !strings.HasSuffix(c.ProbeAddr, ":0") {
+		return bad("--probe-addr %s is also --http-addr: give the probes a port of their own", c.ProbeAddr)
 	}
 	if err := c.validateReplica(); err != nil {
 		return bad("%v", err)

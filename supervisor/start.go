@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -29,8 +30,8 @@ import (
 // preflight (ErrConfig) has created nothing.
 //
 // Its parts start in this order and stop in the reverse one, here: the
-// data directory (open), the reaper, the store worker, the HTTP API, the
-// control socket, then the owner loop.
+// data directory (open), the reaper, the store worker, the HTTP API and the
+// probe listener, the control socket, then the owner loop.
 func (s *Supervisor) Run(ctx context.Context) (err error) {
 	// Nothing is created before everything that can fail fast has been
 	// checked (preflight.go): a failed start leaves no data directory behind.
@@ -38,9 +39,15 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := s.open(); err != nil {
-		if httpLn != nil {
-			httpLn.Close()
+	probeLn, err := s.listenProbes()
+	if err == nil {
+		err = s.open()
+	}
+	if err != nil {
+		for _, ln := range []net.Listener{httpLn, probeLn} {
+			if ln != nil {
+				ln.Close()
+			}
 		}
 		return err
 	}
@@ -59,6 +66,15 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 		httpDone = goRun(func() {
 			if err := s.api.Serve(httpLn); err != nil {
 				s.log.Error("HTTP server stopped", "err", err)
+			}
+		})
+	}
+	// 3b. The probe listener, when --probe-addr is set.
+	var probeDone <-chan struct{}
+	if probeLn != nil {
+		probeDone = goRun(func() {
+			if err := s.api.ServeProbes(probeLn); err != nil {
+				s.log.Error("probe listener stopped", "err", err)
 			}
 		})
 	}
@@ -86,12 +102,17 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 		cl.Close()
 		<-controlDone
 	}
-	// 3: the HTTP API, with a bounded wait for requests under way.
-	if httpDone != nil {
+	// 3: the HTTP API and the probe listener, with a bounded wait for
+	// requests under way.
+	if httpDone != nil || probeDone != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		s.api.Shutdown(sctx)
 		cancel()
-		<-httpDone
+		for _, done := range []<-chan struct{}{httpDone, probeDone} {
+			if done != nil {
+				<-done
+			}
+		}
 	}
 	// 2: the store worker, once no spawn goroutine can post to it (an
 	// unwanted spawn's trial is released on it); it finishes its queue, then
@@ -109,6 +130,20 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 		runErr = cerr
 	}
 	return runErr
+}
+
+// listenProbes binds --probe-addr (nil when it is empty), before anything
+// is created, like --http-addr in preflight.
+func (s *Supervisor) listenProbes() (net.Listener, error) {
+	if s.cfg.ProbeAddr == "" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", s.cfg.ProbeAddr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: cannot listen on --probe-addr %s: %v (is another process using it? pick another address, or leave --probe-addr out)",
+			ErrConfig, s.cfg.ProbeAddr, unwrapOpError(err))
+	}
+	return ln, nil
 }
 
 // goRun runs f on a goroutine of its own; the channel is closed when f has

@@ -16,6 +16,7 @@ import (
 	"github.com/agent-sidecar/supervisor/examples/demo"
 	"github.com/agent-sidecar/supervisor/logging"
 	"github.com/agent-sidecar/supervisor/supervisor"
+	"github.com/agent-sidecar/supervisor/supervisor/api"
 )
 
 const runSynopsis = "supervisor run [flags] [-- AGENT_COMMAND [ARGS...]]"
@@ -36,6 +37,8 @@ func runFlags(e env, cfg *supervisor.Config) (f *flagSet, restart, ops, logForma
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the WAL, checkpoints, control socket and audit log (created mode 0700)")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "HTTP listener for /metrics, /healthz, /readyz and /v1/requests (empty disables; port 0 picks a free one)")
 	f.StringVar(&cfg.HTTPTokenFile, "http-token-file", cfg.HTTPTokenFile, "file holding the bearer token that /v1/requests requires (probes and /metrics stay open)")
+	f.BoolVar(&cfg.AllowInsecureTokenFile, "allow-insecure-token-file", cfg.AllowInsecureTokenFile, "accept an --http-token-file that group or others can read (refused otherwise: chmod 600 it); a warning is logged at start")
+	f.StringVar(&cfg.ProbeAddr, "probe-addr", cfg.ProbeAddr, "second listener serving only /healthz, /readyz and /metrics with capacity of its own, for the kubelet and Prometheus (empty: none)")
 	f.BoolVar(&cfg.HTTPAllowRemote, "http-allow-remote", cfg.HTTPAllowRemote, "allow a non-loopback --http-addr without --http-token-file (the request API is then open to the network)")
 	f.duration(&cfg.RequestRetention, "request-retention", cfg.RequestRetention, "how long a request waits for the agent's result, and a result is kept for GET /v1/requests/ID")
 	f.BoolVar(&cfg.Stdio, "stdio", cfg.Stdio, "frames over the agent's stdin/stdout; false: over fd 3 (agent reads) and fd 4 (agent writes)")
@@ -66,7 +69,7 @@ func runFlags(e env, cfg *supervisor.Config) (f *flagSet, restart, ops, logForma
 	f.StringVar(&cfg.ReplicaRegion, "replica-region", cfg.ReplicaRegion, "the --replica bucket's region")
 	f.duration(&cfg.ReplicaSyncInterval, "replica-sync-interval", cfg.ReplicaSyncInterval, "longest time a durable WAL entry waits for its upload to the replica (one upload per interval)")
 	logFormat = f.String("log-format", "text", "log format on stderr: text or json")
-	for name, m := range map[string]string{"data-dir": "DIR", "http-addr": "ADDR", "http-token-file": "FILE", "restart": "POLICY", "wal-sync": "POLICY",
+	for name, m := range map[string]string{"data-dir": "DIR", "http-addr": "ADDR", "probe-addr": "ADDR", "http-token-file": "FILE", "restart": "POLICY", "wal-sync": "POLICY",
 		"wal-segment-size": "BYTES", "wal-operations": "LIST", "max-frame-size": "BYTES", "log-format": "FORMAT",
 		"replica": "URL", "replica-endpoint": "URL", "replica-region": "REGION",
 		"evolution-max-latency-increase": "X", "evolution-max-error-rate-increase": "X", "evolution-max-memory-increase": "X"} {
@@ -147,6 +150,12 @@ func (c *runCmd) Run(ctx context.Context, args []string) error {
 		logBuf.Close(2 * time.Second)
 		return err
 	}
+	if cfg.AllowInsecureTokenFile && cfg.HTTPTokenFile != "" {
+		if err := api.CheckTokenFile(cfg.HTTPTokenFile); errors.Is(err, api.ErrInsecureTokenFile) {
+			log.Warn("INSECURE TOKEN FILE: users other than the supervisor's can read the bearer token that protects /v1/requests; "+
+				"used anyway because of --allow-insecure-token-file. Run `chmod 600 "+cfg.HTTPTokenFile+"` and drop that flag", "err", err)
+		}
+	}
 	done := make(chan struct{})
 	defer close(done)
 	// A log reader that went away (a log shipper restarted, `| head`) must
@@ -210,7 +219,12 @@ const defaultSoftMemoryLimit = 40 << 20
 
 // softMemoryLimit sets defaultSoftMemoryLimit unless GOMEMLIMIT is set (the
 // runtime has read it already). It returns the limit and whether it set it.
+// Without an environment (a test running the command in its own process) it
+// sets nothing.
 func softMemoryLimit(lookupEnv func(string) (string, bool)) (int64, bool) {
+	if lookupEnv == nil {
+		return 0, false
+	}
 	if v, ok := lookupEnv("GOMEMLIMIT"); ok && v != "" {
 		return 0, false
 	}

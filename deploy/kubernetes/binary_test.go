@@ -130,10 +130,13 @@ func TestFlagsKnownToBinary(t *testing.T) {
 		t.Errorf("--replica %q: want s3://BUCKET/PREFIX with $(POD_NAME) in the prefix", rep)
 	}
 	// The HTTP listener is on the container's port, on all addresses, and
-	// the request API is protected by a token file from a Secret volume.
-	_, port, err := net.SplitHostPort(flags["http-addr"])
-	if err != nil || port != fmt.Sprint(c.Ports[0].ContainerPort) {
-		t.Errorf("--http-addr %q: want 0.0.0.0:%d (the container port)", flags["http-addr"], c.Ports[0].ContainerPort)
+	// the request API is protected by a token file from a Secret volume;
+	// the probe listener is on the probe port.
+	for flag, name := range map[string]string{"http-addr": "http", "probe-addr": "probe"} {
+		_, port, err := net.SplitHostPort(flags[flag])
+		if err != nil || port != fmt.Sprint(containerPort(t, c, name)) {
+			t.Errorf("--%s %q: want 0.0.0.0:%d (the container port %s)", flag, flags[flag], containerPort(t, c, name), name)
+		}
 	}
 	if _, ok := flags["http-allow-remote"]; ok {
 		t.Errorf("--http-allow-remote: the request API is protected by --http-token-file; do not open it")
@@ -141,9 +144,26 @@ func TestFlagsKnownToBinary(t *testing.T) {
 	if tokenSecret(t, r, c, flags["http-token-file"]) == "" {
 		t.Errorf("--http-token-file %q: not a key of a Secret mounted in the container", flags["http-token-file"])
 	}
+	// The supervisor refuses a token file others can read; the kubelet
+	// adds only g+r (fsGroup) to the Secret's defaultMode.
+	if m := secretMode(t, r, c, flags["http-token-file"]); m&0o077 != 0 {
+		t.Errorf("token Secret defaultMode %04o: want 0400 (the supervisor refuses a token file group or others can read; the kubelet adds g+r for fsGroup itself)", m)
+	}
 	if len(agent) == 0 {
 		t.Error("no agent command after --")
 	}
+}
+
+// containerPort is the number of c's port named name.
+func containerPort(t *testing.T, c corev1.Container, name string) int32 {
+	t.Helper()
+	for _, p := range c.Ports {
+		if p.Name == name {
+			return p.ContainerPort
+		}
+	}
+	t.Fatalf("the container has no port named %s", name)
+	return 0
 }
 
 // tokenSecret returns the token that the Secret mounted at the directory of
@@ -222,6 +242,7 @@ type pod struct {
 	uid, gid  uint32
 	fsGroup   int
 	addr      string // loopback address for --http-addr
+	probeAddr string // loopback address for --probe-addr
 	token     string
 	grace     time.Duration
 }
@@ -247,6 +268,12 @@ func newPod(t *testing.T) *pod {
 		t.Fatal(err)
 	}
 	p.addr = ln.Addr().String()
+	ln.Close()
+	ln, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.probeAddr = ln.Addr().String()
 	ln.Close()
 	return p
 }
@@ -277,13 +304,15 @@ func (p *pod) newNode(t *testing.T) *node {
 	mustChmod(t, n.vol, 0o775|fs.ModeSetgid)
 	rel, _ := filepath.Rel(mountOf(t, p.c, p.r.sts.Spec.VolumeClaimTemplates[0].Name), p.flags["data-dir"])
 	n.dataDir = filepath.Join(n.vol, rel)
-	// The token, as the Secret volume presents it: root:fsGroup, defaultMode.
+	// The token, as the Secret volume presents it: root:fsGroup, defaultMode
+	// plus the g+r the kubelet adds for fsGroup (SetVolumeOwnership's
+	// read-only mask, 0440).
 	if err := os.WriteFile(n.tokenFile, []byte(p.token), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if p.asPodUser {
 		mustChown(t, n.tokenFile, 0, p.fsGroup)
-		mustChmod(t, n.tokenFile, secretMode(t, p.r, p.c, p.flags["http-token-file"]))
+		mustChmod(t, n.tokenFile, secretMode(t, p.r, p.c, p.flags["http-token-file"])|0o440)
 	}
 	return n
 }
@@ -304,6 +333,8 @@ func (p *pod) start(t *testing.T, n *node, env map[string]string, replica []stri
 			v = n.dataDir
 		case name == "http-addr":
 			v = p.addr
+		case name == "probe-addr":
+			v = p.probeAddr
 		case name == "http-token-file":
 			v = n.tokenFile
 		}
@@ -336,6 +367,9 @@ func (p *pod) start(t *testing.T, n *node, env map[string]string, replica []stri
 
 func (p *pod) url(path string) string { return "http://" + p.addr + path }
 
+// probeURL is path on the probe listener, where the kubelet probes.
+func (p *pod) probeURL(path string) string { return "http://" + p.probeAddr + path }
+
 // The probes' paths answer on a supervisor started with the StatefulSet's
 // own arguments, as the pod's user, on a volume prepared as the kubelet
 // prepares one for fsGroup; /metrics and the probes need no token, the
@@ -349,10 +383,10 @@ func TestFSGroupVolume(t *testing.T) {
 
 	// First start, on the fresh volume.
 	sp := p.start(t, n, nil, nil)
-	sp.waitStatus(t, p.url(c.StartupProbe.HTTPGet.Path), 200)
-	sp.waitStatus(t, p.url(c.LivenessProbe.HTTPGet.Path), 200)
-	sp.waitStatus(t, p.url(c.ReadinessProbe.HTTPGet.Path), 200)
-	if body := sp.get(t, p.url("/metrics"), 200); !strings.Contains(body, "supervisor_build_info{") {
+	sp.waitStatus(t, p.probeURL(c.StartupProbe.HTTPGet.Path), 200)
+	sp.waitStatus(t, p.probeURL(c.LivenessProbe.HTTPGet.Path), 200)
+	sp.waitStatus(t, p.probeURL(c.ReadinessProbe.HTTPGet.Path), 200)
+	if body := sp.get(t, p.probeURL("/metrics"), 200); !strings.Contains(body, "supervisor_build_info{") {
 		t.Errorf("/metrics without a token: no supervisor_build_info in it")
 	}
 	if code := sp.post(t, p.url("/v1/requests"), ""); code != http.StatusUnauthorized {

@@ -380,20 +380,26 @@ func TestManifestsAgreeWithEachOther(t *testing.T) {
 		}
 	}
 
-	// One port, named http, everywhere.
-	if len(c.Ports) != 1 || c.Ports[0].Name != "http" {
-		t.Fatalf("container ports %+v: want one, named http", c.Ports)
+	// Two ports: http (the request API, behind the Service) and probe
+	// (--probe-addr: the probes and /metrics, which no client of the
+	// request API can crowd out).
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
 	}
-	port := c.Ports[0].ContainerPort
+	if len(c.Ports) != 2 || ports["http"] == 0 || ports["probe"] == 0 {
+		t.Fatalf("container ports %+v: want two, named http and probe", c.Ports)
+	}
+	port := ports["http"]
 	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].TargetPort.String() != "http" || svc.Spec.Ports[0].Port != port {
-		t.Errorf("Service ports %+v: want port %d, targetPort http", svc.Spec.Ports, port)
+		t.Errorf("Service ports %+v: want port %d, targetPort http (the probe port stays out of it)", svc.Spec.Ports, port)
 	}
-	if a := pod.Annotations; a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != fmt.Sprint(port) || a["prometheus.io/path"] != "/metrics" {
-		t.Errorf("pod annotations %v: want prometheus.io/scrape true, port %d, path /metrics", a, port)
+	if a := pod.Annotations; a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != fmt.Sprint(ports["probe"]) || a["prometheus.io/path"] != "/metrics" {
+		t.Errorf("pod annotations %v: want prometheus.io/scrape true, port %d (probe), path /metrics", a, ports["probe"])
 	}
 	eps := r.podMon.Spec.PodMetricsEndpoints
-	if len(eps) != 1 || eps[0].Port == nil || *eps[0].Port != "http" || eps[0].Path != "/metrics" {
-		t.Errorf("PodMonitor endpoints %+v: want port http, path /metrics", eps)
+	if len(eps) != 1 || eps[0].Port == nil || *eps[0].Port != "probe" || eps[0].Path != "/metrics" {
+		t.Errorf("PodMonitor endpoints %+v: want port probe, path /metrics", eps)
 	}
 	// SupervisorDown matches up{job="agent-supervisor"}: the PodMonitor
 	// must produce that job label.
@@ -401,15 +407,15 @@ func TestManifestsAgreeWithEachOther(t *testing.T) {
 		t.Errorf("PodMonitor jobLabel %q: the pod's label of that name is %q, want agent-supervisor (the job the alert rules match)", jl, pod.Labels[jl])
 	}
 
-	// Probes: by name on that port; the paths are checked against a running
-	// supervisor in binary_test.go.
+	// Probes: by name on the probe port; the paths are checked against a
+	// running supervisor in binary_test.go.
 	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
 		if p == nil || p.HTTPGet == nil {
 			t.Errorf("%s probe: want an httpGet probe", name)
 			continue
 		}
-		if p.HTTPGet.Port.String() != "http" {
-			t.Errorf("%s probe on port %s, want http", name, p.HTTPGet.Port.String())
+		if p.HTTPGet.Port.String() != "probe" {
+			t.Errorf("%s probe on port %s, want probe (--probe-addr)", name, p.HTTPGet.Port.String())
 		}
 		if p.TimeoutSeconds < 1 || p.PeriodSeconds <= p.TimeoutSeconds {
 			t.Errorf("%s probe: timeoutSeconds %d, periodSeconds %d: want a timeout shorter than the period", name, p.TimeoutSeconds, p.PeriodSeconds)

@@ -54,6 +54,15 @@ func (s *Server) forwardRequest(w http.ResponseWriter, r *http.Request, in, shad
 	if wait <= 0 {
 		return http.StatusAccepted, accepted
 	}
+	// Waits are capped per client and in all (waiters.go): over a cap the
+	// request is answered as if the wait had timed out.
+	release, why, ok := s.waits.acquire(r)
+	if !ok {
+		s.waitsRefused.Inc()
+		accepted["wait_refused"] = why + "; poll GET /v1/requests/" + id + " for the result"
+		return http.StatusAccepted, accepted
+	}
+	defer release()
 	// The server's write timeout must not cut a legitimate wait short.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + 10*time.Second))
 	// A request expires after --request-retention: no answer can come later.

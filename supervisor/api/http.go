@@ -22,14 +22,28 @@ const maxRequestBody = 1 << 20
 // Handler is the HTTP API (docs/cli.md lists the endpoints).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
+	s.probeRoutes(mux)
+	mux.Handle("POST /v1/requests", s.requireToken(http.HandlerFunc(s.handleRequest)))
+	mux.Handle("GET /v1/requests/{id}", s.requireToken(http.HandlerFunc(s.handleGetRequest)))
+	// A connection in a reserve slot is answered on the probe paths only.
+	return reserveGuard(mux)
+}
+
+// ProbeHandler is what the probe listener (--probe-addr) serves: the
+// probes and /metrics, never the request API.
+func (s *Server) ProbeHandler() http.Handler {
+	mux := http.NewServeMux()
+	s.probeRoutes(mux)
+	return mux
+}
+
+// probeRoutes are probePaths' handlers.
+func (s *Server) probeRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /healthz", s.handleHealthz)
 	mux.HandleFunc("GET /readyz", s.handleReadyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.opts.Metrics.Reg, promhttp.HandlerOpts{
 		ErrorLog: slogPrinter{s.opts.Log}, Registry: s.opts.Metrics.Reg,
 	}))
-	mux.Handle("POST /v1/requests", s.requireToken(http.HandlerFunc(s.handleRequest)))
-	mux.Handle("GET /v1/requests/{id}", s.requireToken(http.HandlerFunc(s.handleGetRequest)))
-	return mux
 }
 
 type slogPrinter struct{ log *slog.Logger }

@@ -12,6 +12,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
@@ -20,7 +23,8 @@ import (
 // HTTP server bounds. Every connection has deadlines, so a slow or idle
 // client cannot hold one for ever, and the number of connections is capped
 // well below the process's file limit, so a flood of connections can never
-// take the descriptors the WAL and checkpoint store need.
+// take the descriptors the WAL and checkpoint store need. The cap keeps room
+// for the probes (connPool).
 const (
 	httpReadHeaderTimeout = 5 * time.Second
 	httpReadTimeout       = 30 * time.Second // whole request, body included
@@ -28,6 +32,20 @@ const (
 	httpIdleTimeout       = 60 * time.Second
 	httpMaxHeaderBytes    = 64 << 10
 	maxHTTPConnsCeiling   = 256
+
+	// A connection with no request in progress for this long (no complete
+	// header yet, or idle between requests) gives its slot to a new one
+	// when every slot is taken.
+	evictGrace = 100 * time.Millisecond
+	// Of the cap, this share (at most maxReserveSlots) is kept for
+	// requests to the probe paths when every other connection is busy.
+	maxReserveSlots = 8
+
+	// The probe listener (--probe-addr): a few connections, short timeouts.
+	probeConns             = 16
+	probeReadHeaderTimeout = 2 * time.Second
+	probeWriteTimeout      = 10 * time.Second
+	probeIdleTimeout       = 10 * time.Second
 )
 
 // ConnCap returns the connection cap: a quarter of RLIMIT_NOFILE, at
@@ -39,6 +57,13 @@ func ConnCap() int {
 		return 64
 	}
 	return int(max(4, min(maxHTTPConnsCeiling, rl.Cur/4)))
+}
+
+// splitCap divides the connection cap into general and reserve slots: an
+// eighth is reserved for the probes, 1 to maxReserveSlots.
+func splitCap(n int) (general, reserve int) {
+	reserve = max(1, min(maxReserveSlots, n/8))
+	return n - reserve, reserve
 }
 
 // Owner is what the API reads of the supervisor and asks of it. The API
@@ -93,6 +118,12 @@ type Server struct {
 	requests  *RequestTable
 	tokenHash []byte       // SHA-256 of the bearer token; nil: no token
 	srv       *http.Server // built by New: Shutdown works before Serve has begun
+	probeSrv  *http.Server // --probe-addr's, likewise
+
+	general, reserve int          // the main listener's slots (splitCap)
+	waits            *waitLimiter // POST /v1/requests?wait= in progress
+	waitsRefused     prometheus.Counter
+	evictions        *prometheus.CounterVec
 }
 
 // New builds the API. A bad token file is an error (ErrConfig-wrapped by
@@ -103,36 +134,74 @@ func New(opts Options, owner Owner) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{opts: opts, owner: owner, requests: newRequestTable(opts.Retention, opts.Metrics), tokenHash: tok}
-	s.srv = s.newHTTPServer()
+	s.general, s.reserve = splitCap(ConnCap())
+	s.waits = newWaitLimiter(maxWaitsPerClient, s.general/2)
+	a := promauto.With(opts.Metrics.Reg)
+	s.waitsRefused = a.NewCounter(prometheus.CounterOpts{
+		Name: "supervisor_http_waits_refused_total",
+		Help: "POST /v1/requests?wait= answered 202 at once because that client, or the listener, had as many requests waiting as allowed.",
+	})
+	s.evictions = a.NewCounterVec(prometheus.CounterOpts{
+		Name: "supervisor_http_connections_evicted_total",
+		Help: "Connections closed to make room for a new one, every slot being taken: they had no request in progress (no complete header yet, or idle).",
+	}, []string{"listener"})
+	s.srv = s.newHTTPServer(s.Handler(), httpReadHeaderTimeout, httpWriteTimeout, httpIdleTimeout)
+	s.probeSrv = s.newHTTPServer(s.ProbeHandler(), probeReadHeaderTimeout, probeWriteTimeout, probeIdleTimeout)
 	return s, nil
 }
 
-// Serve serves HTTP on ln (capped at ConnCap connections) until Shutdown.
-// It returns nil once shut down.
+// Serve serves HTTP on ln until Shutdown, capped at ConnCap connections
+// with room kept for the probes (connPool). It returns nil once shut down.
 func (s *Server) Serve(ln net.Listener) error {
-	connCap := ConnCap()
-	ln = newLimitListener(ln, connCap, func(d int) { s.opts.Bounds.HTTPConns.Add(float64(d)) }, s.opts.Bounds.HTTPWaits.Inc)
-	s.opts.Log.Info("HTTP listener up", "addr", ln.Addr().String(), "max_connections", connCap)
-	if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	pool := newConnPool(ln, s.general, s.reserve, evictGrace)
+	pool.onOpen = func(d int) { s.opts.Bounds.HTTPConns.Add(float64(d)) }
+	pool.onWait = s.opts.Bounds.HTTPWaits.Inc
+	pool.onEvict = s.evictions.WithLabelValues("http").Inc
+	s.srv.ConnState = pool.connState
+	s.opts.Log.Info("HTTP listener up", "addr", ln.Addr().String(), "max_connections", s.general+s.reserve,
+		"reserved_for_probes", s.reserve, "max_waits", s.waits.total, "max_waits_per_client", s.waits.perClient)
+	return serve(s.srv, pool)
+}
+
+// ServeProbes serves /healthz, /readyz and /metrics alone on ln (the
+// --probe-addr listener) until Shutdown: a few connections of its own and
+// short timeouts, so the probes answer whatever clients do to the main
+// listener. It returns nil once shut down.
+func (s *Server) ServeProbes(ln net.Listener) error {
+	pool := newConnPool(ln, probeConns, 0, evictGrace)
+	pool.onEvict = s.evictions.WithLabelValues("probe").Inc
+	s.probeSrv.ConnState = pool.connState
+	s.opts.Log.Info("probe listener up", "addr", ln.Addr().String(), "max_connections", probeConns, "paths", "/healthz /readyz /metrics")
+	return serve(s.probeSrv, pool)
+}
+
+func serve(srv *http.Server, ln net.Listener) error {
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
 }
 
-// Shutdown stops the HTTP server, giving requests under way until ctx. A
+// Shutdown stops the HTTP servers, giving requests under way until ctx. A
 // Serve that has not begun yet returns at once when it does.
-func (s *Server) Shutdown(ctx context.Context) { _ = s.srv.Shutdown(ctx) }
+func (s *Server) Shutdown(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = s.probeSrv.Shutdown(ctx) })
+	_ = s.srv.Shutdown(ctx)
+	wg.Wait()
+}
 
 // Requests is the request table's view for the owner's result sink.
 func (s *Server) Requests() *RequestTable { return s.requests }
 
-func (s *Server) newHTTPServer() *http.Server {
+func (s *Server) newHTTPServer(h http.Handler, readHeader, write, idle time.Duration) *http.Server {
 	return &http.Server{
-		Handler:           s.Handler(),
-		ReadHeaderTimeout: httpReadHeaderTimeout,
+		Handler:           h,
+		ConnContext:       connContext,
+		ReadHeaderTimeout: readHeader,
 		ReadTimeout:       httpReadTimeout,
-		WriteTimeout:      httpWriteTimeout,
-		IdleTimeout:       httpIdleTimeout,
+		WriteTimeout:      write,
+		IdleTimeout:       idle,
 		MaxHeaderBytes:    httpMaxHeaderBytes,
 		// net/http's own per-connection errors (a client that sent garbage,
 		// accept failures) go through our non-blocking log, throttled.
@@ -150,58 +219,4 @@ func (h httpErrorLog) Write(p []byte) (int, error) {
 		h.log.Warn("HTTP server", "err", strings.TrimSpace(string(p)), "suppressed_before", sup)
 	}
 	return len(p), nil
-}
-
-// limitListener accepts at most n connections at a time: at the cap, Accept
-// waits for one to close, and further clients wait in the kernel's backlog,
-// where they cost the supervisor no file descriptor.
-type limitListener struct {
-	net.Listener
-	sem    chan struct{}
-	done   chan struct{}
-	once   sync.Once
-	onOpen func(delta int)
-	onWait func()
-}
-
-func newLimitListener(l net.Listener, n int, onOpen func(int), onWait func()) *limitListener {
-	return &limitListener{Listener: l, sem: make(chan struct{}, n), done: make(chan struct{}), onOpen: onOpen, onWait: onWait}
-}
-
-func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.sem <- struct{}{}:
-	default:
-		l.onWait()
-		select {
-		case l.sem <- struct{}{}:
-		case <-l.done:
-			return nil, net.ErrClosed
-		}
-	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.sem
-		return nil, err
-	}
-	l.onOpen(1)
-	return &limitConn{Conn: c, release: func() { l.onOpen(-1); <-l.sem }}, nil
-}
-
-func (l *limitListener) Close() error {
-	err := l.Listener.Close()
-	l.once.Do(func() { close(l.done) })
-	return err
-}
-
-type limitConn struct {
-	net.Conn
-	once    sync.Once
-	release func()
-}
-
-func (c *limitConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.release)
-	return err
 }
