@@ -159,7 +159,7 @@ func (s *Supervisor) open() error {
 	dir := s.cfg.DataDir
 	// Created durably: each directory made here is fsynced in its parent.
 	if err := atomicfile.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("%w: create data directory %s: %v", ErrConfig, dir, err)
+		return fmt.Errorf("%w: create data directory %s: %w", ErrConfig, dir, err)
 	}
 	if err := checkDataDir(dir); err != nil {
 		return err
@@ -241,7 +241,7 @@ func lockDataDir(dir string) (*os.File, error) {
 	path := filepath.Join(dir, "LOCK")
 	f, err := openNoFollow(path, os.O_RDWR|os.O_CREATE)
 	if err != nil {
-		return nil, fmt.Errorf("open lock file %s: %w (a symlink there is refused; remove it)", path, err)
+		return nil, fmt.Errorf("open lock file %s: %w%s", path, err, observe.SymlinkHint(err))
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		b, _ := os.ReadFile(path)

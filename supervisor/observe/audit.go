@@ -113,7 +113,7 @@ func OpenAudit(path string, onDrop func(), onError func(error)) (*AuditLog, erro
 func openAuditFile(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("open audit log %s: %w (a symlink there is refused; remove it)", path, err)
+		return nil, fmt.Errorf("open audit log %s: %w%s", path, err, SymlinkHint(err))
 	}
 	// The file's directory entry must outlive a power cut too: the records
 	// the writer fsyncs are in a file that is there after it.
@@ -388,3 +388,13 @@ func ReadAudit(r io.Reader, since time.Time, fn func(AuditRecord) error) (skippe
 
 // Path is the audit log's file.
 func (a *AuditLog) Path() string { return a.path }
+
+// SymlinkHint explains an error from opening a data directory file without
+// following symlinks: ELOOP means a symlink is there, refused on purpose.
+// Other errors get no hint ("").
+func SymlinkHint(err error) string {
+	if errors.Is(err, syscall.ELOOP) {
+		return " (a symlink there is refused; remove it)"
+	}
+	return ""
+}
