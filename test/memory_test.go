@@ -110,3 +110,19 @@ func TestLongWALTailRestoreMemoryBounded(t *testing.T) {
 		t.Errorf("VmHWM %d kB, want under 64 MiB", hwm)
 	}
 }
+
+// A frame header that declares 90 MiB, followed by 2 MiB and then nothing,
+// costs the supervisor what was sent, not what was declared: the payload
+// buffer is allocated whole once 1 MiB has come (wire.trustGrowth), but its
+// pages are backed only as bytes arrive.
+func TestLyingFrameHeaderCostsWhatWasSent(t *testing.T) {
+	buildBoundsTools(t)
+	h := startHostile(t, plainBin, "lyingheader", []string{"--heartbeat-timeout", "60s"}, nil)
+	waitFor(t, time.Minute, "the lying frame sent", func() bool { return len(noted(h.notes, "sent all")) == 1 })
+	time.Sleep(time.Second) // the supervisor reads what came; nothing signals it
+	hwm := procStatus(h.cmd.Process.Pid, "VmHWM")
+	t.Logf("a 90 MiB frame header with 2 MiB sent: supervisor VmHWM %.1f MiB", float64(hwm)/1024)
+	if hwm >= 32<<10 {
+		t.Errorf("VmHWM %d kB, want well under the 90 MiB declared", hwm)
+	}
+}

@@ -21,6 +21,9 @@ const (
 	// eagerAlloc is the largest payload allocated in full before its bytes
 	// arrive; larger payloads grow as they are read.
 	eagerAlloc = 1 << 20
+	// trustFraction: once 1/trustFraction of a payload has arrived,
+	// readPayload allocates the rest of it at once instead of doubling.
+	trustFraction = 4
 	// singleWriteMax is the largest payload copied behind its header so the
 	// frame goes out in one Write call.
 	singleWriteMax = 64 << 10
@@ -167,7 +170,17 @@ func (r *Reader) readPayload(n int) ([]byte, error) {
 		if got == n {
 			return buf, nil
 		}
-		next := make([]byte, min(n, 2*len(buf)))
+		// Doubling keeps a lying header (a large size, few bytes) from
+		// costing more than twice what was sent. Once a quarter of the
+		// payload has come, the rest is allocated at once: a large frame
+		// (a 30 MiB checkpoint) then costs its size plus a quarter to a
+		// half of it at its peak, not plus half to all of it, and a lying
+		// header at most four times what was sent.
+		size := min(n, 2*len(buf))
+		if got >= n/trustFraction {
+			size = n
+		}
+		next := make([]byte, size)
 		copy(next, buf)
 		buf = next
 	}

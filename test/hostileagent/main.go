@@ -12,6 +12,8 @@
 //	             start_new_session=True does), then heartbeats until stopped
 //	setsid-exit  the same, then exits 1 after 20 ms (a crash loop that leaks)
 //	exit         exits at once with the code in $HOSTILE_CODE
+//	lyingheader  a frame header declaring 90 MiB, 2 MiB of its payload, then
+//	             nothing (it stalls mid-frame until killed)
 //	plaincheckpoints
 //	             8 uncompressed checkpoints of 30 MiB each, back to back,
 //	             then heartbeats until stopped
@@ -21,6 +23,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -242,6 +245,16 @@ func main() {
 		for i := 0; i < 30; i++ {
 			send(ei.Bytes())
 		}
+		note("sent all")
+		select {}
+	case "lyingheader":
+		go readReplies()
+		send(marshal(map[string]any{"type": "heartbeat"}))
+		wMu.Lock()
+		hdr := []byte{0, 0, 0, 0}
+		binary.BigEndian.PutUint32(hdr, 90<<20)
+		os.Stdout.Write(hdr)
+		os.Stdout.Write(bytes.Repeat([]byte{0x90}, 2<<20))
 		note("sent all")
 		select {}
 	case "plaincheckpoints":
