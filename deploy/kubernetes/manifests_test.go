@@ -4,7 +4,9 @@
 // type from k8s.io/api or the Prometheus Operator's monitoring/v1; the
 // kustomization renders, as `kubectl apply -k` would render it; and the
 // manifests agree with each other, with ../prometheus/alerts.yml, and with
-// the supervisor binary built from this repository (binary_test.go).
+// the supervisor binary built from this repository (binary_test.go); the
+// Grafana dashboard's queries name only metrics that binary exports
+// (grafana_test.go).
 //
 // This is its own Go module, so that the product's go.mod does not take on
 // the Kubernetes API. Once its modules are downloaded, it needs no network.
