@@ -4,7 +4,9 @@
 // type from k8s.io/api or the Prometheus Operator's monitoring/v1; the
 // kustomization renders, as `kubectl apply -k` would render it; and the
 // manifests agree with each other, with ../prometheus/alerts.yml, and with
-// the supervisor binary built from this repository (binary_test.go).
+// the supervisor binary built from this repository (binary_test.go); the
+// Grafana dashboard's queries name only metrics that binary exports
+// (grafana_test.go).
 //
 // This is its own Go module, so that the product's go.mod does not take on
 // the Kubernetes API. Once its modules are downloaded, it needs no network.
@@ -65,6 +67,8 @@ func newObject(gvk schema.GroupVersionKind) (any, error) {
 		return &corev1.Service{}, nil
 	case corev1.SchemeGroupVersion.WithKind("Secret"):
 		return &corev1.Secret{}, nil
+	case corev1.SchemeGroupVersion.WithKind("ConfigMap"):
+		return &corev1.ConfigMap{}, nil
 	case monitoringv1.SchemeGroupVersion.WithKind("PodMonitor"):
 		return &monitoringv1.PodMonitor{}, nil
 	case monitoringv1.SchemeGroupVersion.WithKind("PrometheusRule"):
@@ -135,7 +139,9 @@ func kustomization(t *testing.T) kustomizetypes.Kustomization {
 }
 
 // Every manifest file, and every document in it, decodes strictly; every
-// YAML file here is in the kustomization (none is forgotten).
+// YAML file here is in the kustomization (none is forgotten). A directory
+// among the resources (../grafana) is a kustomization of its own: its
+// objects are checked as render builds them.
 func TestManifestsDecodeStrictly(t *testing.T) {
 	k := kustomization(t)
 	if len(k.Resources) == 0 {
@@ -151,6 +157,12 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 		}
 	}
 	for _, f := range k.Resources {
+		if fi, err := os.Stat(f); err == nil && fi.IsDir() {
+			if _, err := os.Stat(filepath.Join(f, "kustomization.yaml")); err != nil {
+				t.Errorf("resource %s: a directory without a kustomization.yaml", f)
+			}
+			continue
+		}
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
@@ -193,6 +205,7 @@ type rendered struct {
 	secrets  map[string]*corev1.Secret
 	podMon   *monitoringv1.PodMonitor
 	rule     *monitoringv1.PrometheusRule
+	configs  map[string]*corev1.ConfigMap // the Grafana dashboard's (../grafana)
 }
 
 func render(t *testing.T) rendered {
@@ -201,7 +214,7 @@ func render(t *testing.T) rendered {
 	if err != nil {
 		t.Fatalf("kustomize build: %v", err)
 	}
-	out := rendered{secrets: map[string]*corev1.Secret{}}
+	out := rendered{secrets: map[string]*corev1.Secret{}, configs: map[string]*corev1.ConfigMap{}}
 	for _, res := range m.Resources() {
 		doc, err := res.AsYAML()
 		if err != nil {
@@ -221,6 +234,8 @@ func render(t *testing.T) rendered {
 			out.services = append(out.services, o)
 		case *corev1.Secret:
 			out.secrets[o.Name] = o
+		case *corev1.ConfigMap:
+			out.configs[o.Name] = o
 		case *monitoringv1.PodMonitor:
 			out.podMon = o
 		case *monitoringv1.PrometheusRule:
@@ -229,8 +244,8 @@ func render(t *testing.T) rendered {
 			t.Fatalf("unexpected %s", gvk)
 		}
 	}
-	if out.sts == nil || len(out.services) != 1 || out.podMon == nil || out.rule == nil {
-		t.Fatalf("rendered: want a StatefulSet, a Service, a PodMonitor and a PrometheusRule; got %+v", out)
+	if out.sts == nil || len(out.services) != 1 || out.podMon == nil || out.rule == nil || len(out.configs) != 1 {
+		t.Fatalf("rendered: want a StatefulSet, a Service, a PodMonitor, a PrometheusRule and a ConfigMap (the dashboard); got %+v", out)
 	}
 	return out
 }
