@@ -23,9 +23,9 @@
 package main
 
 import (
-	"encoding/binary"
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"os"
