@@ -190,6 +190,12 @@ func NewMetrics(heartbeatAge, walLastSeq func() float64, extra ...prometheus.Col
 	}
 	// Series the alert rules (deploy/prometheus/alerts.yml) use exist at 0
 	// from the start, so increase() and rate() see the first event.
+	// Zero series for the decisions, so that a dashboard shows 0 before the
+	// first evolution, not "no data" (the values are evolution's
+	// DecisionPromoted and DecisionRejected).
+	for _, d := range []string{"promoted", "rejected"} {
+		m.Evolutions.WithLabelValues(d)
+	}
 	for _, r := range restartReasons {
 		m.Restarts.WithLabelValues(r)
 	}
