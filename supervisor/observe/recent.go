@@ -1,0 +1,87 @@
+package observe
+
+import (
+	"encoding/json"
+	"sync"
+)
+
+// auditRingSize is how many of the newest audit records an AuditLog keeps
+// in memory for the status page (Recorder.Recent).
+const auditRingSize = 64
+
+// recentAudit keeps the newest audit records, as their encoded lines, and
+// the newest of each kind: the status page reads them from memory, never
+// the file. Bounded: auditRingSize lines plus one per kind (a fixed set),
+// each at most maxAuditRecord bytes.
+type recentAudit struct {
+	mu     sync.Mutex
+	ring   [][]byte // the newest records, oldest overwritten first
+	next   int      // where the next record goes in ring
+	byKind map[string][]byte
+}
+
+// add remembers one encoded record line. The line is never changed after.
+func (r *recentAudit) add(kind string, line []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.ring) < auditRingSize {
+		r.ring = append(r.ring, line)
+	} else {
+		r.ring[r.next] = line
+	}
+	r.next = (r.next + 1) % auditRingSize
+	if r.byKind == nil {
+		r.byKind = map[string][]byte{}
+	}
+	r.byKind[kind] = line
+}
+
+// newest returns up to n records, newest first.
+func (r *recentAudit) newest(n int) []AuditRecord {
+	r.mu.Lock()
+	lines := make([][]byte, 0, min(n, len(r.ring)))
+	for i := 1; i <= len(r.ring) && len(lines) < n; i++ {
+		lines = append(lines, r.ring[(r.next-i+len(r.ring))%len(r.ring)])
+	}
+	r.mu.Unlock()
+	out := make([]AuditRecord, 0, len(lines))
+	for _, l := range lines {
+		var rec AuditRecord
+		if json.Unmarshal(l, &rec) == nil {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+// last returns the newest record of kind.
+func (r *recentAudit) last(kind string) (AuditRecord, bool) {
+	r.mu.Lock()
+	l := r.byKind[kind]
+	r.mu.Unlock()
+	var rec AuditRecord
+	if l == nil || json.Unmarshal(l, &rec) != nil {
+		return AuditRecord{}, false
+	}
+	return rec, true
+}
+
+// Recent returns up to n of the newest audit records, newest first (at
+// most 64 are kept), from memory. Nil before the audit log is attached.
+func (r *Recorder) Recent(n int) []AuditRecord {
+	a := r.audit.Load()
+	if a == nil {
+		return nil
+	}
+	return a.recent.newest(n)
+}
+
+// Last returns the newest audit record of kind written by this process,
+// however many other records came after it.
+func (r *Recorder) Last(kind string) (AuditRecord, bool) {
+	a := r.audit.Load()
+	if a == nil {
+		return AuditRecord{}, false
+	}
+	return a.recent.last(kind)
+}
