@@ -51,6 +51,10 @@ func (s *Server) pageRoutes(mux *http.ServeMux) {
 	mux.Handle("GET /{$}", pageHeaders(s.requirePageToken(http.HandlerFunc(s.handlePage))))
 	mux.Handle("GET /v1/status", pageHeaders(s.requirePageToken(http.HandlerFunc(s.handleStatus))))
 	// The stylesheet and the script hold no data: open like the probes.
+	// Browsers ask for one: no icon, and no 404 in the console.
+	mux.Handle("GET /favicon.ico", pageHeaders(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	})))
 	for _, name := range []string{"status.css", "status.js"} {
 		mux.Handle("GET /static/"+name, pageHeaders(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			http.ServeFileFS(w, r, staticFS, "static/"+name)
