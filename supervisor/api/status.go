@@ -119,8 +119,7 @@ const (
 // sampler.
 type statusState struct {
 	mu       sync.Mutex
-	ckptID   string // the newest checkpoint the cache describes
-	ckptAt   time.Time
+	ckptAt   time.Time // when ckpt was read
 	ckpt     CheckpointStatus
 	segments int
 	walBytes int64
@@ -132,6 +131,8 @@ type statusState struct {
 
 	lastAppends float64
 	lastAt      time.Time
+
+	kick chan struct{} // asks the sampler to list the checkpoints; nil: not running
 
 	once     sync.Once
 	stopOnce sync.Once
@@ -151,7 +152,7 @@ func (s *Server) FullStatus(now time.Time) Status {
 	}
 	st.RecentRestarts = d.RecentRestarts
 	st.WAL = &WALStatus{LastSequence: st.LastWALSequence, DurableSequence: st.DurableWALSequence}
-	st.WAL.Segments, st.WAL.SizeBytes = s.walSize(d.WALDir, now)
+	st.WAL.Segments, st.WAL.SizeBytes = s.walSize(d.WALDir)
 	ck := s.checkpoints(st.NewestCheckpoint, now)
 	st.Checkpoints = &ck
 	st.Requests = s.requests.counts(now)
@@ -187,20 +188,40 @@ func decisionOf(rec observe.AuditRecord) *EvolutionDecision {
 	return d
 }
 
-// checkpoints describes the store, read again when the newest checkpoint
-// changes or every ckptRefresh (a listing reads the directory).
+// checkpoints describes the store from the cache. The directory is read
+// on the sampler's goroutine, never on a request's: when the newest
+// checkpoint changed, or every ckptRefresh, the sampler is asked to read it
+// again (the cache's Newest says which checkpoint it describes). Before the
+// sampler runs (no listener yet), it is read here.
 func (s *Server) checkpoints(newest string, now time.Time) CheckpointStatus {
 	ss := &s.status
 	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.ckptAt.IsZero() || ss.ckptID != newest || now.Sub(ss.ckptAt) >= ckptRefresh {
-		ss.ckptID, ss.ckptAt = newest, now
-		ss.ckpt = s.listCheckpoints(newest)
-	}
+	running, first := ss.kick != nil, ss.ckptAt.IsZero()
+	stale := first || ss.ckpt.Newest != newest || now.Sub(ss.ckptAt) >= ckptRefresh
 	c := ss.ckpt
+	ss.mu.Unlock()
+	if stale && running {
+		select {
+		case ss.kick <- struct{}{}:
+		default:
+		}
+	}
+	if stale && (!running || first) {
+		c = s.refreshCheckpoints(now)
+	}
 	if !c.Created.IsZero() {
 		c.AgeSeconds = max(0, now.Sub(c.Created).Seconds())
 	}
+	return c
+}
+
+// refreshCheckpoints lists the store into the cache.
+func (s *Server) refreshCheckpoints(now time.Time) CheckpointStatus {
+	c := s.listCheckpoints(s.owner.Status().NewestCheckpoint)
+	ss := &s.status
+	ss.mu.Lock()
+	ss.ckpt, ss.ckptAt = c, now
+	ss.mu.Unlock()
 	return c
 }
 
@@ -223,27 +244,39 @@ func (s *Server) listCheckpoints(newest string) CheckpointStatus {
 	return c
 }
 
-// walSize counts the WAL's segment files and their bytes, read again at
-// most every sampleEvery.
-func (s *Server) walSize(dir string, now time.Time) (int, int64) {
+// walSize is the WAL's segment count and bytes from the cache, read by the
+// sampler every sampleEvery (here, before the sampler has read it).
+func (s *Server) walSize(dir string) (int, int64) {
 	ss := &s.status
 	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if dir != "" && (ss.walAt.IsZero() || now.Sub(ss.walAt) >= sampleEvery) {
-		ss.walAt = now
-		ss.segments, ss.walBytes = 0, 0
+	done, n, size := !ss.walAt.IsZero(), ss.segments, ss.walBytes
+	ss.mu.Unlock()
+	if !done {
+		n, size = s.scanWAL(dir, time.Now())
+	}
+	return n, size
+}
+
+// scanWAL counts the WAL's segment files and their bytes into the cache.
+func (s *Server) scanWAL(dir string, now time.Time) (int, int64) {
+	n, size := 0, int64(0)
+	if dir != "" {
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
 			if !e.Type().IsRegular() || !strings.HasSuffix(e.Name(), ".wal") {
 				continue
 			}
 			if fi, err := e.Info(); err == nil {
-				ss.segments++
-				ss.walBytes += fi.Size()
+				n++
+				size += fi.Size()
 			}
 		}
 	}
-	return ss.segments, ss.walBytes
+	ss := &s.status
+	ss.mu.Lock()
+	ss.segments, ss.walBytes, ss.walAt = n, size, now
+	ss.mu.Unlock()
+	return n, size
 }
 
 // counts counts the requests held, by status.
@@ -280,6 +313,10 @@ func (s *Server) startSampler() {
 	ss := &s.status
 	ss.once.Do(func() {
 		ss.stop, ss.done = make(chan struct{}), make(chan struct{})
+		kick := make(chan struct{}, 1)
+		ss.mu.Lock()
+		ss.kick = kick
+		ss.mu.Unlock()
 		go func() {
 			defer close(ss.done)
 			t := time.NewTicker(sampleEvery)
@@ -289,6 +326,8 @@ func (s *Server) startSampler() {
 				select {
 				case <-ss.stop:
 					return
+				case <-kick:
+					s.refreshCheckpoints(time.Now())
 				case now := <-t.C:
 					s.sample(now)
 				}
@@ -309,6 +348,7 @@ func (s *Server) stopSampler() {
 // sample adds one point: WAL entries appended per second since the last
 // point, and the primary's heartbeat age now.
 func (s *Server) sample(now time.Time) {
+	s.scanWAL(s.owner.Details().WALDir, now)
 	appends := counterValue(s.opts.Metrics.WALAppends)
 	st := s.owner.Status()
 	hb := 0.0

@@ -18,6 +18,13 @@ type recentAudit struct {
 	ring   [][]byte // the newest records, oldest overwritten first
 	next   int      // where the next record goes in ring
 	byKind map[string][]byte
+	added  uint64 // records added so far
+
+	// The last newest() answer, decoded once and handed out again while
+	// no record came (a status page asks every 2 s).
+	cacheAt  uint64
+	cacheN   int
+	cacheOut []AuditRecord
 }
 
 // add remembers one encoded record line. The line is never changed after.
@@ -30,20 +37,25 @@ func (r *recentAudit) add(kind string, line []byte) {
 		r.ring[r.next] = line
 	}
 	r.next = (r.next + 1) % auditRingSize
+	r.added++
 	if r.byKind == nil {
 		r.byKind = map[string][]byte{}
 	}
 	r.byKind[kind] = line
 }
 
-// newest returns up to n records, newest first.
+// newest returns up to n records, newest first. The slice is shared:
+// callers must not change it.
 func (r *recentAudit) newest(n int) []AuditRecord {
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cacheOut != nil && r.cacheAt == r.added && r.cacheN == n {
+		return r.cacheOut
+	}
 	lines := make([][]byte, 0, min(n, len(r.ring)))
 	for i := 1; i <= len(r.ring) && len(lines) < n; i++ {
 		lines = append(lines, r.ring[(r.next-i+len(r.ring))%len(r.ring)])
 	}
-	r.mu.Unlock()
 	out := make([]AuditRecord, 0, len(lines))
 	for _, l := range lines {
 		var rec AuditRecord
@@ -51,6 +63,7 @@ func (r *recentAudit) newest(n int) []AuditRecord {
 			out = append(out, rec)
 		}
 	}
+	r.cacheAt, r.cacheN, r.cacheOut = r.added, n, out
 	return out
 }
 
@@ -68,6 +81,7 @@ func (r *recentAudit) last(kind string) (AuditRecord, bool) {
 
 // Recent returns up to n of the newest audit records, newest first (at
 // most 64 are kept), from memory. Nil before the audit log is attached.
+// The slice may be shared with other callers: do not change it.
 func (r *Recorder) Recent(n int) []AuditRecord {
 	a := r.audit.Load()
 	if a == nil {
