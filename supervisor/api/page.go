@@ -104,8 +104,17 @@ func (s *Server) tokenOK(tok string) bool {
 
 // GET /v1/status: FullStatus as JSON (docs/operations.md lists the fields).
 func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, http.StatusOK, s.FullStatus(time.Now()))
+	// Encoded whole first: one write with a Content-Length, not chunks.
+	var b bytes.Buffer
+	if err := json.NewEncoder(&b).Encode(s.FullStatus(time.Now())); err != nil {
+		http.Error(w, "encode the status: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	h := w.Header()
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(b.Len()))
+	_, _ = w.Write(b.Bytes())
 }
 
 // GET /: the page, rendered with the data it shows.
@@ -210,8 +219,9 @@ func fields(st Status) map[string]string {
 	}
 	if q := st.Requests; q != nil {
 		f["req_window"] = dur(q.WindowSeconds)
-		f["req_inflight"], f["req_answered"] = strconv.Itoa(q.InFlight), strconv.Itoa(q.Answered)
-		f["req_failed"], f["req_expired"] = strconv.Itoa(q.Failed+q.Dropped), strconv.Itoa(q.Expired)
+		// dropped: answered, the result dropped to stay within the budget.
+		f["req_inflight"], f["req_answered"] = strconv.Itoa(q.InFlight), strconv.Itoa(q.Answered+q.Dropped)
+		f["req_failed"], f["req_expired"] = strconv.Itoa(q.Failed), strconv.Itoa(q.Expired)
 	}
 	f["evo_current"], f["evo_decision"], f["evo_reason"], f["evo_target"], f["evo_time"] = "none", "—", "—", "—", "—"
 	if e := st.Evolution; e != nil {

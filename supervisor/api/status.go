@@ -1,6 +1,7 @@
 package api
 
 import (
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -371,8 +372,8 @@ func (s *Server) sample(now time.Time) {
 	// Appended to fresh arrays when full, so a copy handed out is never
 	// written again.
 	ss.times = append(ss.times[:len(ss.times):len(ss.times)], now)
-	ss.entries = append(ss.entries[:len(ss.entries):len(ss.entries)], rate)
-	ss.hbAge = append(ss.hbAge[:len(ss.hbAge):len(ss.hbAge)], hb)
+	ss.entries = append(ss.entries[:len(ss.entries):len(ss.entries)], round2(rate))
+	ss.hbAge = append(ss.hbAge[:len(ss.hbAge):len(ss.hbAge)], round2(hb))
 }
 
 // history is the sampler's points.
@@ -389,6 +390,10 @@ func (s *Server) history() *History {
 	}
 	return h
 }
+
+// round2 keeps two decimals: the sparklines need no more, and the JSON
+// stays short.
+func round2(v float64) float64 { return math.Round(v*100) / 100 }
 
 func counterValue(c interface{ Write(*dto.Metric) error }) float64 {
 	if c == nil {

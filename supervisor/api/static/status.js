@@ -49,7 +49,7 @@
     const r = st.replica;
     if (r) Object.assign(f, { rep_state: r.state + ' — ' + r.url, rep_lag: r.lag_entries + ' entries, ' + num(r.lag_seconds) + ' s', rep_last: stamp(r.last_success), rep_error: or(r.last_error) });
     const q = st.requests;
-    if (q) Object.assign(f, { req_window: dur(q.window_seconds), req_inflight: String(q.in_flight), req_answered: String(q.answered), req_failed: String(q.failed + q.dropped), req_expired: String(q.expired) });
+    if (q) Object.assign(f, { req_window: dur(q.window_seconds), req_inflight: String(q.in_flight), req_answered: String(q.answered + q.dropped), req_failed: String(q.failed), req_expired: String(q.expired) });
     Object.assign(f, { evo_current: 'none', evo_decision: '—', evo_reason: '—', evo_target: '—', evo_time: '—' });
     const e = st.evolution;
     if (e && e.current) f.evo_current = 'testing ' + e.current.target + ' (trial ' + e.current.trial + ', since ' + stamp(e.current.started) + ')';
