@@ -100,16 +100,16 @@ type Status struct {
 
 	// The status page's details (status.go; docs/operations.md lists
 	// them): absent when not known, e.g. with no supervisor running.
-	GeneratedAt             time.Time             `json:"generated_at,omitzero"`
-	HeartbeatAgeSeconds     float64               `json:"heartbeat_age_seconds,omitempty"`
-	HeartbeatTimeoutSeconds float64               `json:"heartbeat_timeout_seconds,omitempty"`
-	RecentRestarts          []RestartRecord       `json:"recent_restarts,omitempty"`
-	WAL                     *WALStatus            `json:"wal,omitempty"`
-	Checkpoints             *CheckpointStatus     `json:"checkpoints,omitempty"`
-	Requests                *RequestCounts        `json:"requests,omitempty"`
-	Evolution               *EvolutionStatus      `json:"evolution,omitempty"`
-	Audit                   []observe.AuditRecord `json:"audit,omitempty"`
-	History                 *History              `json:"history,omitempty"`
+	GeneratedAt             time.Time            `json:"generated_at,omitzero"`
+	HeartbeatAgeSeconds     float64              `json:"heartbeat_age_seconds,omitempty"`
+	HeartbeatTimeoutSeconds float64              `json:"heartbeat_timeout_seconds,omitempty"`
+	RecentRestarts          []RestartRecord      `json:"recent_restarts,omitempty"`
+	WAL                     *WALStatus           `json:"wal,omitempty"`
+	Checkpoints             *CheckpointStatus    `json:"checkpoints,omitempty"`
+	Requests                *RequestCounts       `json:"requests,omitempty"`
+	Evolution               *EvolutionStatus     `json:"evolution,omitempty"`
+	Audit                   observe.AuditRecords `json:"audit,omitzero"`
+	History                 *History             `json:"history,omitempty"`
 }
 
 // PendingRestore is a restore point not yet delivered.

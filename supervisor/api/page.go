@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/agent-sidecar/supervisor/internal/clip"
@@ -102,11 +103,20 @@ func (s *Server) tokenOK(tok string) bool {
 	return subtle.ConstantTimeCompare(sum[:], s.tokenHash) == 1
 }
 
+// statusBufs hold encoded statuses between requests.
+var statusBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
 // GET /v1/status: FullStatus as JSON (docs/operations.md lists the fields).
 func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 	// Encoded whole first: one write with a Content-Length, not chunks.
-	var b bytes.Buffer
-	if err := json.NewEncoder(&b).Encode(s.FullStatus(time.Now())); err != nil {
+	b := statusBufs.Get().(*bytes.Buffer)
+	defer func() {
+		if b.Cap() <= 1<<20 {
+			b.Reset()
+			statusBufs.Put(b)
+		}
+	}()
+	if err := json.NewEncoder(b).Encode(s.FullStatus(time.Now())); err != nil {
 		http.Error(w, "encode the status: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
@@ -157,7 +167,7 @@ func pageData(st Status) page {
 		rs = append(rs, st.RecentRestarts[i])
 	}
 	p.Restarts = rs
-	for _, a := range st.Audit {
+	for _, a := range st.Audit.Records {
 		p.Audit = append(p.Audit, auditRow{Time: stamp(a.Time), Kind: a.Kind, Fields: fieldsText(a.Fields)})
 	}
 	if e := st.Evolution; e != nil && e.Last != nil {
