@@ -110,7 +110,14 @@ func TestStatusPageInBrowser(t *testing.T) {
 		}
 		return v
 	}
-	if err := chromedp.Do(ctx, chromedp.Navigate(s.url("/")), chromedp.WaitVisible(chromedp.ID("state"))); err != nil {
+	resp, err := chromedp.Run(ctx, chromedp.NavigateResponse(s.url("/")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Status != 200 {
+		t.Fatalf("the browser got %d for / (%s)", resp.Status, resp.StatusText)
+	}
+	if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.ID("state"))); err != nil {
 		t.Fatal(err)
 	}
 	if got := text("state"); got != "running" {
