@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"path/filepath"
 	"time"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
@@ -65,6 +66,26 @@ func (o apiOwner) Target() (primary, shadow api.Agent, trial string) {
 
 func (o apiOwner) CheckpointMeta(id string) (checkpoint.Meta, error) {
 	return o.s.st.Checkpoints().Stat(id)
+}
+
+func (o apiOwner) CheckpointList() ([]checkpoint.Meta, error) {
+	if o.s.st == nil {
+		return nil, nil
+	}
+	return o.s.st.Checkpoints().List()
+}
+
+// Details: the published view's restarts and trial, and what never changes.
+func (o apiOwner) Details() api.Details {
+	v := o.s.current()
+	d := api.Details{RecentRestarts: v.restarts, HeartbeatTimeout: o.s.cfg.HeartbeatTimeout,
+		WALDir: filepath.Join(o.s.cfg.DataDir, "wal"), Recorder: o.s.rec}
+	if t := v.trial; t != nil {
+		// Fields set before the trial was published, never changed after.
+		d.Trial = &api.EvolutionTrial{ID: t.id, Target: t.intent.Target, Reason: t.intent.Reason,
+			Started: t.started.UTC(), BackupCheckpointID: t.backup.ID}
+	}
+	return d
 }
 
 func (o apiOwner) Control(ctx context.Context, req api.ControlRequest, meta checkpoint.Meta) api.ControlResponse {

@@ -4,6 +4,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/agent-sidecar/supervisor/supervisor/api"
 	"github.com/agent-sidecar/supervisor/supervisor/conn"
 )
 
@@ -20,7 +21,14 @@ type view struct {
 	failed bool
 	// walFailed: the WAL stopped and is not reopened yet; /readyz fails.
 	walFailed bool
+	// restarts: the newest restarts, oldest first, at most maxRecentRestarts
+	// (the status page); never changed once published.
+	restarts []api.RestartRecord
+	lastPID  int // the newest agent pid, kept after it exits
 }
+
+// maxRecentRestarts bounds the restarts a view carries.
+const maxRecentRestarts = 20
 
 // publish makes the owner's current state visible to other goroutines.
 // Owner only.
@@ -31,6 +39,18 @@ func (s *Supervisor) publish() {
 	}
 	if p := s.lc.pendingPoint; p != nil {
 		v.status.PendingRestore = &PendingRestore{CheckpointID: p.CheckpointID, NoWAL: p.NoWAL}
+	}
+	v.lastPID = v.status.PID
+	if prev := s.pub.Load(); prev != nil {
+		v.restarts = prev.restarts
+		if v.lastPID == 0 {
+			v.lastPID = prev.lastPID
+		}
+		if v.status.Restarts > prev.status.Restarts {
+			r := api.RestartRecord{Time: time.Now().UTC(), Reason: v.status.LastRestartReason, Restarts: v.status.Restarts, PID: prev.lastPID}
+			keep := prev.restarts[max(0, len(prev.restarts)-maxRecentRestarts+1):]
+			v.restarts = append(append(make([]api.RestartRecord, 0, len(keep)+1), keep...), r)
+		}
 	}
 	s.pub.Store(v)
 }

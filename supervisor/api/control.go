@@ -18,6 +18,7 @@ import (
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/internal/clip"
 	"github.com/agent-sidecar/supervisor/replica"
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"golang.org/x/sys/unix"
 )
 
@@ -96,6 +97,19 @@ type Status struct {
 	Diagnosis string `json:"diagnosis,omitempty"`
 	// Replica is the replica's state (--replica), nil when off.
 	Replica *replica.Status `json:"replica,omitempty"`
+
+	// The status page's details (status.go; docs/operations.md lists
+	// them): absent when not known, e.g. with no supervisor running.
+	GeneratedAt             time.Time            `json:"generated_at,omitzero"`
+	HeartbeatAgeSeconds     float64              `json:"heartbeat_age_seconds,omitempty"`
+	HeartbeatTimeoutSeconds float64              `json:"heartbeat_timeout_seconds,omitempty"`
+	RecentRestarts          []RestartRecord      `json:"recent_restarts,omitempty"`
+	WAL                     *WALStatus           `json:"wal,omitempty"`
+	Checkpoints             *CheckpointStatus    `json:"checkpoints,omitempty"`
+	Requests                *RequestCounts       `json:"requests,omitempty"`
+	Evolution               *EvolutionStatus     `json:"evolution,omitempty"`
+	Audit                   observe.AuditRecords `json:"audit,omitzero"`
+	History                 *History             `json:"history,omitempty"`
 }
 
 // PendingRestore is a restore point not yet delivered.
@@ -135,6 +149,8 @@ func ListenControl(dataDir string) (net.Listener, error) {
 // ServeControl answers control connections on ln until ctx is done or the
 // listener closes; every connection goroutine has exited when it returns.
 func (s *Server) ServeControl(ctx context.Context, ln net.Listener) {
+	s.startSampler() // the status's history, with or without HTTP
+	defer s.stopSampler()
 	var conns sync.WaitGroup
 	defer conns.Wait()
 	go func() { <-ctx.Done(); ln.Close() }()
@@ -174,6 +190,13 @@ func (s *Server) serveControlConn(ctx context.Context, conn *net.UnixConn) {
 	var req ControlRequest
 	if err := json.Unmarshal(line, &req); err != nil {
 		respond(ControlResponse{Error: "request is not valid JSON: " + err.Error()})
+		return
+	}
+	if req.Op == OpStatus {
+		// Read from published snapshots, never through the owner loop:
+		// the same object as GET /v1/status.
+		st := s.FullStatus(time.Now())
+		respond(ControlResponse{OK: true, Status: &st})
 		return
 	}
 	var meta checkpoint.Meta

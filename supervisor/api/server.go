@@ -85,6 +85,11 @@ type Owner interface {
 	Target() (primary, shadow Agent, trial string)
 	// CheckpointMeta reads a checkpoint's header (an operator's restore).
 	CheckpointMeta(id string) (checkpoint.Meta, error)
+	// CheckpointList lists the checkpoints stored, newest first (the
+	// status page, now and then).
+	CheckpointList() ([]checkpoint.Meta, error)
+	// Details is what the status page shows beyond Status, published.
+	Details() Details
 	// Control hands a control request to the owner loop and waits for its
 	// answer, or for ctx.
 	Control(ctx context.Context, req ControlRequest, meta checkpoint.Meta) ControlResponse
@@ -124,6 +129,8 @@ type Server struct {
 	waits            *waitLimiter // POST /v1/requests?wait= in progress
 	waitsRefused     prometheus.Counter
 	evictions        *prometheus.CounterVec
+
+	status statusState // the status page's caches and sampler (status.go)
 }
 
 // New builds the API. A bad token file is an error (ErrConfig-wrapped by
@@ -160,6 +167,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.srv.ConnState = pool.connState
 	s.opts.Log.Info("HTTP listener up", "addr", ln.Addr().String(), "max_connections", s.general+s.reserve,
 		"reserved_for_probes", s.reserve, "max_waits", s.waits.total, "max_waits_per_client", s.waits.perClient)
+	s.startSampler()
 	return serve(s.srv, pool)
 }
 
@@ -189,6 +197,7 @@ func (s *Server) Shutdown(ctx context.Context) {
 	wg.Go(func() { _ = s.probeSrv.Shutdown(ctx) })
 	_ = s.srv.Shutdown(ctx)
 	wg.Wait()
+	s.stopSampler()
 }
 
 // Requests is the request table's view for the owner's result sink.

@@ -73,6 +73,8 @@ type AuditLog struct {
 	done     chan struct{} // the writer has exited
 	onDrop   func()        // counts a dropped record (Metrics); may be nil
 	onError  func(error)   // reports a failed write (logs); may be nil
+
+	recent recentAudit // the newest records, for the status page
 }
 
 // Bounds of the audit queue while the disk does not keep up.
@@ -208,6 +210,7 @@ func (a *AuditLog) Record(kind string, fields map[string]any) error {
 	if err != nil {
 		return err
 	}
+	a.recent.add(kind, b)
 	a.qmu.Lock()
 	defer a.qmu.Unlock()
 	if a.closed {

@@ -1,0 +1,104 @@
+package api
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
+)
+
+// pageOwner is an Owner for the status page's tests: a running agent,
+// twenty checkpoint records in the audit ring.
+type pageOwner struct {
+	rec *observe.Recorder
+	dir string
+}
+
+func (o pageOwner) Status() Status {
+	now := time.Now()
+	return Status{Running: true, SupervisorPID: 1, State: "running", PID: 42, Incarnation: 2, AgentStartedAt: now.Add(-time.Minute),
+		UptimeSeconds: 60, LastHeartbeat: now.Add(-300 * time.Millisecond), Restarts: 1, LastRestartReason: "killed",
+		NewestCheckpoint: "01a21f93-5b65-74e2-9c72-e74bf5602ce1", LastWALSequence: 123456, DurableWALSequence: 123400}
+}
+func (pageOwner) Health(time.Time) (bool, bool, time.Duration, time.Duration) {
+	return false, false, 0, 0
+}
+func (o pageOwner) Readiness() (bool, string, Status)            { return true, "", o.Status() }
+func (pageOwner) Target() (Agent, Agent, string)                 { return nil, nil, "" }
+func (pageOwner) CheckpointMeta(string) (checkpoint.Meta, error) { return checkpoint.Meta{}, nil }
+func (pageOwner) CheckpointList() ([]checkpoint.Meta, error) {
+	return []checkpoint.Meta{{ID: "01a21f93-5b65-74e2-9c72-e74bf5602ce1", Watermark: 123000, Size: 80 << 10, StoredSize: 20 << 10, Created: time.Now()}}, nil
+}
+func (o pageOwner) Details() Details {
+	return Details{HeartbeatTimeout: 5 * time.Second, WALDir: o.dir, Recorder: o.rec,
+		RecentRestarts: []RestartRecord{{Time: time.Now(), Reason: "killed", Restarts: 1, PID: 41}}}
+}
+func (pageOwner) Control(context.Context, ControlRequest, checkpoint.Meta) ControlResponse {
+	return ControlResponse{}
+}
+
+func newPageServer(tb testing.TB) *Server {
+	tb.Helper()
+	a, err := observe.OpenAudit(filepath.Join(tb.TempDir(), "audit.jsonl"), nil, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { a.Close() })
+	rec := observe.NewRecorder(slog.New(slog.DiscardHandler))
+	rec.AttachAudit(a)
+	for i := range 30 {
+		rec.Audit(observe.AuditCheckpoint, map[string]any{"checkpoint_id": "01a21f93-5b65-74e2-9c72-e74bf5602ce1", "checksum": "crc32c:fae484c0",
+			"pruned": []string{"01a21f93-4af8-7841-ad86-11225882beec"}, "size": 82242 + i, "stored_size": 20567, "watermark": 524})
+	}
+	rec.Audit(observe.AuditEvolution, map[string]any{"decision": "rejected", "reason": "<script>alert(1)</script>", "target": "memory", "metrics": map[string]float64{"p95_latency_ms": 12}})
+	met := observe.NewMetrics(func() float64 { return 0 }, func() float64 { return 0 })
+	s, err := New(Options{Log: slog.New(slog.DiscardHandler), Metrics: met, Bounds: observe.NewBoundsMetrics(met.Reg, nil), Retention: time.Minute},
+		pageOwner{rec: rec, dir: tb.TempDir()})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for i := range samplePoints {
+		s.sample(time.Now().Add(time.Duration(i-samplePoints) * sampleEvery))
+	}
+	return s
+}
+
+// The page escapes the agent's text and carries the security headers.
+func TestStatusPageRenders(t *testing.T) {
+	s := newPageServer(t)
+	rw := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rw, httptest.NewRequest("GET", "/", nil))
+	body := rw.Body.String()
+	if rw.Code != 200 || rw.Header().Get("Content-Security-Policy") != "default-src 'self'" || rw.Header().Get("X-Content-Type-Options") != "nosniff" {
+		t.Fatalf("GET /: %d %v", rw.Code, rw.Header())
+	}
+	if strings.Contains(body, "<script>alert") || !strings.Contains(body, "&lt;script&gt;alert(1)&lt;/script&gt;") {
+		t.Error("the evolution's reason is not escaped")
+	}
+	if !strings.Contains(body, `id="pid">42<`) || !strings.Contains(body, `id="heartbeat">0.3s ago<`) {
+		t.Errorf("GET / does not render pid and heartbeat:\n%s", body)
+	}
+}
+
+// BenchmarkStatusHandler is GET /v1/status's server-side cost: twenty audit
+// records, a full sample ring.
+func BenchmarkStatusHandler(b *testing.B) {
+	s := newPageServer(b)
+	h := s.Handler()
+	req := httptest.NewRequest("GET", "/v1/status", nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		rw := httptest.NewRecorder()
+		h.ServeHTTP(rw, req)
+		if rw.Code != http.StatusOK {
+			b.Fatal(rw.Code)
+		}
+	}
+}
