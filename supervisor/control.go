@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/internal/clip"
 	"github.com/agent-sidecar/supervisor/supervisor/durable"
 )
 
@@ -22,7 +23,7 @@ type controlCall struct {
 func (s *Supervisor) handleControl(call controlCall) ControlResponse {
 	req, reply := call.req, call.reply
 	switch req.Op {
-	case OpStatus:
+	case OpStatus: // the API answers it from the published view; the loop still can (tests)
 		st := s.Status()
 		return ControlResponse{OK: true, Status: &st}
 	case OpRestore:
@@ -53,6 +54,6 @@ func (s *Supervisor) handleControl(call controlCall) ControlResponse {
 		s.stopInstance(in, reasonOperatorRestore)
 		return ControlResponse{} // answered when the restore has been sent
 	default:
-		return ControlResponse{Error: fmt.Sprintf("unknown operation %q (want %s or %s)", req.Op, OpStatus, OpRestore)}
+		return ControlResponse{Error: fmt.Sprintf("unknown operation %q (want %s or %s)", clip.String(req.Op, 64), OpStatus, OpRestore)}
 	}
 }
