@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/agent-sidecar/supervisor/internal/clip"
@@ -103,28 +102,41 @@ func (s *Server) tokenOK(tok string) bool {
 	return subtle.ConstantTimeCompare(sum[:], s.tokenHash) == 1
 }
 
-// statusBufs hold encoded statuses between requests.
-var statusBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+// statusCacheFor is how long GET /v1/status serves the body it last
+// encoded (generated_at says when that was): the page refreshes every 2 s,
+// and many pollers cost one encoding a second.
+const statusCacheFor = time.Second
 
 // GET /v1/status: FullStatus as JSON (docs/operations.md lists the fields).
 func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
-	// Encoded whole first: one write with a Content-Length, not chunks.
-	b := statusBufs.Get().(*bytes.Buffer)
-	defer func() {
-		if b.Cap() <= 1<<20 {
-			b.Reset()
-			statusBufs.Put(b)
-		}
-	}()
-	if err := json.NewEncoder(b).Encode(s.FullStatus(time.Now())); err != nil {
+	body, err := s.statusBody(time.Now())
+	if err != nil {
 		http.Error(w, "encode the status: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
 	h := w.Header()
 	h.Set("Cache-Control", "no-store")
 	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(b.Len()))
-	_, _ = w.Write(b.Bytes())
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	_, _ = w.Write(body)
+}
+
+// statusBody returns the encoded status, at most statusCacheFor old. The
+// body returned is never changed afterwards (a new one replaces it).
+func (s *Server) statusBody(now time.Time) ([]byte, error) {
+	c := &s.status
+	c.bodyMu.Lock()
+	defer c.bodyMu.Unlock()
+	if c.body != nil && now.Sub(c.bodyAt) < statusCacheFor && !now.Before(c.bodyAt) {
+		return c.body, nil
+	}
+	// Encoded whole: one write with a Content-Length, not chunks.
+	var b bytes.Buffer
+	if err := json.NewEncoder(&b).Encode(s.FullStatus(now)); err != nil {
+		return nil, err
+	}
+	c.body, c.bodyAt = b.Bytes(), now
+	return c.body, nil
 }
 
 // GET /: the page, rendered with the data it shows.

@@ -135,6 +135,12 @@ type statusState struct {
 
 	kick chan struct{} // asks the sampler to list the checkpoints; nil: not running
 
+	// The last GET /v1/status body, served again for statusCacheFor: under
+	// many pollers the status is encoded once, and a request costs a write.
+	bodyMu sync.Mutex
+	body   []byte
+	bodyAt time.Time
+
 	once     sync.Once
 	stopOnce sync.Once
 	stop     chan struct{}
