@@ -241,7 +241,9 @@ func TestVersionFromBuildInfo(t *testing.T) {
 			}
 			return os.MkdirAll(filepath.Join(repo, rel), 0o755)
 		}
-		if !strings.HasSuffix(path, ".go") && rel != "go.mod" && rel != "go.sum" {
+		// Go sources, and the files they embed (the status page's).
+		embedded := filepath.Base(filepath.Dir(path)) == "static"
+		if !strings.HasSuffix(path, ".go") && rel != "go.mod" && rel != "go.sum" && !embedded {
 			return nil
 		}
 		b, err := os.ReadFile(path)
