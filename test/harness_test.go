@@ -106,13 +106,14 @@ type supOpts struct {
 }
 
 type sup struct {
-	t       testing.TB
-	cmd     *exec.Cmd
-	dataDir string
-	events  string
-	out     *syncBuffer
-	done    chan struct{}
-	code    int
+	t        testing.TB
+	cmd      *exec.Cmd
+	dataDir  string
+	events   string
+	out      *syncBuffer
+	done     chan struct{}
+	code     int
+	exitedAt time.Time // when its exit was seen (set before done is closed)
 
 	addrMu sync.Mutex
 	addr   string // the HTTP address the supervisor bound, once read
@@ -168,6 +169,7 @@ func startSup(t testing.TB, o supOpts) *sup {
 	go func() {
 		_ = s.cmd.Wait()
 		s.code = s.cmd.ProcessState.ExitCode()
+		s.exitedAt = time.Now()
 		close(s.done)
 	}()
 	t.Cleanup(func() {

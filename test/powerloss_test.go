@@ -419,8 +419,8 @@ func (pl *plRun) round(r int, seed uint64) {
 		case <-time.After(2 * time.Second): // nothing is writing
 		}
 	}
+	cut := time.Now() // taken first: an exit seen after it may be the cut's doing
 	fsys.Cut()
-	cut := time.Now()
 	killSupervisor(t, s)
 	pl.cuts = append(pl.cuts, [2]int64{cut.UnixNano(), time.Now().UnixNano()})
 	if err := fsys.PowerOff(pl.disk); err != nil {
@@ -528,6 +528,12 @@ func exitedOnItsOwn(s *sup, cut time.Time) (int, bool) {
 		return 0, false
 	}
 	if s.code == -1 { // killed by our SIGKILL
+		return 0, false
+	}
+	// Its exit was seen after the cut: it may have met the cut's I/O errors
+	// (EIO from every write and fsync) before our SIGKILL landed. That is
+	// the power cut's doing, not the supervisor's.
+	if !s.exitedAt.Before(cut) {
 		return 0, false
 	}
 	return s.code, true
