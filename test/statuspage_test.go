@@ -53,12 +53,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	// The hostileText target is in the audit log before the page opens: the
 	// server-rendered HTML escapes it; the refreshes escape it again.
 	waitFor(t, 30*time.Second, "the evolution decision in the audit log", func() bool {
-		for _, r := range auditRecords(t, s.dataDir) {
-			if r["kind"] == "evolution_decided" {
-				return true
-			}
-		}
-		return false
+		return auditKinds(t, s.dataDir)["evolution_decided"] > 0
 	})
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(bin), chromedp.NoSandbox, chromedp.WindowSize(1100, 1500))
@@ -194,12 +189,7 @@ func TestStatusPageServedAndJSON(t *testing.T) {
 		"--evolve-after", "200ms", "--evolve-target", hostileText}, noEvents: true})
 	s.waitReady()
 	waitFor(t, 30*time.Second, "the evolution decision in the audit log", func() bool {
-		for _, r := range auditRecords(t, s.dataDir) {
-			if r["kind"] == "evolution_decided" {
-				return true
-			}
-		}
-		return false
+		return auditKinds(t, s.dataDir)["evolution_decided"] > 0
 	})
 	resp, err := http.Get(s.url("/"))
 	if err != nil {

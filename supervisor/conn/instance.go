@@ -292,8 +292,7 @@ func (in *Instance) SendRestore(head []byte, tail Tail) bool {
 	if tail != nil {
 		size += tail.Size()
 	}
-	in.met.Frames.WithLabelValues("out", schema.TypeRestore).Inc()
-	in.met.FrameBytes.WithLabelValues("out").Add(float64(size))
+	in.countOut(schema.TypeRestore, size)
 	in.restoreQueuedAt.Store(time.Now().UnixNano())
 	return true
 }
@@ -344,7 +343,7 @@ func (in *Instance) SendRequest(frame []byte) bool {
 	if !in.send(OutFrame{Head: frame}, RequestShare) {
 		return false
 	}
-	in.countOut(schema.TypeProcessRequest, frame)
+	in.countOut(schema.TypeProcessRequest, int64(len(frame)))
 	return true
 }
 
@@ -373,13 +372,14 @@ func (in *Instance) SendFrame(typ string, b []byte) bool {
 	if !in.Send(b) {
 		return false
 	}
-	in.countOut(typ, b)
+	in.countOut(typ, int64(len(b)))
 	return true
 }
 
-func (in *Instance) countOut(typ string, b []byte) {
+// countOut counts a frame of size bytes queued for the agent.
+func (in *Instance) countOut(typ string, size int64) {
 	in.met.Frames.WithLabelValues("out", typ).Inc()
-	in.met.FrameBytes.WithLabelValues("out").Add(float64(len(b)))
+	in.met.FrameBytes.WithLabelValues("out").Add(float64(size))
 }
 
 // closeOutbound stops the writer after it has written what is queued (or
