@@ -26,6 +26,9 @@ type faultOps struct {
 	// wrote half, as os.File.WriteAt does when a pwrite wrote part of the
 	// data and the next one failed.
 	reportZero bool
+	// afterWrite, when set, runs after each successful write (on the
+	// syncer goroutine).
+	afterWrite func()
 }
 
 var _ fileOps = (*faultOps)(nil)
@@ -60,7 +63,11 @@ func (f *faultOps) writeAt(file *os.File, p []byte, off int64) (int, error) {
 		}
 		return n, err
 	}
-	return file.WriteAt(p, off)
+	n, werr := file.WriteAt(p, off)
+	if werr == nil && f.afterWrite != nil {
+		f.afterWrite()
+	}
+	return n, werr
 }
 
 func (f *faultOps) datasync(file *os.File) error {

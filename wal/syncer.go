@@ -248,7 +248,7 @@ func (l *Log) drain(force, syncAll bool) error {
 			return fe
 		}
 		s.queue = append(s.queue, l.takePendingLocked()...)
-		waiters := l.waiters > 0
+		waiters := l.waiters > 0 || l.wanted > l.durable
 		l.mu.Unlock()
 		did := false
 		if len(s.queue) > 0 {
@@ -361,6 +361,17 @@ func (l *Log) publishMeta(seg segment, durable bool) {
 	if durable {
 		l.durable = l.readable
 	}
+	if !durable || !l.watched.Load() {
+		l.publishLocked()
+		l.mu.Unlock()
+		return
+	}
+	d := l.durable
+	l.mu.Unlock()
+	// The watchers first (an ack written from here, no hand-off), then the
+	// waiters.
+	l.callWatchers(d, nil)
+	l.mu.Lock()
 	l.publishLocked()
 	l.mu.Unlock()
 }
@@ -492,6 +503,7 @@ func (l *Log) failed(err error) error {
 	l.mu.Unlock()
 	l.release(drop...)
 	if fe != nil {
+		l.callWatchers(fe.Durable, fe)
 		l.log.Error("WAL stopped after a failed write or fsync: the entries not yet durable are not in the log; reopen the log and restore the agent from it",
 			"err", err, "first_failed_sequence", fe.First, "last_failed_sequence", fe.Last, "durable_sequence", fe.Durable)
 		if l.opts.OnFailure != nil {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agent-sidecar/supervisor/internal/atomicfile"
@@ -148,12 +149,18 @@ type Log struct {
 	abortGen   uint64       // bumped when SyncAlways drops entries whose Appends then fail
 	notify     chan struct{}
 	waiters    int
+	wanted     uint64        // the highest sequence a watcher asked to be durable soon (Hurry)
 	closed     bool          // Close was called: no more Appends
 	stopped    bool          // the syncer has exited
 	truncating chan struct{} // non-nil while TruncateAfter runs; Appends wait for it
 
 	segMu sync.RWMutex
 	segs  []segment // oldest first; the last one is the active segment
+
+	// watchMu is held by the syncer while it calls the watchers (watch.go).
+	watchMu  sync.Mutex
+	watchers []*watcher  // copied on change
+	watched  atomic.Bool // len(watchers) > 0
 
 	truncMu sync.Mutex // serializes TruncateBefore, TruncateAfter and Reopen
 	// reopenMu keeps ReadAfter (read-locked for its whole run) and Reopen

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"syscall"
 )
 
 const (
@@ -193,6 +194,9 @@ type Writer struct {
 	w   io.Writer
 	max int
 	err error // sticky: set when a write failed part-way
+
+	directOnce sync.Once
+	pipe       syscall.RawConn // w's descriptor when it is a non-blocking pipe (TryWriteFrame)
 }
 
 // NewWriter returns a Writer that refuses payloads above maxFrameSize bytes;

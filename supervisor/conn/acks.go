@@ -1,7 +1,6 @@
 package conn
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -14,111 +13,107 @@ import (
 // carry ack: true with wal_ack once every entry up to the asked sequence is
 // durable (docs/protocol.md, "Extensions").
 //
-// The frame reader only records what was asked (asked never blocks); one
-// goroutine per instance, started by the first ask, waits on the WAL's
-// durable sequence and sends one cumulative ack for everything that became
-// durable. Under group commit many asks are answered by one fsync and one
-// ack. The goroutine is owned by the instance: finish stops it and waits.
+// The frame reader only records what was asked (AckWhenDurable never
+// blocks). The ack is sent by the WAL's syncer goroutine itself, from a
+// watcher (wal.Log.Watch) that runs right after each fsync: one cumulative
+// ack for everything that became durable, written straight into the
+// agent's pipe when nothing else is queued for it (Instance.sendSmall), else
+// queued behind what is. No goroutine is woken between the fsync and the
+// pipe: that hand-off (and the thread wake-up it costs on an idle machine)
+// is what kept the round trip above the fsync floor (issue 31).
 type acks struct {
 	mu      sync.Mutex
 	log     *wal.Log // the WAL this instance appends to (the shadow's is scratch)
+	unwatch func()   // removes the watcher; nil until the first ask
 	lo, hi  uint64   // lowest and highest sequence asked and not yet acknowledged; 0: none
-	kick    chan struct{}
-	cancel  context.CancelFunc
-	done    chan struct{}
+	sent    uint64   // the highest sequence acknowledged
 	stopped bool
 }
 
-// ackWhenDurable records that the agent asked for a wal_ack covering seq,
+// AckWhenDurable records that the agent asked for a wal_ack covering seq,
 // an entry that l accepted (appended or skipped as a replay). It returns at
-// once; the ack is sent by the instance's acker.
+// once; the ack is sent when the entry is durable, by the WAL's syncer.
 func (in *Instance) AckWhenDurable(l *wal.Log, seq uint64) {
 	a := &in.acks
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.stopped {
+		a.mu.Unlock()
 		return
 	}
-	if a.done == nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		a.log, a.cancel = l, cancel
-		a.kick, a.done = make(chan struct{}, 1), make(chan struct{})
-		go in.ackLoop(ctx)
+	if a.unwatch == nil {
+		a.log = l
+		a.unwatch = l.Watch(in.durableAdvanced)
 	}
 	if a.lo == 0 || seq < a.lo {
 		a.lo = seq
 	}
 	a.hi = max(a.hi, seq)
-	select {
-	case a.kick <- struct{}{}:
-	default:
+	a.mu.Unlock()
+	// Ask for the fsync now (no batch window), then look once more: the
+	// fsync that covers seq may have run before the ask was recorded.
+	l.Hurry(seq)
+	if fe := l.Failure(); fe != nil {
+		in.durableAdvanced(fe.Durable, fe)
+	} else {
+		in.durableAdvanced(l.DurableSequence(), nil)
 	}
 }
 
-// stopAcks ends the acker and waits for it; asks after that are ignored. It
-// may be called more than once.
+// durableAdvanced is the WAL watcher: entries up to durable are on disk
+// (or, with failure, the log stopped and nothing above failure.Durable
+// will be). It runs on the WAL's syncer goroutine and never blocks.
+func (in *Instance) durableAdvanced(durable uint64, failure *wal.FailedError) {
+	a := &in.acks
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.stopped || a.lo == 0 {
+		return
+	}
+	lo, hi := a.lo, a.hi
+	if durable >= lo {
+		if durable >= hi {
+			a.lo, a.hi = 0, 0
+		} else {
+			a.lo = durable + 1
+		}
+		if durable >= a.sent {
+			// Under the lock, so that acks never go backwards. Equal: a
+			// replayed entry asked again, answered again.
+			a.sent = durable
+			in.sendAck(durable)
+		}
+	}
+	if failure != nil && a.lo != 0 {
+		// What is still asked will never be durable: say so, never ack it.
+		first := a.lo
+		a.lo, a.hi = 0, 0
+		in.ackFailed(failure, first, hi)
+	}
+}
+
+// sendAck sends wal_ack for everything up to seq.
+func (in *Instance) sendAck(seq uint64) {
+	b, err := in.codec.Encode(&schema.WALAck{Sequence: seq})
+	if err != nil {
+		in.log.Error("cannot encode wal_ack", "err", err)
+		return
+	}
+	if in.sendSmall(schema.TypeWALAck, b) {
+		in.met.WALAcks.Inc()
+	}
+}
+
+// stopAcks removes the watcher; asks after that are ignored. When it
+// returns, no ack of this instance is being sent.
 func (in *Instance) stopAcks() {
 	a := &in.acks
 	a.mu.Lock()
 	a.stopped = true
-	cancel, done := a.cancel, a.done
+	unwatch := a.unwatch
+	a.unwatch = nil
 	a.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		<-done
-	}
-}
-
-func (in *Instance) ackLoop(ctx context.Context) {
-	a := &in.acks
-	defer close(a.done)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-a.kick:
-		}
-		for {
-			a.mu.Lock()
-			lo, hi := a.lo, a.hi
-			a.mu.Unlock()
-			if lo == 0 {
-				break
-			}
-			// Wait for the lowest ask: whatever the next fsync makes durable
-			// is acknowledged at once, asks above it in a later round.
-			err := a.log.WaitDurable(ctx, lo)
-			if ctx.Err() != nil {
-				return
-			}
-			if err != nil {
-				a.mu.Lock()
-				a.lo, a.hi = 0, 0
-				a.mu.Unlock()
-				in.ackFailed(err, lo, hi)
-				continue
-			}
-			d := a.log.DurableSequence()
-			a.mu.Lock()
-			switch {
-			case d >= a.hi:
-				a.lo, a.hi = 0, 0
-			case d >= a.lo:
-				a.lo = d + 1 // a lower bound for what is still asked
-			default:
-				// WaitDurable returned with nothing durable at lo: the log no
-				// longer holds it (an operator's rollback truncated it).
-				// Nothing up to lo is acknowledged; the asks are dropped.
-				in.log.Warn("wal_ack not sent: the asked entries are no longer in the WAL", "sequence", lo, "durable_sequence", d)
-				a.lo, a.hi = 0, 0
-				a.mu.Unlock()
-				continue
-			}
-			a.mu.Unlock()
-			if in.SendMsg(&schema.WALAck{Sequence: d}) {
-				in.met.WALAcks.Inc()
-			}
-		}
+	if unwatch != nil {
+		unwatch()
 	}
 }
 

@@ -2,12 +2,15 @@ package conn
 
 import (
 	"log/slog"
+	"os"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wal"
+	"github.com/agent-sidecar/supervisor/wire"
 )
 
 // ackTestInstance is an instance without a process: what it sends to the
@@ -111,16 +114,90 @@ func TestAckerStops(t *testing.T) {
 	appendSeq(t, l, 1)
 	in.AckWhenDurable(l, 1)
 	nextToAgent(t, in)
-	done := in.acks.done
 	in.stopAcks()
-	select {
-	case <-done:
-	default:
-		t.Fatal("stopAcks returned before the acker exited")
+	if in.Acking() {
+		t.Fatal("the WAL watcher is still registered after stopAcks")
 	}
-	in.stopAcks()           // harmless twice
-	in.AckWhenDurable(l, 1) // ignored after the stop: no new goroutine
-	if in.acks.done != done {
-		t.Error("an ask after stopAcks started a new acker")
+	in.stopAcks() // harmless twice
+	appendSeq(t, l, 2)
+	in.AckWhenDurable(l, 2) // ignored after the stop
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if in.Acking() {
+		t.Error("an ask after stopAcks registered a watcher again")
+	}
+	select {
+	case f := <-in.out:
+		t.Fatalf("sent %q after stopAcks", f.Head)
+	default:
+	}
+}
+
+// pipeAckInstance is an ackTestInstance whose output is a real pipe, with
+// no writer goroutine until the test starts one (startWriter).
+func pipeAckInstance(t *testing.T) (in *Instance, fromSup *wire.Reader, startWriter func()) {
+	t.Helper()
+	in = ackTestInstance(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close(); w.Close() })
+	in.w = wire.NewWriter(w, 0)
+	in.writerEnd = make(chan struct{})
+	var once sync.Once
+	return in, wire.NewReader(r, 0), func() { once.Do(func() { go in.writeLoop(in.w, w) }) }
+}
+
+func readToAgent(t *testing.T, r *wire.Reader) schema.Message {
+	t.Helper()
+	b, err := r.ReadFrame()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := schema.Decode(schema.ToAgent, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestAckWrittenByTheSyncer: with nothing else queued for the agent, the
+// wal_ack goes into the pipe from the WAL's syncer itself: it arrives with
+// no writer goroutine running at all (issue 31: no hand-off after the fsync).
+func TestAckWrittenByTheSyncer(t *testing.T) {
+	l := openTestWAL(t, wal.SyncBatch)
+	in, r, _ := pipeAckInstance(t)
+	appendSeq(t, l, 1, 2)
+	in.AckWhenDurable(l, 2)
+	ack, ok := readToAgent(t, r).(*schema.WALAck)
+	if !ok || ack.Sequence != 2 {
+		t.Fatalf("read %+v, want wal_ack 2", ack)
+	}
+	if len(in.out) != 0 {
+		t.Fatal("the ack was also queued")
+	}
+}
+
+// TestDirectAckKeepsOrder: while a frame is queued (or being written) the
+// ack does not overtake it: it is queued behind it.
+func TestDirectAckKeepsOrder(t *testing.T) {
+	l := openTestWAL(t, wal.SyncBatch)
+	in, r, startWriter := pipeAckInstance(t)
+	if !in.SendMsg(&schema.EvolutionResult{Success: false, Decision: "rejected", Reason: "queued first"}) {
+		t.Fatal("queue refused")
+	}
+	appendSeq(t, l, 1)
+	in.AckWhenDurable(l, 1)
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	startWriter()
+	if m := readToAgent(t, r); m.MessageType() != schema.TypeEvolutionResult {
+		t.Fatalf("first frame %s, want the evolution_result queued before the ack", m.MessageType())
+	}
+	if ack, ok := readToAgent(t, r).(*schema.WALAck); !ok || ack.Sequence != 1 {
+		t.Fatalf("second frame %+v, want wal_ack 1", ack)
 	}
 }

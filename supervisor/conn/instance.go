@@ -124,7 +124,8 @@ type Instance struct {
 
 	outMu     sync.Mutex
 	out       chan OutFrame
-	outQueued atomic.Int64 // bytes in out, not yet written
+	outQueued atomic.Int64 // bytes in out or being written; 0: the writer is idle
+	w         *wire.Writer // the writer goroutine's, for sendSmall's direct writes; nil when detached
 	// writingSince is when the writer began writing the frame it is on (unix
 	// nanos; 0 between frames): an agent that does not read its pipe leaves
 	// it set. Written by the writer only.
@@ -149,7 +150,8 @@ type Instance struct {
 func Start(c Config) *Instance {
 	inst := newInstance(c)
 	toAgent, fromAgent, logs := c.Proc.Pipes()
-	go inst.writeLoop(wire.NewWriter(toAgent, 0), toAgent)
+	inst.w = wire.NewWriter(toAgent, 0)
+	go inst.writeLoop(inst.w, toAgent)
 	r := wire.NewReader(fromAgent, c.MaxFrame)
 	// A frame no message may have is skipped by its length, never held
 	// (issue 33: four 120 MiB frames cost 447 MiB read whole).
@@ -228,7 +230,7 @@ func (f OutFrame) charge() int64 { return outCharge(f.Head) }
 func (in *Instance) Acking() bool {
 	in.acks.mu.Lock()
 	defer in.acks.mu.Unlock()
-	return in.acks.done != nil
+	return in.acks.unwatch != nil
 }
 
 // Close stops a detached instance's acker (NewDetached).
@@ -367,6 +369,21 @@ func (in *Instance) SendMsg(m schema.Message) bool {
 	return in.SendFrame(m.MessageType(), b)
 }
 
+// sendSmall sends a small encoded frame of type typ: written into the pipe
+// at once by the calling goroutine when the writer is idle and the pipe has
+// room (it never blocks), else queued like SendFrame. The WAL's syncer sends
+// wal_acks this way, without waking the writer goroutine (acks.go).
+func (in *Instance) sendSmall(typ string, b []byte) bool {
+	in.outMu.Lock()
+	direct := in.w != nil && !in.outClosed && in.outQueued.Load() == 0 && in.w.TryWriteFrame(b)
+	in.outMu.Unlock()
+	if !direct {
+		return in.SendFrame(typ, b)
+	}
+	in.countOut(typ, int64(len(b)))
+	return true
+}
+
 // sendFrame queues a message of type typ already encoded, and counts it.
 func (in *Instance) SendFrame(typ string, b []byte) bool {
 	if !in.Send(b) {
@@ -399,8 +416,8 @@ func (in *Instance) writeLoop(w *wire.Writer, pipe io.Writer) {
 	defer close(in.writerEnd)
 	broken := false
 	for frame := range in.out {
-		in.outQueued.Add(-frame.charge())
 		if broken {
+			in.outQueued.Add(-frame.charge())
 			continue
 		}
 		in.writingSince.Store(time.Now().UnixNano())
@@ -411,6 +428,9 @@ func (in *Instance) writeLoop(w *wire.Writer, pipe io.Writer) {
 			err = w.WriteFrameStream(frame.Head, frame.Tail.Size(), frame.Tail.Stream)
 		}
 		in.writingSince.Store(0)
+		// Counted until written: sendSmall writes directly only when
+		// nothing is queued or being written, so frames keep their order.
+		in.outQueued.Add(-frame.charge())
 		if err != nil {
 			// EPIPE or closed: the agent is gone; its exit is handled
 			// elsewhere. A streamed frame that could not be read to its end
