@@ -79,6 +79,10 @@ func BenchmarkWALAck(b *testing.B) {
 		b.ReportMetric(fig["fdatasync_p99_ns"]/1e3, "fdatasync-p99-µs")
 		b.ReportMetric(fig["p50_ns"]/fig["fdatasync_p50_ns"], "p50-ratio")
 		b.ReportMetric(fig["p99_ns"]/fig["fdatasync_p99_ns"], "p99-ratio")
+		// The floor: an ideal supervisor (two pipe hops around an fsync on
+		// the same thread, test/ackagent), timed in the same rounds.
+		b.ReportMetric(fig["ideal_p50_ns"]/1e3, "ideal-p50-µs")
+		b.ReportMetric(fig["p50_ns"]/fig["ideal_p50_ns"], "p50-ideal-ratio")
 	})
 	// The same round trip with --wal-sync none: the cost of the messages
 	// alone (two pipe hops, decoding, the acker), without an fsync.

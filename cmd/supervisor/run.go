@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agent-sidecar/supervisor/examples/demo"
+	"github.com/agent-sidecar/supervisor/internal/residency"
 	"github.com/agent-sidecar/supervisor/logging"
 	"github.com/agent-sidecar/supervisor/supervisor"
 	"github.com/agent-sidecar/supervisor/supervisor/api"
@@ -170,9 +171,24 @@ func (c *runCmd) Run(ctx context.Context, args []string) error {
 	hups := make(chan os.Signal, 1)
 	signal.Notify(hups, syscall.SIGHUP)
 	defer signal.Stop(hups)
+	// Once started, give back the executable's pages that only start-up
+	// touched (internal/residency): most of an idle supervisor's RSS.
+	var trim <-chan time.Time
+	if c.lookupEnv != nil { // a process of its own, not a test calling run
+		t := time.NewTimer(trimAfter)
+		defer t.Stop()
+		trim = t.C
+	}
 	go func() {
 		for {
 			select {
+			case <-trim:
+				trim = nil
+				if n, err := residency.Trim(); err != nil {
+					log.Debug("could not give back the executable's start-up pages", "err", err)
+				} else {
+					log.Info("gave back the executable's start-up pages", "mapped_bytes", n)
+				}
 			case <-c.force:
 				sup.ForceStop()
 			case <-hups:
@@ -216,6 +232,10 @@ func (demoAgent) Run(_ context.Context, args []string) error {
 // their size. It is soft: a supervisor that really needs more (a restore of
 // a 100 MiB checkpoint) gets it, and collects more often meanwhile.
 const defaultSoftMemoryLimit = 40 << 20
+
+// trimAfter is when run gives back the executable's start-up pages: after
+// the first agent start, whose code the supervisor runs once.
+const trimAfter = 10 * time.Second
 
 // softMemoryLimit sets defaultSoftMemoryLimit unless GOMEMLIMIT is set (the
 // runtime has read it already). It returns the limit and whether it set it.

@@ -7,6 +7,13 @@
 //	ACKBENCH_MODE=inflight ACKBENCH_N=n ACKBENCH_K=k    n Logs, k in flight at a time
 //	ACKBENCH_MODE=serve                                 answer every request at once
 //	ACKBENCH_OUT=FILE                                   where the figures go
+//
+// In latency mode it also times, after each round trip, the same exchange
+// with an ideal supervisor: a child process of its own (ACKBENCH_IDEAL=1)
+// that reads 1 KiB from a pipe, writes it into a preallocated file with
+// fdatasync on the same thread, and answers 16 bytes on another pipe. That
+// is the floor of a wal_ack round trip on this machine: two pipe hops, the
+// wake-ups of two processes that went idle during the fsync, and the fsync.
 package main
 
 import (
@@ -14,7 +21,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +36,13 @@ import (
 )
 
 func main() {
+	if os.Getenv("ACKBENCH_IDEAL") == "1" {
+		if err := idealSupervisor(); err != nil {
+			fmt.Fprintln(os.Stderr, "ackagent (ideal supervisor):", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(); err != nil && !errors.Is(err, agent.ErrShutdown) && !errors.Is(err, agent.ErrSupervisorGone) {
 		fmt.Fprintln(os.Stderr, "ackagent:", err)
 		os.Exit(1)
@@ -68,8 +84,14 @@ func run() error {
 			return err
 		}
 		defer sync.close()
+		ideal, err := startIdeal(os.Getenv("ACKBENCH_SYNCDIR"))
+		if err != nil {
+			return err
+		}
+		defer ideal.close()
 		lat := make([]time.Duration, 0, n)
 		raw := make([]time.Duration, 0, n)
+		best := make([]time.Duration, 0, n)
 		for seq := uint64(1); seq <= uint64(n); seq++ {
 			t0 := time.Now()
 			if err := conn.Log(ctx, schema.OpMemoryAdd, params, seq); err != nil {
@@ -81,11 +103,17 @@ func run() error {
 				return err
 			}
 			raw = append(raw, d)
+			if d, err = ideal.once(); err != nil {
+				return err
+			}
+			best = append(best, d)
 		}
 		slices.Sort(lat)
 		slices.Sort(raw)
+		slices.Sort(best)
 		if err := report(map[string]any{"n": n, "p50_ns": pct(lat, 0.50), "p99_ns": pct(lat, 0.99), "mean_ns": mean(lat),
-			"fdatasync_p50_ns": pct(raw, 0.50), "fdatasync_p99_ns": pct(raw, 0.99)}); err != nil {
+			"fdatasync_p50_ns": pct(raw, 0.50), "fdatasync_p99_ns": pct(raw, 0.99),
+			"ideal_p50_ns": pct(best, 0.50), "ideal_p99_ns": pct(best, 0.99)}); err != nil {
 			return err
 		}
 	case "inflight":
@@ -198,4 +226,87 @@ func report(v map[string]any) error {
 		return err
 	}
 	return os.Rename(tmp, os.Getenv("ACKBENCH_OUT"))
+}
+
+// ideal is the ideal supervisor child (see the package comment).
+type ideal struct {
+	cmd  *exec.Cmd
+	w    *os.File // to the child
+	r    *os.File // from the child
+	req  []byte
+	resp []byte
+}
+
+func startIdeal(dir string) (*ideal, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	toR, toW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	fromR, fromW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), "ACKBENCH_IDEAL=1", "ACKBENCH_SYNCDIR="+dir)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = toR, fromW, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	toR.Close()
+	fromW.Close()
+	return &ideal{cmd: cmd, w: toW, r: fromR, req: make([]byte, 1024), resp: make([]byte, 16)}, nil
+}
+
+func (p *ideal) once() (time.Duration, error) {
+	p.req[0]++
+	t0 := time.Now()
+	if _, err := p.w.Write(p.req); err != nil {
+		return 0, err
+	}
+	if _, err := io.ReadFull(p.r, p.resp); err != nil {
+		return 0, err
+	}
+	return time.Since(t0), nil
+}
+
+func (p *ideal) close() {
+	p.w.Close()
+	p.cmd.Wait()
+	p.r.Close()
+}
+
+// idealSupervisor serves the ideal exchange on stdin/stdout, both put in
+// non-blocking mode as the supervisor's pipes are (Go's poller serves them).
+func idealSupervisor() error {
+	for _, fd := range []int{0, 1} {
+		if err := syscall.SetNonblock(fd, true); err != nil {
+			return err
+		}
+	}
+	in, out := os.NewFile(0, "stdin"), os.NewFile(1, "stdout")
+	probe, err := newSyncProbe(os.Getenv("ACKBENCH_SYNCDIR"))
+	if err != nil {
+		return err
+	}
+	defer probe.close()
+	req, resp := make([]byte, 1024), make([]byte, 16)
+	for {
+		if _, err := io.ReadFull(in, req); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		copy(probe.buf, req)
+		if _, err := probe.once(); err != nil {
+			return err
+		}
+		if _, err := out.Write(resp); err != nil {
+			return err
+		}
+	}
 }
