@@ -102,7 +102,7 @@ func waitCall(t testing.TB, path, id, step string) llmCall {
 	return got
 }
 
-func postRequestID(t testing.TB, s *sup, message string) string {
+func llmPostRequest(t testing.TB, s *sup, message string) string {
 	t.Helper()
 	code, body := s.post("/v1/requests", `{"message":"`+message+`"}`)
 	if code != http.StatusAccepted {
@@ -117,21 +117,21 @@ func postRequestID(t testing.TB, s *sup, message string) string {
 	return acc.RequestID
 }
 
-type requestStatus struct {
+type llmRequestView struct {
 	Status string         `json:"status"`
 	Data   map[string]any `json:"data"`
 	Error  map[string]any `json:"error"`
 }
 
-func getRequest(t testing.TB, s *sup, id string) (int, requestStatus) {
+func llmRequestStatus(t testing.TB, s *sup, id string) (int, llmRequestView) {
 	t.Helper()
 	code, body := s.get("/v1/requests/" + id)
-	var st requestStatus
+	var st llmRequestView
 	_ = json.Unmarshal([]byte(body), &st)
 	return code, st
 }
 
-func deleteRequest(t testing.TB, s *sup, id string) (int, string) {
+func llmDeleteRequest(t testing.TB, s *sup, id string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodDelete, s.url("/v1/requests/"+id), nil)
 	if err != nil {
@@ -167,14 +167,14 @@ func TestLLMStepsSurviveKill9(t *testing.T) {
 		env:     []string{"LLMSTEPS_CALLS=" + calls, "LLMSTEPS_DELAY=700ms", "LLMSTEPS_STEPS=3"},
 	})
 	s.waitReady()
-	id := postRequestID(t, s, "plan a trip")
+	id := llmPostRequest(t, s, "plan a trip")
 	inFlight := waitCall(t, calls, id, "llm-1") // llm-0 is logged and acknowledged: Step returned
 	if err := syscall.Kill(inFlight.pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill -9 the agent (pid %d): %v", inFlight.pid, err)
 	}
-	var st requestStatus
+	var st llmRequestView
 	waitFor(t, 90*time.Second, "the request answered after the restart", func() bool {
-		_, st = getRequest(t, s, id)
+		_, st = llmRequestStatus(t, s, id)
 		return st.Status == "answered" || st.Status == "failed" || st.Status == "expired"
 	})
 	if st.Status != "answered" {
@@ -200,22 +200,22 @@ func TestLLMStepsCancelStopsTheRemainingSteps(t *testing.T) {
 		env:     []string{"LLMSTEPS_CALLS=" + calls, "LLMSTEPS_DELAY=5s", "LLMSTEPS_STEPS=3"},
 	})
 	s.waitReady()
-	id := postRequestID(t, s, "write a novel")
+	id := llmPostRequest(t, s, "write a novel")
 	waitCall(t, calls, id, "llm-0")
-	if code, body := deleteRequest(t, s, id); code != http.StatusOK && code != http.StatusAccepted && code != http.StatusNoContent {
+	if code, body := llmDeleteRequest(t, s, id); code != http.StatusOK && code != http.StatusAccepted && code != http.StatusNoContent {
 		t.Fatalf("DELETE /v1/requests/%s: %d %s", id, code, body)
 	}
 	// The agent logs this line when its handler returns because of the
 	// cancel (it would otherwise run two more 5 s steps).
 	s.waitOutput("request cancelled; remaining steps skipped", 60*time.Second)
-	if _, st := getRequest(t, s, id); st.Status != "cancelled" {
+	if _, st := llmRequestStatus(t, s, id); st.Status != "cancelled" {
 		t.Errorf("request status %q; want cancelled", st.Status)
 	}
 	// A second request runs to its end: the agent is fine, and its answer
 	// comes after anything the cancelled handler could still have done.
-	s2 := postRequestID(t, s, "short")
+	s2 := llmPostRequest(t, s, "short")
 	waitFor(t, 90*time.Second, "the next request answered", func() bool {
-		_, st := getRequest(t, s, s2)
+		_, st := llmRequestStatus(t, s, s2)
 		return st.Status == "answered"
 	})
 	if got := callsOf(llmCalls(t, calls), id); got["llm-0"] != 1 || got["llm-1"] != 0 || got["llm-2"] != 0 {
