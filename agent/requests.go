@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
 
 	"github.com/agent-sidecar/supervisor/schema"
 )
@@ -545,13 +546,23 @@ func cutKey(b []byte, key string) (rest, value []byte, found bool, err error) {
 	pos := func() int { return len(b) - r.Len() }
 	for range n {
 		start := pos()
-		k, err := dec.DecodeString()
+		c, err := dec.PeekCode()
 		if err != nil {
-			// A key that is not a string: not ours; skip its value.
+			return b, nil, false, err
+		}
+		if !msgpcode.IsString(c) {
+			// A key that is not a string is not ours: skip it and its value.
+			if err := dec.Skip(); err != nil {
+				return b, nil, false, err
+			}
 			if err := dec.Skip(); err != nil {
 				return b, nil, false, err
 			}
 			continue
+		}
+		k, err := dec.DecodeString()
+		if err != nil {
+			return b, nil, false, err
 		}
 		vstart := pos()
 		if err := dec.Skip(); err != nil {

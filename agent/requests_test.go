@@ -370,3 +370,71 @@ func TestCheckpointCarriesTheStepTable(t *testing.T) {
 		t.Errorf("checkpoint after the answer: %v; want no step table", m)
 	}
 }
+
+// TestSequencesSharedWithSteps: the Conn numbers steps and LogNext entries
+// above the restore and above every entry the agent sent itself, so the
+// agent's own entries and its steps never collide; a request started with
+// StartRequest (an agent with its own loop) steps and answers the same way.
+func TestSequencesSharedWithSteps(t *testing.T) {
+	conn, sup := newPair(t, defaultConfig(), agent.Options{})
+	msgs := conn.Messages()
+	sup.send(&schema.Restore{LastSequence: 10})
+	m := <-msgs
+	if _, ok := m.(*schema.Restore); !ok {
+		t.Fatalf("got %s, want the restore", m.MessageType())
+	}
+	if n := conn.NextSequence(); n != 11 {
+		t.Fatalf("NextSequence after a restore at 10 = %d, want 11", n)
+	}
+	if err := conn.SendWAL(schema.OpMemoryAdd, nil, 15); err != nil {
+		t.Fatal(err)
+	}
+	recvAs[*schema.WALEntry](t, sup)
+	logged := make(chan uint64, 1)
+	go func() {
+		seq, err := conn.LogNext(context.Background(), schema.OpStateUpdate, map[string]any{"k": 1})
+		if err != nil {
+			t.Error(err)
+		}
+		logged <- seq
+	}()
+	e := recvAs[*schema.WALEntry](t, sup)
+	if e.Entry.Sequence != 16 || !e.Ack {
+		t.Fatalf("LogNext sent sequence %d ack %v; want 16 with ack", e.Entry.Sequence, e.Ack)
+	}
+	sup.send(&schema.WALAck{Sequence: 16})
+	if seq := <-logged; seq != 16 {
+		t.Fatalf("LogNext = %d, want 16", seq)
+	}
+	sup.send(request("r9", 0))
+	pr := (<-msgs).(*schema.ProcessRequest)
+	req, ctx := conn.StartRequest(context.Background(), pr)
+	done := make(chan error, 1)
+	go func() {
+		_, err := req.Step(ctx, "only", func(context.Context) (any, error) { return 5, nil })
+		done <- err
+	}()
+	if e := recvAs[*schema.WALEntry](t, sup); e.Entry.Sequence != 17 || e.Entry.Operation != agent.OpRequestStep {
+		t.Fatalf("step sent %s %d; want request_step 17", e.Entry.Operation, e.Entry.Sequence)
+	}
+	sup.send(&schema.WALAck{Sequence: 17})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := req.Answer(map[string]any{"ok": true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if e := recvAs[*schema.WALEntry](t, sup); e.Entry.Sequence != 18 || e.Entry.Operation != agent.OpRequestDone {
+		t.Fatalf("after Answer: %s %d; want request_done 18", e.Entry.Operation, e.Entry.Sequence)
+	}
+	if res := recvAs[*schema.RequestResult](t, sup); res.RequestID != "r9" || res.Error != nil {
+		t.Fatalf("request_result %+v", res)
+	}
+	if err := req.Answer(nil, errors.New("again")); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.SendHeartbeat(); err != nil { // nothing from the second Answer before it
+		t.Fatal(err)
+	}
+	recvAs[*schema.Heartbeat](t, sup)
+}
