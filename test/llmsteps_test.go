@@ -159,16 +159,27 @@ func llmDeleteRequest(t testing.TB, s *sup, id string) (int, string) {
 // supervisor delivers the request again (attempt 2); the first step's answer
 // comes from the log, so the LLM is called once for it, twice for the step
 // in flight at the kill, once for the last — and the request is answered.
+//
+// Checkpoints stored after the first step was logged come before the kill,
+// so the restore's WAL tail no longer holds that step: its result comes
+// from __supervisor_steps__ in the checkpoint's snapshot.
 func TestLLMStepsSurviveKill9(t *testing.T) {
 	calls := filepath.Join(t.TempDir(), "llm-calls.txt")
 	s := startSup(t, supOpts{
 		flags:   fastFlags,
-		command: []string{llmstepsAgent(t), "-checkpoint-every", "300ms"},
-		env:     []string{"LLMSTEPS_CALLS=" + calls, "LLMSTEPS_DELAY=700ms", "LLMSTEPS_STEPS=3"},
+		command: []string{llmstepsAgent(t), "-checkpoint-every", "100ms"},
+		env:     []string{"LLMSTEPS_CALLS=" + calls, "LLMSTEPS_DELAY=3s", "LLMSTEPS_STEPS=3"},
 	})
 	s.waitReady()
 	id := llmPostRequest(t, s, "plan a trip")
 	inFlight := waitCall(t, calls, id, "llm-1") // llm-0 is logged and acknowledged: Step returned
+	stored := s.metric("supervisor_checkpoints_total")
+	waitFor(t, 60*time.Second, "three checkpoints stored after the first step", func() bool {
+		return s.metric("supervisor_checkpoints_total") >= stored+3
+	})
+	if got := callsOf(llmCalls(t, calls), id); got["llm-2"] != 0 {
+		t.Fatalf("the second call ended before the kill (%v); the test needs it in flight", got)
+	}
 	if err := syscall.Kill(inFlight.pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill -9 the agent (pid %d): %v", inFlight.pid, err)
 	}
