@@ -438,3 +438,71 @@ func TestSequencesSharedWithSteps(t *testing.T) {
 	}
 	recvAs[*schema.Heartbeat](t, sup)
 }
+
+// TestConcurrentRequestsSteps: requests handled on goroutines of their own
+// (StartRequest) log their steps with distinct sequences, in increasing
+// order on the wire, and each gets its own results back.
+func TestConcurrentRequestsSteps(t *testing.T) {
+	conn, sup := newPair(t, defaultConfig(), agent.Options{})
+	go func() {
+		last := uint64(0)
+		for {
+			p, err := sup.r.ReadFrame()
+			if err != nil {
+				return
+			}
+			m, err := sup.codec.Decode(schema.FromAgent, p)
+			if err != nil {
+				t.Errorf("invalid frame: %v", err)
+				return
+			}
+			e, ok := m.(*schema.WALEntry)
+			if !ok {
+				continue
+			}
+			if e.Entry.Sequence <= last {
+				t.Errorf("sequence %d after %d", e.Entry.Sequence, last)
+			}
+			last = e.Entry.Sequence
+			if e.Ack {
+				ack, _ := sup.codec.Encode(&schema.WALAck{Sequence: last})
+				if sup.w.WriteFrame(ack) != nil {
+					return
+				}
+			}
+		}
+	}()
+	const workers, steps = 8, 20
+	errs := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			id := "r" + string(rune('a'+w))
+			req, ctx := conn.StartRequest(context.Background(), request(id, 0))
+			for i := range steps {
+				got, err := agent.Step(ctx, req, "s", func(context.Context) (string, error) { return id + "/" + string(rune('A'+i)), nil })
+				if err != nil {
+					errs <- err
+					return
+				}
+				if want := id + "/" + string(rune('A'+i)); got != want {
+					errs <- errors.New("got " + got + ", want " + want)
+					return
+				}
+			}
+			errs <- req.Answer(map[string]any{}, nil)
+		}()
+	}
+	for range workers {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(testTimeout):
+			t.Fatal("the requests did not finish")
+		}
+	}
+	if n := conn.NextSequence(); n != workers*(steps+1)+1 {
+		t.Errorf("NextSequence = %d, want %d (every step and request_done numbered once)", n, workers*(steps+1)+1)
+	}
+}
