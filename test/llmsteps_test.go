@@ -269,3 +269,41 @@ func TestLLMStepsAnswered(t *testing.T) {
 		t.Errorf("supervisor_wal_acks_total = %v; want at least one wal_ack per step (3)", n)
 	}
 }
+
+// TestLLMStepsSurviveSupervisorKill9: the supervisor itself is killed with
+// SIGKILL while the agent's second LLM call of a request runs; the agent
+// sees its pipe close and stops (its context is cancelled). The restarted
+// supervisor delivers the request again from its journal, and the first
+// step's result comes from the WAL and checkpoints: the LLM is not called
+// again for it.
+func TestLLMStepsSurviveSupervisorKill9(t *testing.T) {
+	calls := filepath.Join(t.TempDir(), "llm-calls.txt")
+	dir := filepath.Join(t.TempDir(), "data")
+	opts := supOpts{
+		dataDir: dir,
+		flags:   fastFlags,
+		command: []string{llmstepsAgent(t), "-checkpoint-every", "100ms"},
+		env:     []string{"LLMSTEPS_CALLS=" + calls, "LLMSTEPS_DELAY=2s", "LLMSTEPS_STEPS=3"},
+	}
+	s := startSup(t, opts)
+	s.waitReady()
+	id := llmPostRequest(t, s, "survive")
+	first := waitCall(t, calls, id, "llm-1")
+	_ = s.cmd.Process.Signal(syscall.SIGKILL)
+	<-s.done
+	waitFor(t, 30*time.Second, "the orphaned agent's exit", func() bool { return syscall.Kill(first.pid, 0) != nil })
+
+	s = startSup(t, opts)
+	s.waitReady()
+	var st llmRequestView
+	waitFor(t, 90*time.Second, "the request answered after the supervisor's restart", func() bool {
+		_, st = llmRequestStatus(t, s, id)
+		return st.Status == "answered" || st.Status == "failed" || st.Status == "expired"
+	})
+	if st.Status != "answered" {
+		t.Fatalf("request %s ended %q (%v); want answered", id, st.Status, st.Error)
+	}
+	if got := callsOf(llmCalls(t, calls), id); got["llm-0"] != 1 || got["llm-1"] != 2 || got["llm-2"] != 1 {
+		t.Errorf("LLM calls by step %v; want llm-0 once, llm-1 twice (in flight at the kill), llm-2 once", got)
+	}
+}
