@@ -49,6 +49,8 @@ const (
 	fLastSequence
 	fAck      // extension: wal_entry/wal_batch ack
 	fSequence // extension: wal_ack sequence
+	fAttempt  // extension: process_request attempt
+	fAccepts  // extension: heartbeat accepts
 	nTop
 )
 
@@ -60,6 +62,7 @@ var topNames = [nTop]string{
 	fBackupCheckpointID: "backup_checkpoint_id", fSuccess: "success", fDecision: "decision",
 	fMetrics: "metrics", fReason: "reason", fRequestID: "request_id",
 	fCreateCheckpoint: "create_checkpoint", fLastSequence: "last_sequence", fAck: "ack", fSequence: "sequence",
+	fAttempt: "attempt", fAccepts: "accepts",
 }
 
 // topByLen lists, for each key length, the top-level fields of that length:
@@ -111,7 +114,7 @@ func FrameTooLarge(size, max int) *ValidationError {
 // the bounds walk (well-formed MessagePack, lengths within the payload,
 // nesting at most MaxDepth, no trailing bytes), then the type and its
 // direction, the type's size limit, decompression of a v2 body, and every
-// field. It returns one of the 15 message types as a pointer, or a
+// field. It returns one of the 16 message types as a pointer, or a
 // *ValidationError (which unwraps to ErrInvalidMessage) naming the field
 // and the rule.
 //
@@ -147,7 +150,11 @@ func (c *Codec) Decode(dir Direction, payload []byte) (Message, error) {
 		if err := s.noCompression(&top); err != nil {
 			return nil, err
 		}
-		return &Heartbeat{Header: h}, nil
+		accepts, err := s.accepts(top[fAccepts])
+		if err != nil {
+			return nil, err
+		}
+		return &Heartbeat{Header: h, Accepts: accepts}, nil
 	case TypeCheckpoint:
 		return s.checkpoint(&top, h)
 	case TypeWALEntry:
@@ -176,6 +183,8 @@ func (c *Codec) Decode(dir Direction, payload []byte) (Message, error) {
 		return s.requestResult(&top, h)
 	case TypeWALAck:
 		return s.walAck(&top, h)
+	case TypeCancelRequest:
+		return s.cancelRequest(&top, h)
 	}
 	return nil, s.fail("type", RuleUnknownType, "unknown message type %q", typ) // unreachable: messageType knows all types
 }
@@ -1093,6 +1102,9 @@ func (s *decodeState) processRequest(top *[nTop][]byte, h Header) (Message, erro
 	m := &ProcessRequest{Header: h}
 	var err error
 	if m.RequestID, err = s.reqStr(top[fRequestID], "request_id"); err != nil {
+		return nil, err
+	}
+	if m.Attempt, err = s.attempt(top[fAttempt]); err != nil {
 		return nil, err
 	}
 	dv, err := s.reqMap(top[fData], "data")

@@ -1,4 +1,4 @@
-// Package schema defines the 15 messages exchanged between the supervisor
+// Package schema defines the 16 messages exchanged between the supervisor
 // and its agent, and decodes, validates and encodes them.
 //
 // # Decoding
@@ -18,8 +18,8 @@
 //     same walk in front of msgpack/v5 for other bytes (a WAL entry read
 //     back from disk);
 //  2. requires a map with string keys, a string "type" naming one of the
-//     15 types (the seed's 13 and the extensions wal_ack and
-//     request_result), valid in that direction;
+//     16 types (the seed's 13 and the extensions wal_ack,
+//     request_result and cancel_request), valid in that direction;
 //  3. checks the type's size limit ([Limits]);
 //  4. decodes "timestamp" (required, an integer of any width — a float or a
 //     string is invalid), "version" (optional integer, 1 when absent) and

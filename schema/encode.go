@@ -35,7 +35,7 @@ func (c *Codec) Encode(m Message) ([]byte, error) {
 	var err error
 	switch m := m.(type) {
 	case *Heartbeat:
-		e.begin(&m.Header, 0, false)
+		err = e.heartbeat(m)
 	case *Checkpoint:
 		err = e.checkpoint(m)
 	case *WALEntry:
@@ -67,6 +67,8 @@ func (c *Codec) Encode(m Message) ([]byte, error) {
 		e.begin(&m.Header, 1, false)
 		e.key("sequence")
 		e.b = AppendUint(e.b, m.Sequence)
+	case *CancelRequest:
+		err = e.cancelRequest(m)
 	case *Shutdown:
 		e.begin(&m.Header, 2, false)
 		e.str("reason", m.Reason)
@@ -544,8 +546,16 @@ func (e *encoder) processRequest(m *ProcessRequest) error {
 	if d.Context != nil {
 		n++
 	}
-	e.beginSized(&m.Header, 2, false, len(m.RequestID)+len(d.Message)+len(d.Context)+len(d.UserID))
+	top := 2
+	if m.Attempt > 0 {
+		top++
+	}
+	e.beginSized(&m.Header, top, false, len(m.RequestID)+len(d.Message)+len(d.Context)+len(d.UserID))
 	e.str("request_id", m.RequestID)
+	if m.Attempt > 0 {
+		e.key("attempt")
+		e.b = AppendUint(e.b, m.Attempt)
+	}
 	e.key("data")
 	e.b = append(e.b, 0x80|byte(n))
 	e.str("message", d.Message)

@@ -28,6 +28,7 @@ func allMessages() []struct {
 	}
 	return []pair{
 		{schema.FromAgent, &schema.Heartbeat{Header: schema.Header{Timestamp: 1705392000}}},
+		{schema.FromAgent, &schema.Heartbeat{Header: schema.Header{Timestamp: 1705392000}, Accepts: []string{schema.TypeCancelRequest}}},
 		{schema.FromAgent, &schema.Checkpoint{Header: h, Data: schema.RawMap(map[string]any{"agent_state": map[string]any{"status": "acting"}}), Status: "acting"}},
 		{schema.FromAgent, &schema.Checkpoint{Header: h, Data: schema.RawMap(map[string]any{"blob": strings.Repeat("z", 5000)}), Compress: true}},
 		{schema.FromAgent, &schema.WALEntry{Header: h, Entry: rec}},
@@ -41,7 +42,11 @@ func allMessages() []struct {
 		{schema.ToAgent, &schema.HotReload{Header: h, Code: "latency_ms=5", Module: "memory", BackupCheckpointID: "b"}},
 		{schema.ToAgent, &schema.EvolutionResult{Header: h, Success: true, Decision: "promoted", Metrics: map[string]float64{"latency_improvement": -0.15}, Reason: "faster"}},
 		{schema.ToAgent, &schema.ProcessRequest{Header: h, RequestID: "r1", Data: schema.RequestData{Message: "hello", Context: schema.RawMap(map[string]any{"x": true}), UserID: "u1"}}},
+		{schema.ToAgent, &schema.ProcessRequest{Header: h, RequestID: "r2", Data: schema.RequestData{Message: "again"}, Attempt: 3}},
 		{schema.ToAgent, &schema.Shutdown{Header: h, Reason: "SIGTERM", CreateCheckpoint: true}},
+		{schema.ToAgent, &schema.CancelRequest{Header: h, RequestID: "r1"}},
+		{schema.FromAgent, &schema.RequestResult{Header: h, RequestID: "r1", Data: schema.RawMap(map[string]any{"answer": 42})}},
+		{schema.ToAgent, &schema.WALAck{Header: h, Sequence: 12345}},
 		{schema.ToAgent, &schema.Error{Header: h, Error: schema.ErrorBody{Code: "WAL_FULL", Message: "disk full", Details: schema.RawMap(map[string]any{"free": 0})}}},
 	}
 }
@@ -386,7 +391,7 @@ func TestTypes(t *testing.T) {
 	if got := schema.Types(schema.FromAgent); len(got) != 8 || got[6] != schema.TypeError {
 		t.Errorf("FromAgent types %v", got)
 	}
-	if got := schema.Types(schema.ToAgent); len(got) != 8 || got[0] != schema.TypeError {
+	if got := schema.Types(schema.ToAgent); len(got) != 9 || got[0] != schema.TypeError || got[8] != schema.TypeCancelRequest {
 		t.Errorf("ToAgent types %v", got)
 	}
 }

@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"github.com/agent-sidecar/supervisor/internal/clip"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -13,6 +14,10 @@ import (
 //     every entry up to WALAck.Sequence is durable. Acks are cumulative.
 //   - request_result ([RequestResult]) is the agent's answer to a
 //     process_request: data, or an error {code, message}.
+//   - durable requests: process_request carries attempt
+//     ([ProcessRequest.Attempt]); an agent that lists "cancel_request" in a
+//     heartbeat's accepts ([Heartbeat.Accepts]) may be sent a
+//     [CancelRequest] for a request in flight that a caller cancelled.
 
 // CodeRequestFailed is the error code the Go client puts in a request_result
 // whose handler returned a plain error.
@@ -39,8 +44,99 @@ type RequestResult struct {
 	Error *ErrorBody
 }
 
+// CancelRequest tells the agent that a caller cancelled a request it is
+// working on: stop its work (supervisor → agent). Sent only to an agent whose
+// heartbeats carry "cancel_request" in accepts. An unknown id is ignored.
+type CancelRequest struct {
+	Header
+	RequestID string // not empty
+}
+
 func (*WALAck) MessageType() string        { return TypeWALAck }
 func (*RequestResult) MessageType() string { return TypeRequestResult }
+func (*CancelRequest) MessageType() string { return TypeCancelRequest }
+
+func (s *decodeState) cancelRequest(top *[nTop][]byte, h Header) (Message, error) {
+	if err := s.noCompression(top); err != nil {
+		return nil, err
+	}
+	m := &CancelRequest{Header: h}
+	if err := s.strs(strField{top[fRequestID], "request_id", &m.RequestID, nonEmpty, "be the request_id of the process_request to cancel"}); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// accepts reads a heartbeat's optional accepts: an array of strings (nil
+// when absent, nil or empty).
+func (s *decodeState) accepts(v []byte) ([]string, error) {
+	if !present(v) {
+		return nil, nil
+	}
+	if !isArrayCode(v[0]) {
+		return nil, s.typeErr("accepts", "an array of message type names", v)
+	}
+	n := mustHead(v).n
+	if n == 0 {
+		return nil, nil
+	}
+	out := make([]string, 0, n)
+	err := elems(v, func(i int, e []byte) error {
+		str, err := s.str(e, path("accepts", i, ""))
+		if err != nil {
+			return err
+		}
+		out = append(out, str)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// attempt reads a process_request's optional attempt: a positive integer, 0
+// when absent or nil.
+func (s *decodeState) attempt(v []byte) (uint64, error) {
+	if !present(v) {
+		return 0, nil
+	}
+	n, err := s.int(v, "attempt")
+	if err != nil {
+		return 0, err
+	}
+	if n <= 0 {
+		return 0, s.fail("attempt", RuleFieldValue, "must be a positive integer, got %d", n)
+	}
+	return uint64(n), nil
+}
+
+func (e *encoder) heartbeat(m *Heartbeat) error {
+	if len(m.Accepts) == 0 {
+		e.begin(&m.Header, 0, false)
+		return nil
+	}
+	size := 0
+	for _, a := range m.Accepts {
+		size += len(a) + 1
+	}
+	e.beginSized(&m.Header, 1, false, size)
+	e.key("accepts")
+	e.b = AppendArrayHeader(e.b, len(m.Accepts))
+	for _, a := range m.Accepts {
+		e.b = AppendStr(e.b, clip.Valid(a))
+	}
+	return nil
+}
+
+func (e *encoder) cancelRequest(m *CancelRequest) error {
+	if m.RequestID == "" {
+		return e.fail("request_id", RuleMissingField, "a request_id is required")
+	}
+	e.beginSized(&m.Header, 1, false, len(m.RequestID))
+	e.str("request_id", m.RequestID)
+	return nil
+}
 
 // requestErrorNames are the fields read from request_result.error.
 var requestErrorNames = []string{"code", "message"}

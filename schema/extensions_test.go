@@ -44,6 +44,29 @@ func TestDecodeExtensions(t *testing.T) {
 	if err != nil || m.(*schema.WALAck).Sequence != 12345 {
 		t.Errorf("wal_ack: %v, %v", m, err)
 	}
+	m, err = schema.Decode(schema.ToAgent, msg("cancel_request", kv{"request_id", "r9"}))
+	if err != nil || m.(*schema.CancelRequest).RequestID != "r9" {
+		t.Errorf("cancel_request: %v, %v", m, err)
+	}
+	m, err = schema.Decode(schema.FromAgent, msg("heartbeat", kv{"accepts", arr("cancel_request", "future_thing")}))
+	if err != nil || strings.Join(m.(*schema.Heartbeat).Accepts, ",") != "cancel_request,future_thing" {
+		t.Errorf("heartbeat with accepts: %v, %v", m, err)
+	}
+	for _, v := range []any{nil, arr()} {
+		m, err = schema.Decode(schema.FromAgent, msg("heartbeat", kv{"accepts", v}))
+		if err != nil || m.(*schema.Heartbeat).Accepts != nil {
+			t.Errorf("heartbeat with accepts %v: %v, %v; want no accepts", v, m, err)
+		}
+	}
+	req := obj(kv{"message", "hi"}, kv{"user_id", ""})
+	m, err = schema.Decode(schema.ToAgent, msg("process_request", kv{"request_id", "r"}, kv{"data", req}))
+	if err != nil || m.(*schema.ProcessRequest).Attempt != 0 {
+		t.Errorf("process_request without attempt: %v, %v; want attempt 0 (counts as 1)", m, err)
+	}
+	m, err = schema.Decode(schema.ToAgent, msg("process_request", kv{"request_id", "r"}, kv{"data", req}, kv{"attempt", uint64(4)}))
+	if err != nil || m.(*schema.ProcessRequest).Attempt != 4 {
+		t.Errorf("process_request with attempt 4: %v, %v", m, err)
+	}
 }
 
 // TestDecodeExtensionsInvalid: every bad input of the extensions is a
@@ -78,6 +101,18 @@ func TestDecodeExtensionsInvalid(t *testing.T) {
 		{"wal_ack sent by the agent", schema.FromAgent, msg("wal_ack", kv{"sequence", 1}), "type", schema.RuleWrongDirection},
 		{"wal_ack without sequence", schema.ToAgent, msg("wal_ack"), "sequence", schema.RuleMissingField},
 		{"wal_ack with sequence 0", schema.ToAgent, msg("wal_ack", kv{"sequence", 0}), "sequence", schema.RuleFieldValue},
+		{"cancel_request without request_id", schema.ToAgent, msg("cancel_request"), "request_id", schema.RuleMissingField},
+		{"cancel_request with an empty request_id", schema.ToAgent, msg("cancel_request", kv{"request_id", ""}), "request_id", schema.RuleFieldValue},
+		{"cancel_request with request_id an integer", schema.ToAgent, msg("cancel_request", kv{"request_id", 5}), "request_id", schema.RuleFieldType},
+		{"cancel_request over 1 MiB", schema.ToAgent, msg("cancel_request", kv{"request_id", big}), "", schema.RuleTooLarge},
+		{"cancel_request compressed", schema.ToAgent, msg("cancel_request", kv{"request_id", "r"}, kv{"compressed", true}, kv{"compression", "zstd"}), "compressed", schema.RuleCompression},
+		{"cancel_request sent by the agent", schema.FromAgent, msg("cancel_request", kv{"request_id", "r"}), "type", schema.RuleWrongDirection},
+		{"heartbeat with accepts a string", schema.FromAgent, msg("heartbeat", kv{"accepts", "cancel_request"}), "accepts", schema.RuleFieldType},
+		{"heartbeat with accepts holding an integer", schema.FromAgent, msg("heartbeat", kv{"accepts", arr("cancel_request", 3)}), "accepts[1]", schema.RuleFieldType},
+		{"heartbeat with accepts over 100 B", schema.FromAgent, msg("heartbeat", kv{"accepts", arr(strings.Repeat("c", 90))}), "", schema.RuleTooLarge},
+		{"process_request with attempt 0", schema.ToAgent, msg("process_request", kv{"request_id", "r"}, kv{"attempt", 0}, kv{"data", obj(kv{"message", "m"})}), "attempt", schema.RuleFieldValue},
+		{"process_request with attempt -1", schema.ToAgent, msg("process_request", kv{"request_id", "r"}, kv{"attempt", -1}, kv{"data", obj(kv{"message", "m"})}), "attempt", schema.RuleFieldValue},
+		{"process_request with attempt a string", schema.ToAgent, msg("process_request", kv{"request_id", "r"}, kv{"attempt", "2"}, kv{"data", obj(kv{"message", "m"})}), "attempt", schema.RuleFieldType},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := schema.Decode(c.dir, c.p)
@@ -98,6 +133,9 @@ func TestEncodeExtensionsRoundTrip(t *testing.T) {
 		&schema.WALEntry{Header: h, Entry: schema.WALRecord{Operation: "memory_add", Sequence: 3, Params: schema.RawMap(nil)}, Ack: true},
 		&schema.WALBatch{Header: h, Entries: []schema.WALRecord{{Operation: "memory_add", Sequence: 3}, {Operation: "state_update", Sequence: 4}}, Ack: true},
 		&schema.WALAck{Header: h, Sequence: 1 << 40},
+		&schema.CancelRequest{Header: h, RequestID: "0b9f"},
+		&schema.Heartbeat{Header: h, Accepts: []string{schema.TypeCancelRequest}},
+		&schema.ProcessRequest{Header: h, RequestID: "r", Data: schema.RequestData{Message: "m"}, Attempt: 2},
 		&schema.RequestResult{Header: h, RequestID: "r", Data: schema.RawMap(map[string]any{"answer": 42})},
 		&schema.RequestResult{Header: h, RequestID: "r", Error: &schema.ErrorBody{Code: "TOOL_FAILED", Message: "timeout"}},
 	} {
@@ -106,7 +144,8 @@ func TestEncodeExtensionsRoundTrip(t *testing.T) {
 			t.Fatalf("%T: %v", m, err)
 		}
 		dir := schema.FromAgent
-		if m.MessageType() == schema.TypeWALAck {
+		switch m.MessageType() {
+		case schema.TypeWALAck, schema.TypeCancelRequest, schema.TypeProcessRequest:
 			dir = schema.ToAgent
 		}
 		got, err := schema.Decode(dir, p)
@@ -122,6 +161,18 @@ func TestEncodeExtensionsRoundTrip(t *testing.T) {
 	p, _ := schema.Encode(&schema.WALEntry{Entry: schema.WALRecord{Operation: "memory_add", Sequence: 3}})
 	if bytes.Contains(p, []byte("ack")) {
 		t.Errorf("a wal_entry without ack must not carry the key: %x", p)
+	}
+	// Without attempt or accepts the encodings are the seed's: no key at all.
+	p, _ = schema.Encode(&schema.ProcessRequest{RequestID: "r", Data: schema.RequestData{Message: "m"}})
+	if bytes.Contains(p, []byte("attempt")) {
+		t.Errorf("a process_request with attempt 0 must not carry the key: %x", p)
+	}
+	p, _ = schema.Encode(&schema.Heartbeat{Accepts: []string{}})
+	if bytes.Contains(p, []byte("accepts")) {
+		t.Errorf("a heartbeat without accepts must not carry the key: %x", p)
+	}
+	if _, err := schema.Encode(&schema.CancelRequest{}); !errors.Is(err, schema.ErrInvalidMessage) {
+		t.Errorf("Encode(cancel_request without request_id) = %v, want an invalid message", err)
 	}
 	for _, bad := range []*schema.RequestResult{
 		{RequestID: "", Data: schema.RawMap(nil)},

@@ -49,8 +49,21 @@ func LogValue(m Message) slog.Value {
 		attrs = append(attrs, slog.String("module", m.Module), slog.String("backup_checkpoint_id", m.BackupCheckpointID), slog.Int("code_bytes", len(m.Code)))
 	case *EvolutionResult:
 		attrs = append(attrs, slog.String("decision", m.Decision), slog.Bool("success", m.Success))
+	case *Heartbeat:
+		if len(m.Accepts) > 0 {
+			attrs = append(attrs, slog.Int("accepts", len(m.Accepts)))
+		}
 	case *ProcessRequest:
 		attrs = append(attrs, slog.String("request_id", m.RequestID), slog.Int("message_bytes", len(m.Data.Message)))
+		if m.Attempt > 0 {
+			attrs = append(attrs, slog.Uint64("attempt", m.Attempt))
+		}
+	case *CancelRequest:
+		id := m.RequestID
+		if len(id) > 64 {
+			id = id[:64] + "..."
+		}
+		attrs = append(attrs, slog.String("request_id", id))
 	case *Shutdown:
 		attrs = append(attrs, slog.String("reason", m.Reason), slog.Bool("create_checkpoint", m.CreateCheckpoint))
 	case *WALAck:
@@ -86,3 +99,6 @@ func (m *HotReload) LogValue() slog.Value       { return LogValue(m) }
 func (m *EvolutionResult) LogValue() slog.Value { return LogValue(m) }
 func (m *ProcessRequest) LogValue() slog.Value  { return LogValue(m) }
 func (m *Shutdown) LogValue() slog.Value        { return LogValue(m) }
+func (m *WALAck) LogValue() slog.Value          { return LogValue(m) }
+func (m *RequestResult) LogValue() slog.Value   { return LogValue(m) }
+func (m *CancelRequest) LogValue() slog.Value   { return LogValue(m) }

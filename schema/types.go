@@ -20,10 +20,13 @@ const (
 	TypeEvolutionResult = "evolution_result"
 	TypeProcessRequest  = "process_request"
 	TypeShutdown        = "shutdown"
-	// The two opt-in extensions (see extensions.go): a supervisor → agent
-	// durability acknowledgement and an agent → supervisor request answer.
+	// The opt-in extensions (see extensions.go): a supervisor → agent
+	// durability acknowledgement, an agent → supervisor request answer, and
+	// a supervisor → agent cancellation of a request in flight (sent only to
+	// an agent whose heartbeats accept it).
 	TypeWALAck        = "wal_ack"
 	TypeRequestResult = "request_result"
+	TypeCancelRequest = "cancel_request"
 )
 
 // Direction says who sent a message.
@@ -65,6 +68,11 @@ const (
 	OpMemoryAdd    = "memory_add"
 	OpToolRegister = "tool_register"
 	OpStateUpdate  = "state_update"
+	// The durable-requests extension's operations (docs/protocol.md,
+	// "Steps"): a step's logged result, params {request_id, index, name,
+	// result}, and the end of a request's steps, params {request_id}.
+	OpRequestStep = "request_step"
+	OpRequestDone = "request_done"
 )
 
 // Checkpoint data.agent_state.status values.
@@ -105,7 +113,7 @@ type Header struct {
 // access to its [Header].
 func (h *Header) Head() *Header { return h }
 
-// Message is one of the 15 message types (the seed's 13 and the two
+// Message is one of the 16 message types (the seed's 13 and the three
 // extensions). Only pointers to the types of this
 // package implement it.
 type Message interface {
@@ -116,7 +124,14 @@ type Message interface {
 }
 
 // Heartbeat: the agent is alive (agent → supervisor, about every second).
-type Heartbeat struct{ Header }
+type Heartbeat struct {
+	Header
+	// Accepts lists the optional supervisor → agent messages the agent
+	// handles (extension; [TypeCancelRequest] is the one defined); nil when
+	// absent or empty. Encode writes it when not empty. The whole heartbeat
+	// stays within its 100-byte limit.
+	Accepts []string
+}
 
 // Checkpoint carries the agent's full state (agent → supervisor).
 type Checkpoint struct {
@@ -288,6 +303,11 @@ type ProcessRequest struct {
 	Header
 	RequestID string
 	Data      RequestData
+	// Attempt is the delivery's number (extension): 1 on the first delivery,
+	// higher when the request is delivered again after the agent restarted.
+	// 0 means absent on the wire, which counts as 1; Encode writes it when
+	// it is above 0.
+	Attempt uint64
 }
 
 // RequestData is a process_request's data map.
@@ -350,6 +370,7 @@ var typeDirections = map[string]Direction{
 	TypeShutdown:        ToAgent,
 	TypeWALAck:          ToAgent,
 	TypeRequestResult:   FromAgent,
+	TypeCancelRequest:   ToAgent,
 }
 
 // Types returns the message types valid in direction dir, in the order of
@@ -377,4 +398,5 @@ var allTypes = []string{
 	TypeHeartbeat, TypeCheckpoint, TypeWALEntry, TypeWALBatch, TypeEvolutionIntent,
 	TypeMetrics, TypeError, TypeCheckpointAck, TypeRestore, TypeHotReload,
 	TypeEvolutionResult, TypeProcessRequest, TypeShutdown, TypeRequestResult, TypeWALAck,
+	TypeCancelRequest,
 }

@@ -22,6 +22,8 @@ type (
 const (
 	OpStatus  = api.OpStatus
 	OpRestore = api.OpRestore
+	// OpCancelRequest: `supervisor requests cancel ID`.
+	OpCancelRequest = api.OpCancelRequest
 )
 
 // Control socket errors (api.ErrNotRunning, api.ErrBusy).

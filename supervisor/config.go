@@ -52,9 +52,19 @@ type Config struct {
 	// /metrics, with its own small connection cap, so that probes answer
 	// whatever clients do to HTTPAddr. "" (the default): none.
 	ProbeAddr string
-	// RequestRetention: how long a request waits for its result, and a
-	// result is kept for GET /v1/requests/ID. 10m.
+	// RequestRetention: how long a finished request (answered, failed,
+	// expired, cancelled) is kept for GET /v1/requests/ID and its
+	// Idempotency-Key remembered. 10m.
 	RequestRetention time.Duration
+	// RequestTimeout: a request not answered this long after it was
+	// accepted expires (REQUEST_EXPIRED). 10m.
+	RequestTimeout time.Duration
+	// RequestJournalBytes bounds the request journal; when full, POST
+	// answers 429. 64 MiB.
+	RequestJournalBytes int64
+	// RequestMaxAttempts: agent deaths with a request in flight (alone)
+	// before it is set aside as poison. 3.
+	RequestMaxAttempts int
 
 	HeartbeatTimeout time.Duration // 5s
 	StartTimeout     time.Duration // 30s, covers the first heartbeat
@@ -113,26 +123,29 @@ type Config struct {
 // DefaultConfig returns the defaults of SPEC §3–§5 and §10.
 func DefaultConfig() Config {
 	return Config{
-		DataDir:          "./supervisor-data",
-		Stdio:            true,
-		HTTPAddr:         "127.0.0.1:9464",
-		HeartbeatTimeout: 5 * time.Second,
-		StartTimeout:     30 * time.Second,
-		KillTimeout:      5 * time.Second,
-		ShutdownTimeout:  10 * time.Second,
-		Restart:          RestartAlways,
-		BackoffInitial:   100 * time.Millisecond,
-		BackoffMax:       30 * time.Second,
-		MaxRestarts:      5,
-		RestartWindow:    60 * time.Second,
-		HealthyReset:     10 * time.Second,
-		WALSync:          "batch",
-		WALSyncInterval:  10 * time.Millisecond,
-		WALSegmentSize:   64 << 20,
-		CheckpointRetain: 5,
-		MaxFrameSize:     128 << 20,
-		ShadowDuration:   30 * time.Second,
-		RequestRetention: 10 * time.Minute,
+		DataDir:             "./supervisor-data",
+		Stdio:               true,
+		HTTPAddr:            "127.0.0.1:9464",
+		HeartbeatTimeout:    5 * time.Second,
+		StartTimeout:        30 * time.Second,
+		KillTimeout:         5 * time.Second,
+		ShutdownTimeout:     10 * time.Second,
+		Restart:             RestartAlways,
+		BackoffInitial:      100 * time.Millisecond,
+		BackoffMax:          30 * time.Second,
+		MaxRestarts:         5,
+		RestartWindow:       60 * time.Second,
+		HealthyReset:        10 * time.Second,
+		WALSync:             "batch",
+		WALSyncInterval:     10 * time.Millisecond,
+		WALSegmentSize:      64 << 20,
+		CheckpointRetain:    5,
+		MaxFrameSize:        128 << 20,
+		ShadowDuration:      30 * time.Second,
+		RequestRetention:    10 * time.Minute,
+		RequestTimeout:      10 * time.Minute,
+		RequestJournalBytes: 64 << 20,
+		RequestMaxAttempts:  3,
 
 		ReplicaSyncInterval: time.Second,
 
@@ -212,6 +225,24 @@ func (c *Config) Validate() error {
 	}
 	if c.RequestRetention == 0 {
 		c.RequestRetention = 10 * time.Minute
+	}
+	if c.RequestTimeout < 0 {
+		return bad("--request-timeout must be a positive duration, got %s", c.RequestTimeout)
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = 10 * time.Minute
+	}
+	if c.RequestJournalBytes < 0 || c.RequestJournalBytes > 0 && c.RequestJournalBytes < 4096 {
+		return bad("--request-journal-bytes must be at least 4096, got %d", c.RequestJournalBytes)
+	}
+	if c.RequestJournalBytes == 0 {
+		c.RequestJournalBytes = 64 << 20
+	}
+	if c.RequestMaxAttempts < 0 {
+		return bad("--request-max-attempts must be at least 1, got %d", c.RequestMaxAttempts)
+	}
+	if c.RequestMaxAttempts == 0 {
+		c.RequestMaxAttempts = 3
 	}
 	if c.HTTPAddr != "" && c.HTTPTokenFile == "" && !c.HTTPAllowRemote && !api.IsLoopbackAddr(c.HTTPAddr) {
 		return bad("--http-addr %s is not a loopback address and no --http-token-file protects /v1/requests: "+

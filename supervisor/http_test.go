@@ -51,7 +51,7 @@ func TestRequestWaitParameter(t *testing.T) {
 		{"30", 400, "not a duration"},
 		{"6m", 400, "out of range"},
 		{"-1s", 400, "out of range"},
-		{"5m", 503, "no agent is ready"}, // valid: the missing agent is the next problem
+		{"5m", 503, "request journal is not open"}, // valid: the journal (opened by Run) is the next problem
 	} {
 		code, body := do(t, h, "POST", "/v1/requests?wait="+c.wait, "", `{"message":"hi"}`)
 		if code != c.code || !strings.Contains(body, c.want) {

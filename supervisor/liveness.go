@@ -90,6 +90,7 @@ func (s *Supervisor) stopInstanceAfter(in *agent, reason string, grace time.Dura
 	in.stopping = true
 	in.stopReason = reason
 	if in == s.lc.cur {
+		s.book.Detach()
 		s.setState(StateStopping)
 		s.met.AgentUp.WithLabelValues(in.Role()).Set(0)
 	}
@@ -142,6 +143,9 @@ func (s *Supervisor) streamEnded(in *agent, ev conn.Event) {
 // pipe an escaped descendant holds open is cut), then it is reaped, and
 // conn.Finished reports to the owner. The owner goes on meanwhile.
 func (s *Supervisor) drainInstance(in *agent) {
+	if in.Role() == RolePrimary && in == s.lc.cur {
+		s.book.Detach()
+	}
 	if in.Role() == RolePrimary && !in.draining {
 		s.setState(StateStopping)
 		s.met.AgentUp.WithLabelValues(RolePrimary).Set(0)

@@ -6,6 +6,7 @@ import (
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/internal/clip"
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/api"
 	"github.com/agent-sidecar/supervisor/supervisor/conn"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
 )
@@ -21,10 +22,18 @@ func (s *Supervisor) primaryResult(in *conn.Instance, m *schema.RequestResult) {
 		s.invalidMessage(in, err)
 		return
 	}
+	if outcome == api.OutcomeDuplicate {
+		// A redelivered request that finished twice: the first answer
+		// stands (counted in supervisor_request_results_duplicate_total).
+		if ok, sup := s.rec.Allow(time.Now()); ok {
+			in.Log().Info("request_result for a request already answered; ignored", "request_id", clip.String(m.RequestID, 64), "suppressed_before", sup)
+		}
+		return
+	}
 	s.met.RequestOutcomes.WithLabelValues(outcome).Inc()
 	if outcome == observe.OutcomeLate {
 		if ok, sup := s.rec.Allow(time.Now()); ok {
-			in.Log().Info("request_result arrived after its request expired; dropped", "request_id", clip.String(m.RequestID, 64),
+			in.Log().Info("request_result arrived after its request expired, was cancelled or set aside; kept beside it", "request_id", clip.String(m.RequestID, 64),
 				"after", took.Round(time.Millisecond), "request_retention", s.cfg.RequestRetention, "suppressed_before", sup)
 		}
 		return

@@ -36,6 +36,9 @@ func (s *Supervisor) instanceExited(in *agent, st agentproc.ExitStatus) (stop bo
 	if reason != "exited" && reason != "shutdown" && reason != reasonOperatorRestore {
 		failed = true
 	}
+	// The requests in flight are charged a death (poison isolation); they
+	// wait for the next start.
+	s.book.AgentGone(reason)
 	if s.lc.trial != nil && !s.lc.trial.decided {
 		s.concludeTrial() // the primary is gone: rejected, with the reason
 	}

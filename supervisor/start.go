@@ -203,6 +203,9 @@ func (s *Supervisor) open() error {
 		s.rec.Record(observe.Occurrence{Level: slog.LevelError, Msg: "WAL CORRUPTION: replay stopped at a corrupt record; the good prefix is kept and entries after it are NOT served. Inspect with `supervisor wal dump` and restore the data directory from a backup if those entries matter.",
 			Kind: observe.AuditWALError, Fields: map[string]any{"error": rec.Corruption.Error(), "last_good_sequence": w.LastSequence()}})
 	}
+	if err := s.openRequests(); err != nil {
+		return err
+	}
 	ledger, err := evolution.OpenLedger(filepath.Join(dir, "evolution.json"))
 	if err != nil {
 		return fmt.Errorf("open the evolution ledger: %w", err)
@@ -221,6 +224,11 @@ func (s *Supervisor) open() error {
 func (s *Supervisor) close() error {
 	var errs []error
 	s.stopReplica() // a last bounded upload of what is durable
+	if s.book != nil {
+		if err := s.book.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close the request journal: %w", err))
+		}
+	}
 	if s.st != nil {
 		if err := s.st.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close WAL: %w", err))

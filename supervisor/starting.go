@@ -135,6 +135,9 @@ func (s *Supervisor) startSpawned(p *startPrep, proc agentproc.Proc, err error) 
 	}
 	// Promoted code newer than the restored state is applied again.
 	s.resendPromotions(inst, created)
+	// Then every pending request, again (after the restore: the agent
+	// finds its steps in it).
+	s.book.AgentUp(inst)
 	return nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/agent-sidecar/supervisor/supervisor/conn"
 	"github.com/agent-sidecar/supervisor/supervisor/durable"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
+	"github.com/agent-sidecar/supervisor/supervisor/requests"
 	"github.com/agent-sidecar/supervisor/wal"
 )
 
@@ -62,6 +63,7 @@ type Supervisor struct {
 	rec   *observe.Recorder // logs, counts and audits occurrences (its audit log attached by open)
 	met   *observe.Metrics
 	bmet  *observe.BoundsMetrics
+	rmet  *requests.Metrics
 	api   *api.Server // the HTTP API, its request table and the control socket
 	// work runs checkpoint saves and the owner's slow storage jobs on one
 	// goroutine (storejobs.go); they report back on inbox.stored.
@@ -75,6 +77,10 @@ type Supervisor struct {
 	lock   *os.File
 	ledger *evolution.Ledger
 	rep    *replicaState // --replica (replica.go); nil when off
+	// book is the request journal and every request's state
+	// (supervisor/requests); the owner tells it when the primary starts and
+	// dies, and never waits on it.
+	book *requests.Book
 
 	inbox inbox     // every way into the owner loop
 	lc    lifecycle // the owner loop's state: nobody else reads or writes it
@@ -179,6 +185,7 @@ func New(cfg Config) (*Supervisor, error) {
 	s.setState(StateStarting) // the first start is scheduled at once
 	s.met = observe.NewMetrics(s.heartbeatAgeSeconds, s.walLastSequence, newBuildInfoGauge(Build()))
 	s.bmet = observe.NewBoundsMetrics(s.met.Reg, cfg.LogDropped)
+	s.rmet = requests.NewMetrics(s.met.Reg)
 	srv, err := api.New(api.Options{Log: log, Metrics: s.met, Bounds: s.bmet, Codec: s.codec,
 		TokenFile: cfg.HTTPTokenFile, Retention: cfg.RequestRetention}, apiOwner{s})
 	if err != nil {

@@ -35,6 +35,9 @@ func agentCommand(flags ...string) []string {
 }
 
 func TestMain(m *testing.M) {
+	if os.Getenv(envReqAgent) != "" {
+		os.Exit(runReqAgent()) // the request agent (reqagent_test.go)
+	}
 	testagent.MainIfAgent()
 	self, err := os.Executable()
 	if err != nil {

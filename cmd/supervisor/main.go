@@ -105,6 +105,7 @@ func commands(e env) map[string]command {
 		"status":      &statusCmd{env: e},
 		"wal":         &walCmd{env: e},
 		"audit":       &auditCmd{env: e},
+		"requests":    &requestsCmd{env: e},
 		"replica":     &replicaCmd{env: e},
 		"version":     &versionCmd{env: e},
 		"demo-agent":  demoAgent{},

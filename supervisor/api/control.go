@@ -33,6 +33,9 @@ const SocketName = "supervisor.sock"
 const (
 	OpStatus  = "status"
 	OpRestore = "restore"
+	// OpCancelRequest cancels a request (`supervisor requests cancel ID`),
+	// as DELETE /v1/requests/ID does.
+	OpCancelRequest = "cancel_request"
 )
 
 // ErrNotRunning: no supervisor answers on the data directory's socket.
@@ -47,6 +50,7 @@ type ControlRequest struct {
 	Op           string `json:"op"`
 	CheckpointID string `json:"checkpoint_id,omitempty"`
 	NoWAL        bool   `json:"no_wal,omitempty"`
+	RequestID    string `json:"request_id,omitempty"`
 }
 
 // ControlResponse is the answer.
@@ -57,6 +61,10 @@ type ControlResponse struct {
 	Message string       `json:"message,omitempty"`
 	Status  *Status      `json:"status,omitempty"`
 	Restore *RestoreInfo `json:"restore,omitempty"`
+	// Code is the HTTP status the same operation would have had
+	// (OpCancelRequest: 200, 404, 409).
+	Code    int             `json:"code,omitempty"`
+	Request json.RawMessage `json:"request,omitempty"`
 }
 
 // RestoreInfo describes a restore the supervisor sent or recorded.
@@ -197,6 +205,21 @@ func (s *Server) serveControlConn(ctx context.Context, conn *net.UnixConn) {
 		// the same object as GET /v1/status.
 		st := s.FullStatus(time.Now())
 		respond(ControlResponse{OK: true, Status: &st})
+		return
+	}
+	if req.Op == OpCancelRequest {
+		// The request book answers, not the owner loop.
+		code, body := s.cancelRequest(req.RequestID)
+		b, _ := json.Marshal(body)
+		resp := ControlResponse{OK: code == 200, Code: code, Request: b}
+		if code != 200 {
+			if m, ok := body.(map[string]any); ok {
+				resp.Error, _ = m["error"].(string)
+			}
+		} else {
+			resp.Message = "request " + req.RequestID + " cancelled"
+		}
+		respond(resp)
 		return
 	}
 	var meta checkpoint.Meta

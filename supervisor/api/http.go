@@ -1,9 +1,11 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
+	"github.com/agent-sidecar/supervisor/supervisor/requests"
 )
 
 // maxRequestBody caps POST /v1/requests bodies.
@@ -25,6 +28,7 @@ func (s *Server) Handler() http.Handler {
 	s.probeRoutes(mux)
 	mux.Handle("POST /v1/requests", s.requireToken(http.HandlerFunc(s.handleRequest)))
 	mux.Handle("GET /v1/requests/{id}", s.requireToken(http.HandlerFunc(s.handleGetRequest)))
+	mux.Handle("DELETE /v1/requests/{id}", s.requireToken(http.HandlerFunc(s.handleCancelRequest)))
 	s.pageRoutes(mux) // GET /, /v1/status, the page's stylesheet and script (page.go)
 	// A connection in a reserve slot is answered on the probe paths only.
 	return reserveGuard(mux)
@@ -108,14 +112,21 @@ func (s *Server) acceptRequest(w http.ResponseWriter, r *http.Request) (int, map
 	if err != nil {
 		return http.StatusBadRequest, map[string]any{"error": err.Error()}
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
-	var req requestBody
-	dec := json.NewDecoder(r.Body)
-	if err := dec.Decode(&req); err != nil {
+	key, err := idempotencyKey(r)
+	if err != nil {
+		return http.StatusBadRequest, map[string]any{"error": err.Error()}
+	}
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBody))
+	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			return http.StatusRequestEntityTooLarge, map[string]any{"error": fmt.Sprintf("body larger than %d bytes", maxRequestBody)}
 		}
+		return http.StatusBadRequest, map[string]any{"error": "cannot read the body: " + err.Error()}
+	}
+	var req requestBody
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if err := dec.Decode(&req); err != nil {
 		return http.StatusBadRequest, map[string]any{"error": "body is not a JSON object {message, context, user_id}: " + err.Error()}
 	}
 	if dec.More() {
@@ -127,10 +138,6 @@ func (s *Server) acceptRequest(w http.ResponseWriter, r *http.Request) (int, map
 	if d := jsonDepth(req.Context, maxContextDepth+1); d > maxContextDepth {
 		return http.StatusBadRequest, map[string]any{"error": fmt.Sprintf("context is nested more than %d levels deep; the agent protocol does not carry it", maxContextDepth)}
 	}
-	in, shadow, trial := s.owner.Target()
-	if ready, reason, _ := s.owner.Readiness(); !ready || in == nil {
-		return http.StatusServiceUnavailable, map[string]any{"error": "no agent is ready: " + reason}
-	}
 	var ctxRaw msgpack.RawMessage
 	if req.Context != nil {
 		b, err := msgpack.Marshal(req.Context)
@@ -140,7 +147,7 @@ func (s *Server) acceptRequest(w http.ResponseWriter, r *http.Request) (int, map
 		ctxRaw = b
 	}
 	id := observe.NewUUID()
-	msg := &schema.ProcessRequest{RequestID: id, Data: schema.RequestData{Message: *req.Message, Context: ctxRaw, UserID: req.UserID}}
+	msg := &schema.ProcessRequest{RequestID: id, Attempt: 1, Data: schema.RequestData{Message: *req.Message, Context: ctxRaw, UserID: req.UserID}}
 	// Encoded here, so that a request the protocol cannot carry is the
 	// client's error (4xx), not an ERROR line per request and a 503.
 	frame, err := s.opts.Codec.Encode(msg)
@@ -151,7 +158,13 @@ func (s *Server) acceptRequest(w http.ResponseWriter, r *http.Request) (int, map
 		}
 		return code, map[string]any{"error": "the request cannot be sent to the agent: " + err.Error()}
 	}
-	return s.forwardRequest(w, r, in, shadow, trial, id, frame, wait) // requests.go
+	// What the journal keeps and the agent gets: the body as it was read
+	// (fields it does not know dropped).
+	body, err := json.Marshal(requests.Body{Message: *req.Message, Context: req.Context, UserID: req.UserID})
+	if err != nil {
+		return http.StatusBadRequest, map[string]any{"error": "the body cannot be journaled: " + err.Error()}
+	}
+	return s.journalRequest(w, r, key, bodyDigest(raw), body, frame, id, wait) // handlers.go
 }
 
 // maxContextDepth is the deepest nesting of a request's context that fits a

@@ -10,6 +10,7 @@ import (
 
 	"github.com/agent-sidecar/supervisor/internal/clip"
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/requests"
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
@@ -18,15 +19,6 @@ import (
 const (
 	// maxRequestWait caps POST /v1/requests?wait=.
 	maxRequestWait = 5 * time.Minute
-	// maxRetainedRequests bounds the requests held for GET (pending and
-	// finished); at the cap the oldest finished one is forgotten, and when
-	// every one is still pending (an agent that never answers) a new request
-	// is refused (429).
-	maxRetainedRequests = 10000
-	// maxRetainedResultBytes bounds the bytes of results held (as JSON);
-	// over it the oldest results are dropped (statusDropped). It is part of
-	// the supervisor's 64 MiB memory promise (docs/operations.md, bounds).
-	maxRetainedResultBytes = 16 << 20
 	// maxResultJSON bounds one result converted to JSON (a 1 MiB MessagePack
 	// map of bin values grows by a third in base64).
 	maxResultJSON = 4 << 20
@@ -148,23 +140,39 @@ func unknownResult(id string, err error) error {
 		Reason: fmt.Sprintf("%q: %s", clip.String(id, 64), why)}
 }
 
-// Finish records the primary's result m: the request's outcome
-// (observe.OutcomeAnswered, OutcomeFailed, or OutcomeLate for a result that
-// arrived after the request expired: dropped, not an error), how long the
-// agent took, and the trial the request was mirrored to. err is the
-// INVALID_MESSAGE to answer (a *schema.ValidationError): a result that
-// cannot be given to an HTTP client, or one that answers nothing.
+// Finish records the primary's result m in the request book: the request's
+// outcome (observe.OutcomeAnswered, OutcomeFailed, OutcomeLate for a result
+// that arrived after the request expired, was cancelled or set aside — kept
+// beside it, not an error — or OutcomeDuplicate for a second answer:
+// ignored and counted), how long after acceptance it came, and the trial the
+// request was mirrored to. err is the INVALID_MESSAGE to answer (a
+// *schema.ValidationError): a result that cannot be given to an HTTP client,
+// or one that answers no request the supervisor holds.
 func (t *RequestTable) Finish(m *schema.RequestResult) (outcome string, took time.Duration, trial string, err error) {
 	data, rerr, err := resultBody(m)
 	if err != nil {
 		return "", 0, "", err
 	}
-	outcome, took, trial, err = t.finish(m.RequestID, data, rerr)
-	if err != nil {
-		return "", 0, trial, unknownResult(m.RequestID, err)
+	b := t.Book()
+	if b == nil {
+		return "", 0, "", unknownResult(m.RequestID, errRequestUnknown)
 	}
-	return outcome, took, trial, nil
+	var eb *requests.ErrorBody
+	if rerr != nil {
+		eb = &requests.ErrorBody{Code: rerr.Code, Message: rerr.Message}
+	}
+	outcome, took, err = b.Answer(m.RequestID, data, eb)
+	switch {
+	case errors.Is(err, requests.ErrDuplicate):
+		return OutcomeDuplicate, took, "", nil
+	case err != nil:
+		return "", 0, "", unknownResult(m.RequestID, errRequestUnknown)
+	}
+	return outcome, took, t.mirrorOf(m.RequestID), nil
 }
+
+// OutcomeDuplicate: a second request_result for an answered request.
+const OutcomeDuplicate = "duplicate"
 
 // ShadowAnswer records the shadow's answer to a request mirrored to trial,
 // and how long after sending it came; err is the INVALID_MESSAGE to answer.

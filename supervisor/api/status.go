@@ -10,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
+	"github.com/agent-sidecar/supervisor/supervisor/requests"
 )
 
 // What the status page and GET /v1/status add to Status (issue 26). Every
@@ -68,6 +69,7 @@ type RequestCounts struct {
 	Failed        int     `json:"failed"`
 	Expired       int     `json:"expired"`
 	Dropped       int     `json:"dropped"`
+	Cancelled     int     `json:"cancelled"`
 }
 
 // EvolutionStatus is the evolution under way and the newest decision.
@@ -286,28 +288,25 @@ func (s *Server) scanWAL(dir string, now time.Time) (int, int64) {
 	return n, size
 }
 
-// counts counts the requests held, by status.
+// counts counts the requests the journal holds, by status.
 func (t *RequestTable) counts(now time.Time) *RequestCounts {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.sweepLocked(now, false)
 	c := &RequestCounts{WindowSeconds: t.retention.Seconds()}
-	for _, r := range t.recs {
-		switch r.status {
-		case statusPending:
-			if now.Sub(r.sent) >= t.retention {
-				c.Expired++
-			} else {
-				c.InFlight++
-			}
-		case statusAnswered:
+	b := t.Book()
+	if b == nil {
+		return c
+	}
+	for _, v := range b.List() {
+		switch v.Status {
+		case requests.StatusPending:
+			c.InFlight++
+		case requests.StatusAnswered:
 			c.Answered++
-		case statusFailed:
+		case requests.StatusFailed:
 			c.Failed++
-		case statusExpired:
+		case requests.StatusExpired:
 			c.Expired++
-		case statusDropped:
-			c.Dropped++
+		case requests.StatusCancelled:
+			c.Cancelled++
 		}
 	}
 	return c

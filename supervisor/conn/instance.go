@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -111,6 +112,8 @@ type Instance struct {
 	inFrames map[string]prometheus.Counter
 
 	lastHeartbeat atomic.Int64 // unix nanos; 0 before the first
+	// acceptsCancel: a heartbeat carried accepts: ["cancel_request"].
+	acceptsCancel atomic.Bool
 	firstHBAt     atomic.Int64
 	version       atomic.Int32 // highest protocol version the agent has used
 
@@ -254,6 +257,10 @@ func (in *Instance) Started() time.Time { return in.started }
 // Abandoned is closed once the owner has begun finishing the instance: a
 // sink waiting for room gives up.
 func (in *Instance) Abandoned() <-chan struct{} { return in.abandoned }
+
+// AcceptsCancel reports whether a heartbeat of this process opted in to
+// cancel_request (docs/protocol.md).
+func (in *Instance) AcceptsCancel() bool { return in.acceptsCancel.Load() }
 
 // FirstHeartbeatAt is when the first heartbeat arrived (zero: none yet).
 func (in *Instance) FirstHeartbeatAt() time.Time {
@@ -481,6 +488,9 @@ func (in *Instance) readLoop(r *wire.Reader) {
 			now := time.Now().UnixNano()
 			in.blockedNano.Store(0)
 			in.lastFrameAt.Store(now)
+			if !in.acceptsCancel.Load() && slices.Contains(m.Accepts, schema.TypeCancelRequest) {
+				in.acceptsCancel.Store(true)
+			}
 			if in.lastHeartbeat.Swap(now) == 0 {
 				in.firstHBAt.Store(now)
 				in.emit(Event{Kind: FirstHeartbeat})

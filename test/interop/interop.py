@@ -43,6 +43,7 @@ def agent_cases():
     yield "heartbeat_uint16_ts", pack({"type": "heartbeat", "timestamp": 60000})
     yield "heartbeat_uint64_ts", pack({"type": "heartbeat", "timestamp": 2**40})
     yield "heartbeat_negative_ts", pack({"type": "heartbeat", "timestamp": -100})
+    yield "heartbeat_accepts", pack({"type": "heartbeat", "timestamp": TS, "accepts": ["cancel_request"]})
     yield "heartbeat_v2_metadata", pack({"type": "heartbeat", "timestamp": TS, "version": 2, "metadata": {"k": "v"}})
     yield "checkpoint", pack({"type": "checkpoint", "timestamp": TS, "data": {
         "agent_state": {"id": "a1", "name": "agent", "version": "1.0", "status": "thinking"},

@@ -93,6 +93,11 @@ func TestPythonAgentMessagesDecodeInGo(t *testing.T) {
 		"heartbeat_uint16_ts":   ts(60000),
 		"heartbeat_uint64_ts":   ts(1 << 40),
 		"heartbeat_negative_ts": ts(-100),
+		"heartbeat_accepts": func(t *testing.T, m schema.Message) {
+			if a := m.(*schema.Heartbeat).Accepts; len(a) != 1 || a[0] != schema.TypeCancelRequest {
+				t.Fatalf("accepts %q", a)
+			}
+		},
 		"heartbeat_v2_metadata": func(t *testing.T, m schema.Message) {
 			if h := m.Head(); h.Version != 2 || !bytes.Equal(h.Metadata, schema.RawMap(map[string]any{"k": "v"})) {
 				t.Fatalf("header %+v", h)
@@ -225,6 +230,10 @@ func TestGoSupervisorMessagesDecodeInPython(t *testing.T) {
 			`{"type":"evolution_result","timestamp":1705392000,"success":true,"decision":"promoted","metrics":{"latency_improvement":-0.15,"error_rate_change":-0.05,"memory_increase":0.1},"reason":"Shadow instance showed 15% latency improvement"}`},
 		{&schema.ProcessRequest{Header: h, RequestID: "r-1", Data: schema.RequestData{Message: strings.Repeat("é", 40), Context: schema.RawMap(map[string]any{"k": []any{1, "two"}}), UserID: "u"}},
 			`{"type":"process_request","timestamp":1705392000,"request_id":"r-1","data":{"message":"` + strings.Repeat("é", 40) + `","context":{"k":[1,"two"]},"user_id":"u"}}`},
+		{&schema.ProcessRequest{Header: h, RequestID: "r-2", Data: schema.RequestData{Message: "again"}, Attempt: 300},
+			`{"type":"process_request","timestamp":1705392000,"request_id":"r-2","attempt":300,"data":{"message":"again","user_id":""}}`},
+		{&schema.CancelRequest{Header: h, RequestID: "r-2"},
+			`{"type":"cancel_request","timestamp":1705392000,"request_id":"r-2"}`},
 		{&schema.Shutdown{Header: h, Reason: "SIGTERM", CreateCheckpoint: true},
 			`{"type":"shutdown","timestamp":1705392000,"reason":"SIGTERM","create_checkpoint":true}`},
 		{walFull,

@@ -1,0 +1,753 @@
+package requests
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agent-sidecar/supervisor/schema"
+)
+
+// Request statuses (GET /v1/requests/ID).
+const (
+	StatusPending   = "pending"
+	StatusAnswered  = "answered"
+	StatusFailed    = "failed"
+	StatusExpired   = "expired"
+	StatusCancelled = "cancelled"
+)
+
+// Error codes the supervisor sets on a request.
+const (
+	CodeExpired = "REQUEST_EXPIRED"
+	CodePoison  = "REQUEST_POISON"
+)
+
+// Audit kinds of the book's decisions.
+const (
+	AuditExpired   = "request_expired"
+	AuditPoison    = "request_poison"
+	AuditCancelled = "request_cancelled"
+	AuditDamaged   = "request_journal_damaged"
+)
+
+// Errors of the book's operations; the API maps them to status codes.
+var (
+	ErrUnknown     = errors.New("no such request")
+	ErrFull        = errors.New("the request journal is full")
+	ErrKeyConflict = errors.New("this Idempotency-Key was used for a different body")
+	ErrFinished    = errors.New("the request is already finished")
+	ErrDuplicate   = errors.New("the request was already answered")
+	ErrClosed      = errors.New("the request book is closed")
+)
+
+// Death is one agent death with the request in flight.
+type Death struct {
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason"`
+	Alone  bool      `json:"alone"` // the only request in flight then
+}
+
+// Request is one accepted request: what the journal keeps of it.
+type Request struct {
+	ID        string          `json:"request_id"`
+	Key       string          `json:"idempotency_key,omitempty"`
+	Digest    string          `json:"body_digest,omitempty"`
+	Body      json.RawMessage `json:"body,omitempty"`
+	Accepted  time.Time       `json:"accepted"`
+	Deadline  time.Time       `json:"deadline"`
+	Status    string          `json:"status"`
+	Attempts  int             `json:"attempts"`
+	Deaths    []Death         `json:"deaths,omitempty"`
+	Suspect   bool            `json:"suspect,omitempty"`
+	Data      json.RawMessage `json:"data,omitempty"`
+	Error     *ErrorBody      `json:"error,omitempty"`
+	Finished  time.Time       `json:"finished,omitzero"`
+	LateData  json.RawMessage `json:"late_data,omitempty"`
+	LateError *ErrorBody      `json:"late_error,omitempty"`
+
+	seq      uint64
+	durable  bool
+	ticket   *Ticket
+	done     chan struct{}
+	inflight int // the agent generation it is in flight to; 0: none
+	size     int64
+}
+
+// Final reports whether the request's status can no longer change.
+func (r *Request) Final() bool { return r.Status != StatusPending }
+
+// View is a copy of a request for readers.
+type View struct {
+	Request
+	InFlight bool `json:"in_flight,omitempty"`
+}
+
+// Body is the JSON body of POST /v1/requests as the agent gets it.
+type Body struct {
+	Message string         `json:"message"`
+	Context map[string]any `json:"context,omitempty"`
+	UserID  string         `json:"user_id,omitempty"`
+}
+
+// Agent is the primary as the book delivers to it.
+type Agent interface {
+	// SendRequest queues a process_request; false: the queue is full
+	// (delivery is retried shortly).
+	SendRequest(frame []byte) bool
+	// SendMsg queues a message (cancel_request).
+	SendMsg(m schema.Message) bool
+	// AcceptsCancel: a heartbeat of this process carried
+	// accepts: ["cancel_request"].
+	AcceptsCancel() bool
+}
+
+// Config configures a Book.
+type Config struct {
+	Retention   time.Duration // --request-retention: finished requests are kept this long
+	Timeout     time.Duration // --request-timeout: a request not answered by then expires
+	MaxBytes    int64         // --request-journal-bytes
+	MaxAttempts int           // --request-max-attempts
+	// Encode encodes a process_request (the run's codec).
+	Encode  func(schema.Message) ([]byte, error)
+	Log     *slog.Logger
+	Metrics *Metrics
+	// Audit records a decision in the audit log.
+	Audit func(kind string, fields map[string]any)
+	Now   func() time.Time
+}
+
+// Book is the state of every request, backed by the journal. Safe for
+// concurrent use; it never waits on the disk while holding its lock, and
+// the owner's calls (AgentUp, AgentGone, Answer) never wait on an fsync.
+type Book struct {
+	cfg Config
+	j   *Journal
+
+	mu        sync.Mutex
+	reqs      map[string]*Request
+	keys      map[string]*Request
+	order     []*Request // durable requests in acceptance order (finished ones are dropped lazily)
+	seq       uint64
+	agent     Agent
+	gen       int
+	liveBytes int64
+	closed    bool
+
+	wake chan struct{}
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// OpenBook opens the journal in dataDir and rebuilds the requests from it.
+func OpenBook(dataDir string, cfg Config) (*Book, *Replay, error) {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Audit == nil {
+		cfg.Audit = func(string, map[string]any) {}
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 3
+	}
+	j, rp, err := Open(dataDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	b := &Book{cfg: cfg, j: j, reqs: map[string]*Request{}, keys: map[string]*Request{},
+		wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	for _, rec := range rp.Records {
+		b.apply(rec)
+	}
+	for _, r := range b.reqs {
+		r.durable = true
+		r.inflight = 0
+		b.order = append(b.order, r)
+	}
+	sort.Slice(b.order, func(i, k int) bool { return b.order[i].seq < b.order[k].seq })
+	j.Start(b.snapshot, func(n int64, err error) {
+		if cfg.Metrics != nil {
+			cfg.Metrics.journalBytes.Set(float64(j.Size()))
+		}
+	})
+	if rp.Corruption != nil {
+		cfg.Audit(AuditDamaged, map[string]any{"error": rp.Corruption.Error(), "skipped_bytes": rp.SkippedBytes, "set_aside": rp.SetAside, "requests": len(b.reqs)})
+	}
+	b.wg.Add(1)
+	go b.run()
+	return b, rp, nil
+}
+
+// apply replays one record (idempotently: a record also reflected in a
+// compacted state changes nothing).
+func (b *Book) apply(rec *Record) {
+	at := time.Unix(0, rec.At)
+	if rec.Kind == KindState && rec.State != nil {
+		r := rec.State
+		if old := b.reqs[r.ID]; old != nil {
+			b.removeLocked(old)
+		}
+		b.addLocked(r)
+		if r.Final() {
+			close(r.done)
+		}
+		return
+	}
+	if rec.Kind == KindAccepted {
+		if b.reqs[rec.ID] != nil {
+			return
+		}
+		b.addLocked(&Request{ID: rec.ID, Key: rec.Key, Digest: rec.Digest, Body: rec.Body, Accepted: at,
+			Deadline: time.Unix(0, rec.Deadline), Status: StatusPending})
+		return
+	}
+	r := b.reqs[rec.ID]
+	if r == nil {
+		return // its request was compacted away, or lost to damage
+	}
+	switch rec.Kind {
+	case KindDelivered:
+		r.Attempts = max(r.Attempts, rec.Attempt)
+	case KindDeath:
+		if !slices.ContainsFunc(r.Deaths, func(d Death) bool { return d.At.Equal(at) }) {
+			r.Deaths = append(r.Deaths, Death{At: at, Reason: rec.Reason, Alone: rec.Attempt == 1})
+			r.Suspect = r.Status == StatusPending && rec.Attempt != 1
+		}
+	case KindAnswered:
+		b.answerLocked(r, rec.Data, rec.Error, at)
+	case KindExpired, KindCancelled, KindFailed:
+		if r.Final() {
+			return
+		}
+		r.Status, r.Finished, r.Error, r.Suspect = map[string]string{KindExpired: StatusExpired, KindCancelled: StatusCancelled, KindFailed: StatusFailed}[rec.Kind], at, rec.Error, false
+		close(r.done)
+	}
+}
+
+func (b *Book) addLocked(r *Request) {
+	b.seq++
+	r.seq = b.seq
+	r.done = make(chan struct{})
+	r.size = int64(len(r.Body) + len(r.Data) + len(r.LateData) + 512)
+	b.reqs[r.ID] = r
+	if r.Key != "" {
+		b.keys[r.Key] = r
+	}
+	b.liveBytes += r.size
+}
+
+func (b *Book) removeLocked(r *Request) {
+	delete(b.reqs, r.ID)
+	if r.Key != "" && b.keys[r.Key] == r {
+		delete(b.keys, r.Key)
+	}
+	b.liveBytes -= r.size
+}
+
+// snapshot is the compacted journal: one state record per durable request.
+func (b *Book) snapshot() []*Record {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	recs := make([]*Record, 0, len(b.reqs))
+	for _, r := range b.order {
+		if b.reqs[r.ID] != r || !r.durable {
+			continue
+		}
+		st := *r
+		st.ticket, st.done = nil, nil
+		recs = append(recs, &Record{Kind: KindState, ID: r.ID, State: &st})
+	}
+	return recs
+}
+
+// Accept journals a new request and returns once it is on disk. With a key
+// already used for the same body it returns that request instead (created
+// false), waiting for it to be on disk if it is not yet.
+func (b *Book) Accept(key, digest string, body json.RawMessage, id string) (v View, created bool, err error) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return View{}, false, ErrClosed
+	}
+	if key != "" {
+		if r := b.keys[key]; r != nil {
+			if r.Digest != digest {
+				b.mu.Unlock()
+				return View{}, false, ErrKeyConflict
+			}
+			t := r.ticket
+			b.mu.Unlock()
+			if t != nil {
+				if err := t.Wait(); err != nil {
+					return View{}, false, err
+				}
+			}
+			v, ok := b.Get(r.ID)
+			if !ok {
+				return View{}, false, ErrUnknown
+			}
+			return v, false, nil
+		}
+	}
+	now := b.cfg.Now()
+	r := &Request{ID: id, Key: key, Digest: digest, Body: body, Accepted: now, Deadline: now.Add(b.cfg.Timeout), Status: StatusPending}
+	size := int64(len(body) + 512)
+	if b.cfg.MaxBytes > 0 && b.liveBytes+size > b.cfg.MaxBytes {
+		b.mu.Unlock()
+		b.cfg.Metrics.rejected(rejectFull)
+		return View{}, false, ErrFull
+	}
+	b.addLocked(r)
+	r.ticket = b.j.Append(&Record{Kind: KindAccepted, ID: id, Key: key, Digest: digest, Body: body, At: now.UnixNano(), Deadline: r.Deadline.UnixNano()})
+	t := r.ticket
+	b.mu.Unlock()
+
+	err = t.Wait()
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r.ticket = nil
+	if err != nil {
+		if b.reqs[id] == r {
+			b.removeLocked(r)
+		}
+		close(r.done)
+		if errors.Is(err, ErrDiskFull) {
+			b.cfg.Metrics.rejected(rejectDiskFull)
+		}
+		return View{}, false, err
+	}
+	r.durable = true
+	b.order = append(b.order, r)
+	b.cfg.Metrics.accepted.Inc()
+	b.kickLocked()
+	return b.viewLocked(r), true, nil
+}
+
+// Get returns a request's state.
+func (b *Book) Get(id string) (View, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := b.reqs[id]
+	if r == nil || !r.durable {
+		return View{}, false
+	}
+	return b.viewLocked(r), true
+}
+
+// Done is closed when the request stops being pending (nil: unknown).
+func (b *Book) Done(id string) <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r := b.reqs[id]; r != nil {
+		return r.done
+	}
+	return nil
+}
+
+func (b *Book) viewLocked(r *Request) View {
+	c := *r
+	c.Deaths = slices.Clone(r.Deaths)
+	c.ticket, c.done = nil, nil
+	return View{Request: c, InFlight: r.inflight != 0}
+}
+
+// AgentUp: a is the primary now, its restore queued. Every pending request
+// is delivered to it (again, attempt incremented), in acceptance order.
+func (b *Book) AgentUp(a Agent) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.gen++
+	b.agent = a
+	for _, r := range b.order {
+		r.inflight = 0
+	}
+	b.kickLocked() // delivered by the book's goroutine: the owner never waits on it
+}
+
+// Detach stops deliveries to the primary being stopped (its requests in
+// flight stay charged to it until AgentGone).
+func (b *Book) Detach() {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	b.agent = nil
+	b.mu.Unlock()
+}
+
+// AgentGone: the primary died (reason: crashed, killed, hung, framing…).
+// Every request in flight to it is charged a death; when several were, they
+// become suspects, redelivered one at a time. A request that reaches
+// --request-max-attempts deaths alone is set aside as poison.
+func (b *Book) AgentGone(reason string) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.agent = nil
+	var inflight []*Request
+	for _, r := range b.order {
+		if r.inflight != 0 && r.inflight == b.gen && !r.Final() {
+			inflight = append(inflight, r)
+		}
+		r.inflight = 0
+	}
+	if reason == "" || reason == "shutdown" || reason == "exited" || reason == "operator_restore" || reason == "wal_failed" {
+		return // not the agent's death with the request: redelivered, no charge
+	}
+	now := b.cfg.Now()
+	alone := len(inflight) == 1
+	for _, r := range inflight {
+		r.Deaths = append(r.Deaths, Death{At: now, Reason: reason, Alone: alone})
+		flag := 0
+		if alone {
+			flag = 1
+		}
+		b.j.Append(&Record{Kind: KindDeath, ID: r.ID, At: now.UnixNano(), Reason: reason, Attempt: flag})
+		if !alone {
+			r.Suspect = true
+			continue
+		}
+		r.Suspect = false
+		if len(r.Deaths) >= b.cfg.MaxAttempts {
+			b.poisonLocked(r, now)
+		}
+	}
+}
+
+func (b *Book) poisonLocked(r *Request, now time.Time) {
+	reasons := make([]string, len(r.Deaths))
+	for i, d := range r.Deaths {
+		reasons[i] = d.Reason
+	}
+	r.Status, r.Finished = StatusFailed, now
+	r.Error = &ErrorBody{Code: CodePoison, Message: fmt.Sprintf(
+		"the agent died %d times with this request in flight (%s); it is set aside and never delivered again (--request-max-attempts %d)",
+		len(r.Deaths), strings.Join(reasons, ", "), b.cfg.MaxAttempts),
+		Details: map[string]any{"deaths": len(r.Deaths), "reasons": reasons, "attempts": r.Attempts}}
+	b.j.Append(&Record{Kind: KindFailed, ID: r.ID, At: now.UnixNano(), Error: r.Error})
+	close(r.done)
+	b.cfg.Metrics.poison.Inc()
+	b.cfg.Log.Error("request set aside as poison: the agent died every time it had it", "request_id", r.ID,
+		"deaths", len(r.Deaths), "reasons", strings.Join(reasons, ","), "max_attempts", b.cfg.MaxAttempts)
+	b.cfg.Audit(AuditPoison, map[string]any{"request_id": r.ID, "deaths": len(r.Deaths), "reasons": reasons, "attempts": r.Attempts})
+}
+
+// Outcomes of Answer.
+const (
+	OutcomeAnswered = "answered"
+	OutcomeFailed   = "failed"
+	OutcomeLate     = "late"
+)
+
+// Answer records the agent's answer to id: data, or rerr. It returns the
+// outcome and how long after acceptance it came. ErrUnknown: the book holds
+// no such request; ErrDuplicate: already answered (ignored).
+func (b *Book) Answer(id string, data json.RawMessage, rerr *ErrorBody) (outcome string, took time.Duration, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := b.reqs[id]
+	if r == nil || !r.durable {
+		return "", 0, ErrUnknown
+	}
+	now := b.cfg.Now()
+	took = now.Sub(r.Accepted)
+	switch r.Status {
+	case StatusAnswered:
+		b.cfg.Metrics.duplicates.Inc()
+		return "", took, ErrDuplicate
+	case StatusFailed:
+		if r.Error != nil && r.Error.Code == CodePoison {
+			return OutcomeLate, took, nil
+		}
+		b.cfg.Metrics.duplicates.Inc()
+		return "", took, ErrDuplicate
+	case StatusExpired:
+		return OutcomeLate, took, nil
+	case StatusCancelled:
+		if r.LateData != nil || r.LateError != nil {
+			b.cfg.Metrics.duplicates.Inc()
+			return "", took, ErrDuplicate
+		}
+	}
+	b.j.Append(&Record{Kind: KindAnswered, ID: id, At: now.UnixNano(), Data: data, Error: rerr})
+	outcome = b.answerLocked(r, data, rerr, now)
+	b.kickLocked()
+	return outcome, took, nil
+}
+
+func (b *Book) answerLocked(r *Request, data json.RawMessage, rerr *ErrorBody, now time.Time) string {
+	r.inflight = 0
+	r.Suspect = false
+	if r.Status == StatusCancelled {
+		if r.LateData == nil && r.LateError == nil {
+			r.LateData, r.LateError = data, rerr
+			b.liveBytes += int64(len(data))
+			r.size += int64(len(data))
+		}
+		return OutcomeLate
+	}
+	if r.Final() {
+		return OutcomeLate
+	}
+	r.Finished = now
+	b.liveBytes += int64(len(data))
+	r.size += int64(len(data))
+	close(r.done)
+	if rerr != nil {
+		r.Status, r.Error = StatusFailed, rerr
+		return OutcomeFailed
+	}
+	r.Status, r.Data = StatusAnswered, data
+	return OutcomeAnswered
+}
+
+// Cancel cancels a pending request, durably: a request not yet delivered is
+// never delivered; one in flight is sent cancel_request when the agent opted
+// in. ErrUnknown (404), ErrFinished (409: answered, failed or expired); a
+// request already cancelled is returned as it is.
+func (b *Book) Cancel(id string) (View, error) {
+	b.mu.Lock()
+	r := b.reqs[id]
+	if r == nil || !r.durable {
+		b.mu.Unlock()
+		return View{}, ErrUnknown
+	}
+	if r.Status == StatusCancelled {
+		v := b.viewLocked(r)
+		b.mu.Unlock()
+		return v, nil
+	}
+	if r.Final() {
+		v := b.viewLocked(r)
+		b.mu.Unlock()
+		return v, ErrFinished
+	}
+	now := b.cfg.Now()
+	r.Status, r.Finished, r.Suspect = StatusCancelled, now, false
+	close(r.done)
+	t := b.j.Append(&Record{Kind: KindCancelled, ID: id, At: now.UnixNano()})
+	inflight := r.inflight != 0 && r.inflight == b.gen
+	sent := false
+	if inflight && b.agent != nil && b.agent.AcceptsCancel() {
+		sent = b.agent.SendMsg(&schema.CancelRequest{RequestID: id})
+	}
+	b.cfg.Metrics.cancelled.Inc()
+	b.kickLocked()
+	v := b.viewLocked(r)
+	b.mu.Unlock()
+	b.cfg.Audit(AuditCancelled, map[string]any{"request_id": id, "in_flight": inflight, "cancel_request_sent": sent, "attempts": r.Attempts})
+	return v, t.Wait()
+}
+
+func (b *Book) kickLocked() {
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// deliverLocked sends what is due to the agent: while suspects wait, the
+// oldest one alone; otherwise every pending request not in flight, in
+// acceptance order, until the agent's queue is full.
+func (b *Book) deliverLocked() (full bool) {
+	if b.agent == nil {
+		return false
+	}
+	var suspect *Request
+	busy := false
+	for _, r := range b.order {
+		if r.Final() {
+			continue
+		}
+		if r.inflight == b.gen {
+			busy = true
+		}
+		if r.Suspect && suspect == nil {
+			suspect = r
+		}
+	}
+	if suspect != nil {
+		if busy || suspect.inflight == b.gen {
+			return false
+		}
+		return !b.sendLocked(suspect)
+	}
+	for _, r := range b.order {
+		if r.Final() || r.inflight == b.gen {
+			continue
+		}
+		if !b.sendLocked(r) {
+			return true
+		}
+	}
+	return false
+}
+
+func (b *Book) sendLocked(r *Request) bool {
+	var body Body
+	_ = json.Unmarshal(r.Body, &body)
+	msg := &schema.ProcessRequest{RequestID: r.ID, Attempt: uint64(r.Attempts + 1),
+		Data: schema.RequestData{Message: body.Message, UserID: body.UserID}}
+	if body.Context != nil {
+		if raw, err := msgpackMarshal(body.Context); err == nil {
+			msg.Data.Context = raw
+		}
+	}
+	frame, err := b.cfg.Encode(msg)
+	if err != nil {
+		b.cfg.Log.Error("cannot encode a journaled request for the agent", "request_id", r.ID, "err", err)
+		return true
+	}
+	if !b.agent.SendRequest(frame) {
+		return false
+	}
+	r.Attempts++
+	r.inflight = b.gen
+	b.j.Append(&Record{Kind: KindDelivered, ID: r.ID, Attempt: r.Attempts})
+	b.cfg.Metrics.delivered.Inc()
+	return true
+}
+
+// run delivers, retries a full queue, expires and forgets, and compacts.
+func (b *Book) run() {
+	defer b.wg.Done()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	var lastSweep time.Time
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-b.wake:
+		case <-tick.C:
+		}
+		b.mu.Lock()
+		b.deliverLocked()
+		now := b.cfg.Now()
+		if now.Sub(lastSweep) >= min(time.Second, max(b.cfg.Retention/4, 10*time.Millisecond)) {
+			lastSweep = now
+			b.sweepLocked(now)
+		}
+		b.mu.Unlock()
+	}
+}
+
+// sweepLocked expires what is due, forgets finished requests after the
+// retention, keeps the gauges, and asks for a compaction when the journal
+// holds mostly what is forgotten.
+func (b *Book) sweepLocked(now time.Time) {
+	forgot := 0
+	pending, inflight := 0, 0
+	var oldest time.Time
+	keep := b.order[:0]
+	for _, r := range b.order {
+		if r.Status == StatusPending && !now.Before(r.Deadline) {
+			r.Status, r.Finished, r.Suspect = StatusExpired, now, false
+			r.Error = &ErrorBody{Code: CodeExpired, Message: fmt.Sprintf("the agent did not answer within --request-timeout (%s); the request is no longer delivered", b.cfg.Timeout)}
+			b.j.Append(&Record{Kind: KindExpired, ID: r.ID, At: now.UnixNano(), Error: r.Error})
+			close(r.done)
+			if r.inflight == b.gen && b.agent != nil && b.agent.AcceptsCancel() {
+				b.agent.SendMsg(&schema.CancelRequest{RequestID: r.ID})
+			}
+			r.inflight = 0
+			b.cfg.Metrics.expired.Inc()
+			b.cfg.Audit(AuditExpired, map[string]any{"request_id": r.ID, "attempts": r.Attempts, "timeout": b.cfg.Timeout.String()})
+		}
+		if r.Final() && now.Sub(r.Finished) >= b.cfg.Retention {
+			b.removeLocked(r)
+			forgot++
+			continue
+		}
+		if b.reqs[r.ID] != r {
+			continue
+		}
+		if r.Status == StatusPending {
+			pending++
+			if r.inflight == b.gen && r.inflight != 0 {
+				inflight++
+			}
+			if oldest.IsZero() || r.Accepted.Before(oldest) {
+				oldest = r.Accepted
+			}
+		}
+		keep = append(keep, r)
+	}
+	clear(b.order[len(keep):])
+	b.order = keep
+	m := b.cfg.Metrics
+	m.pending.Set(float64(pending))
+	m.inflight.Set(float64(inflight))
+	m.stored.Set(float64(len(b.order)))
+	if oldest.IsZero() {
+		m.oldest.Set(0)
+	} else {
+		m.oldest.Set(now.Sub(oldest).Seconds())
+	}
+	size := b.j.Size()
+	m.journalBytes.Set(float64(size))
+	if forgot > 0 && size > 2*b.liveBytes+(64<<10) || size > max(b.cfg.MaxBytes, 1<<20) && size > 2*b.liveBytes {
+		b.j.Compact()
+	}
+}
+
+// Close stops delivering and closes the journal (what is queued is written).
+func (b *Book) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	b.agent = nil
+	b.mu.Unlock()
+	close(b.stop)
+	b.wg.Wait()
+	return b.j.Close()
+}
+
+// List returns every request held, in acceptance order.
+func (b *Book) List() []View {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]View, 0, len(b.order))
+	for _, r := range b.order {
+		if b.reqs[r.ID] == r {
+			out = append(out, b.viewLocked(r))
+		}
+	}
+	return out
+}
+
+// Load reads a data directory's journal into views, without a running
+// supervisor's help (the CLI): acceptance order.
+func Load(dataDir string) ([]View, *Replay, error) {
+	rp, err := ReadDir(dataDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	b := &Book{reqs: map[string]*Request{}, keys: map[string]*Request{}}
+	for _, rec := range rp.Records {
+		b.apply(rec)
+	}
+	out := make([]View, 0, len(b.reqs))
+	for _, r := range b.reqs {
+		out = append(out, b.viewLocked(r))
+	}
+	sort.Slice(out, func(i, k int) bool { return out[i].seq < out[k].seq })
+	return out, rp, nil
+}

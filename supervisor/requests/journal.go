@@ -1,0 +1,467 @@
+// Package requests is the supervisor's durable request book: the request
+// journal (an append-only, checksummed, group-committed log in
+// DATA_DIR/requests/) and the state of every request accepted by
+// POST /v1/requests — pending, delivered, answered, expired, cancelled or set
+// aside as poison — rebuilt from the journal on start. It never imports the
+// owner: the owner tells it when an agent starts and dies, and it delivers
+// through the Agent it was given.
+package requests
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agent-sidecar/supervisor/internal/atomicfile"
+)
+
+// Journal file layout: DATA_DIR/requests/journal, a sequence of records
+//
+//	[4 bytes little-endian payload length][4 bytes CRC-32C of the payload][payload: JSON]
+//
+// A record is one Record. Compaction rewrites the file (atomically: a
+// temporary file fsynced, renamed, the directory fsynced) with one "state"
+// record per request still retained.
+const (
+	DirName     = "requests"
+	FileName    = "journal"
+	headerSize  = 8
+	maxRecord   = 16 << 20
+	noFollowOpt = syscall.O_NOFOLLOW | syscall.O_CLOEXEC
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// ErrDiskFull: the record could not be written for want of space (ENOSPC,
+// EDQUOT): nothing was accepted.
+var ErrDiskFull = errors.New("the request journal's disk is full")
+
+// Record kinds.
+const (
+	KindAccepted  = "accepted"
+	KindDelivered = "delivered"
+	KindAnswered  = "answered"
+	KindExpired   = "expired"
+	KindCancelled = "cancelled"
+	KindDeath     = "death"  // the agent died with the request in flight
+	KindFailed    = "failed" // set aside as poison
+	KindState     = "state"  // a compacted request: its whole state
+)
+
+// Record is one journal record.
+type Record struct {
+	Kind string `json:"k"`
+	ID   string `json:"id"`
+	// accepted
+	Key      string          `json:"key,omitempty"`
+	Digest   string          `json:"digest,omitempty"`
+	Body     json.RawMessage `json:"body,omitempty"`
+	At       int64           `json:"at,omitempty"` // unix nanos of the event
+	Deadline int64           `json:"deadline,omitempty"`
+	// delivered
+	Attempt int `json:"attempt,omitempty"`
+	// answered
+	Data  json.RawMessage `json:"data,omitempty"`
+	Error *ErrorBody      `json:"error,omitempty"`
+	// death, failed
+	Reason string `json:"reason,omitempty"`
+	// state
+	State *Request `json:"state,omitempty"`
+}
+
+// ErrorBody is a request's error as GET shows it.
+type ErrorBody struct {
+	Code    string         `json:"code"`
+	Message string         `json:"message"`
+	Details map[string]any `json:"details,omitempty"`
+}
+
+func encodeRecord(buf *bytes.Buffer, r *Record) (int, error) {
+	p, err := json.Marshal(r)
+	if err != nil {
+		return 0, err
+	}
+	if len(p) > maxRecord {
+		return 0, fmt.Errorf("request journal record of %d bytes, limit %d", len(p), maxRecord)
+	}
+	var h [headerSize]byte
+	binary.LittleEndian.PutUint32(h[0:4], uint32(len(p)))
+	binary.LittleEndian.PutUint32(h[4:8], crc32.Checksum(p, castagnoli))
+	buf.Write(h[:])
+	buf.Write(p)
+	return headerSize + len(p), nil
+}
+
+// Ticket is an append's promise: Wait returns once the records it covers
+// are on disk (nil), or could not be (the error).
+type Ticket struct {
+	done chan struct{}
+	err  error
+}
+
+// Wait waits for the records' fsync.
+func (t *Ticket) Wait() error { <-t.done; return t.err }
+
+// Done is closed once the records are on disk or failed.
+func (t *Ticket) Done() <-chan struct{} { return t.done }
+
+// Journal is the request journal file with its group-commit writer: Append
+// queues records (never blocking on the disk); one goroutine writes every
+// queued record, fsyncs once, and completes their tickets. Safe for
+// concurrent use.
+type Journal struct {
+	dir  string
+	f    *os.File
+	sync func(*os.File) error
+
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	tickets []*Ticket
+	wake    chan struct{}
+	closed  bool
+	size    int64 // bytes on disk (what was written and synced)
+	queued  int64
+	compact func() []*Record // set by the Book: the records a compaction writes
+	want    bool             // a compaction is asked for
+
+	stopped chan struct{}
+	onSync  func(bytes int64, err error)
+}
+
+// Replay is what Open found in the journal.
+type Replay struct {
+	Records        []*Record
+	Size           int64
+	TruncatedBytes int64  // a torn tail cut away
+	Corruption     error  // a damaged record in the middle (replay resumed after it when it could)
+	SkippedBytes   int64  // bytes skipped over damage
+	SetAside       string // the damaged file kept for inspection
+}
+
+// Open opens (creating it durably when absent) DATA_DIR/requests/journal and
+// reads it back. A torn last record is truncated away; a damaged record
+// before intact ones is reported (Replay.Corruption), skipped, and the file
+// kept aside as journal.damaged-N; replay goes on with the next intact
+// record.
+func Open(dataDir string) (*Journal, *Replay, error) {
+	dir := filepath.Join(dataDir, DirName)
+	if err := atomicfile.MkdirAll(dir, 0o700); err != nil {
+		return nil, nil, fmt.Errorf("create the request journal's directory %s: %w", dir, err)
+	}
+	path := filepath.Join(dir, FileName)
+	_, statErr := os.Lstat(path)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|noFollowOpt, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open the request journal %s: %w", path, err)
+	}
+	if statErr != nil {
+		if err := atomicfile.SyncDir(dir); err != nil {
+			f.Close()
+			return nil, nil, fmt.Errorf("fsync %s: %w", dir, err)
+		}
+	}
+	rp, err := readAll(f)
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("read the request journal %s: %w", path, err)
+	}
+	if rp.TruncatedBytes > 0 && rp.Corruption == nil {
+		if err := f.Truncate(rp.Size); err == nil {
+			err = datasync(f)
+		}
+		if err != nil {
+			f.Close()
+			return nil, nil, fmt.Errorf("truncate the request journal's torn tail: %w", err)
+		}
+	}
+	j := &Journal{dir: dir, f: f, sync: datasync, wake: make(chan struct{}, 1), stopped: make(chan struct{}), size: rp.Size}
+	if rp.Corruption != nil {
+		// Keep the damaged file for inspection; the journal is rewritten
+		// from what was read (the Book compacts at once).
+		for n := 1; ; n++ {
+			name := fmt.Sprintf("%s.damaged-%d", FileName, n)
+			if _, err := os.Lstat(filepath.Join(dir, name)); err == nil {
+				continue
+			}
+			if err := os.Link(path, filepath.Join(dir, name)); err == nil {
+				_ = atomicfile.SyncDir(dir)
+				rp.SetAside = filepath.Join(dir, name)
+			}
+			break
+		}
+		j.want = true
+	}
+	return j, rp, nil
+}
+
+// readAll reads every record of f.
+func readAll(f *os.File) (*Replay, error) {
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil, err
+	}
+	rp := &Replay{}
+	off := 0
+	for off < len(b) {
+		r, n, ok := parseAt(b, off)
+		if ok {
+			rp.Records = append(rp.Records, r)
+			off += n
+			rp.Size = int64(off)
+			continue
+		}
+		// Damage at off: a torn tail when no intact record follows,
+		// corruption otherwise.
+		next := -1
+		for p := off + 1; p+headerSize <= len(b); p++ {
+			if _, _, ok := parseAt(b, p); ok {
+				next = p
+				break
+			}
+		}
+		if next < 0 {
+			if rp.Corruption == nil {
+				rp.TruncatedBytes = int64(len(b) - off)
+			} else {
+				rp.SkippedBytes += int64(len(b) - off)
+			}
+			break
+		}
+		if rp.Corruption == nil {
+			rp.Corruption = fmt.Errorf("damaged record at byte %d of the request journal (bad length or checksum); %d bytes skipped to the next intact record at byte %d", off, next-off, next)
+		}
+		rp.SkippedBytes += int64(next - off)
+		off = next
+	}
+	if rp.Corruption != nil {
+		rp.Size = int64(len(b))
+	}
+	return rp, nil
+}
+
+func parseAt(b []byte, off int) (*Record, int, bool) {
+	if off+headerSize > len(b) {
+		return nil, 0, false
+	}
+	n := int(binary.LittleEndian.Uint32(b[off : off+4]))
+	if n == 0 || n > maxRecord || off+headerSize+n > len(b) {
+		return nil, 0, false
+	}
+	p := b[off+headerSize : off+headerSize+n]
+	if crc32.Checksum(p, castagnoli) != binary.LittleEndian.Uint32(b[off+4:off+8]) {
+		return nil, 0, false
+	}
+	var r Record
+	if err := json.Unmarshal(p, &r); err != nil || r.Kind == "" {
+		return nil, 0, false
+	}
+	return &r, headerSize + n, true
+}
+
+// Start runs the writer until Close. compact returns the records of a
+// compacted journal (called by the writer when a compaction is asked for).
+func (j *Journal) Start(compact func() []*Record, onSync func(bytes int64, err error)) {
+	j.mu.Lock()
+	j.compact = compact
+	j.onSync = onSync
+	j.mu.Unlock()
+	go j.run()
+	if j.want {
+		j.kick()
+	}
+}
+
+// Append queues records; the ticket completes at their fsync.
+func (j *Journal) Append(recs ...*Record) *Ticket {
+	t := &Ticket{done: make(chan struct{})}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed {
+		t.err = errors.New("the request journal is closed (the supervisor is stopping)")
+		close(t.done)
+		return t
+	}
+	mark := j.buf.Len()
+	for _, r := range recs {
+		n, err := encodeRecord(&j.buf, r)
+		if err != nil {
+			j.buf.Truncate(mark)
+			t.err = err
+			close(t.done)
+			return t
+		}
+		j.queued += int64(n)
+	}
+	j.tickets = append(j.tickets, t)
+	j.kickLocked()
+	return t
+}
+
+// Compact asks the writer to rewrite the journal.
+func (j *Journal) Compact() {
+	j.mu.Lock()
+	j.want = true
+	j.kickLocked()
+	j.mu.Unlock()
+}
+
+// Size is the journal's bytes on disk plus those queued.
+func (j *Journal) Size() int64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.size + int64(j.buf.Len())
+}
+
+func (j *Journal) kick() {
+	j.mu.Lock()
+	j.kickLocked()
+	j.mu.Unlock()
+}
+
+func (j *Journal) kickLocked() {
+	select {
+	case j.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Close writes what is queued and stops the writer.
+func (j *Journal) Close() error {
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return nil
+	}
+	j.closed = true
+	j.kickLocked()
+	started := j.compact != nil
+	j.mu.Unlock()
+	if started {
+		<-j.stopped
+	}
+	return j.f.Close()
+}
+
+func (j *Journal) run() {
+	defer close(j.stopped)
+	for range j.wake {
+		for {
+			j.mu.Lock()
+			if j.buf.Len() == 0 {
+				want, closed := j.want, j.closed
+				j.want = false
+				j.mu.Unlock()
+				if want {
+					j.rewrite()
+					continue
+				}
+				if closed {
+					return
+				}
+				break
+			}
+			data := bytes.Clone(j.buf.Bytes())
+			j.buf.Reset()
+			tickets := j.tickets
+			j.tickets = nil
+			j.queued = 0
+			off := j.size
+			j.mu.Unlock()
+
+			err := j.write(off, data)
+			j.mu.Lock()
+			if err == nil {
+				j.size = off + int64(len(data))
+			}
+			onSync := j.onSync
+			j.mu.Unlock()
+			for _, t := range tickets {
+				t.err = err
+				close(t.done)
+			}
+			if onSync != nil {
+				onSync(int64(len(data)), err)
+			}
+		}
+	}
+}
+
+// write writes data at off and fsyncs; on failure it cuts the file back to
+// off, so what was not acknowledged is not replayed.
+func (j *Journal) write(off int64, data []byte) error {
+	_, err := j.f.WriteAt(data, off)
+	if err == nil {
+		err = j.sync(j.f)
+	}
+	if err != nil {
+		_ = j.f.Truncate(off)
+		_ = j.sync(j.f)
+		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+			return fmt.Errorf("%w: %w", ErrDiskFull, err)
+		}
+		return fmt.Errorf("write the request journal: %w", err)
+	}
+	return nil
+}
+
+// rewrite compacts: the Book's records written to a new file that replaces
+// the journal atomically. Records queued meanwhile are appended after it
+// (replay is idempotent, so one also reflected in the compacted state is
+// harmless).
+func (j *Journal) rewrite() {
+	recs := j.compact()
+	var buf bytes.Buffer
+	for _, r := range recs {
+		if _, err := encodeRecord(&buf, r); err != nil {
+			return
+		}
+	}
+	path := filepath.Join(j.dir, FileName)
+	_, err := atomicfile.Write(j.dir, FileName, func(f *os.File) error {
+		_, err := f.Write(buf.Bytes())
+		return err
+	})
+	if err != nil && !errors.Is(err, atomicfile.ErrNotDurable) {
+		return // the old journal stays; compaction is tried again later
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|noFollowOpt, 0)
+	if err != nil {
+		return
+	}
+	j.mu.Lock()
+	old := j.f
+	j.f = f
+	j.size = int64(buf.Len())
+	j.mu.Unlock()
+	old.Close()
+}
+
+func datasync(f *os.File) error {
+	for {
+		err := unix.Fdatasync(int(f.Fd()))
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}
+
+// ReadDir reads a data directory's journal without opening it for writing
+// (the CLI, with or without a supervisor running).
+func ReadDir(dataDir string) (*Replay, error) {
+	f, err := os.OpenFile(filepath.Join(dataDir, DirName, FileName), os.O_RDONLY|noFollowOpt, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return readAll(f)
+}

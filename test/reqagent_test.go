@@ -1,0 +1,138 @@
+package test
+
+// The request agent: this test binary, re-executed with REQAGENT=1, as the
+// agent of the durable-request tests. It answers process_request with
+// {echo, attempt} and logs what it saw to REQAGENT_LOG (JSON lines), so a
+// test can count deliveries:
+//
+//	REQAGENT_LOG=FILE             events: start, request {id, attempt, msg}, cancel {id}
+//	REQAGENT_DELAY=D              answer each request after D (concurrently)
+//	REQAGENT_HOLD=PREFIX          never answer a message starting with PREFIX
+//	REQAGENT_ACCEPTS_CANCEL=1     heartbeats carry accepts: ["cancel_request"]
+//	REQAGENT_POISON_EXIT=MSG      exit 1 at once on a request whose message is MSG
+//	REQAGENT_POISON_HANG=MSG      stop heartbeating and reading on it (hang)
+
+import (
+	"encoding/json"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/wire"
+)
+
+const envReqAgent = "REQAGENT"
+
+func runReqAgent() int {
+	codec := schema.NewCodec(schema.Options{})
+	r := wire.NewReader(os.Stdin, 0)
+	w := wire.NewWriter(os.Stdout, 0)
+	var wmu sync.Mutex
+	send := func(m schema.Message) {
+		b, err := codec.Encode(m)
+		if err != nil {
+			return
+		}
+		wmu.Lock()
+		defer wmu.Unlock()
+		_ = w.WriteFrame(b)
+	}
+	var lmu sync.Mutex
+	logf, _ := os.OpenFile(os.Getenv("REQAGENT_LOG"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	emit := func(ev map[string]any) {
+		if logf == nil {
+			return
+		}
+		b, _ := json.Marshal(ev)
+		lmu.Lock()
+		defer lmu.Unlock()
+		_, _ = logf.Write(append(b, '\n'))
+	}
+	emit(map[string]any{"ev": "start", "pid": os.Getpid()})
+	var accepts []string
+	if os.Getenv("REQAGENT_ACCEPTS_CANCEL") != "" {
+		accepts = []string{schema.TypeCancelRequest}
+	}
+	hung := make(chan struct{})
+	var hangOnce sync.Once
+	go func() {
+		t := time.NewTicker(200 * time.Millisecond)
+		for {
+			select {
+			case <-hung:
+				return
+			default:
+			}
+			send(&schema.Heartbeat{Accepts: accepts})
+			<-t.C
+		}
+	}()
+	delay, _ := time.ParseDuration(os.Getenv("REQAGENT_DELAY"))
+	hold := os.Getenv("REQAGENT_HOLD")
+	var cmu sync.Mutex
+	cancelled := map[string]chan struct{}{}
+	for {
+		p, err := r.ReadFrame()
+		if err != nil {
+			return 0
+		}
+		m, err := codec.Decode(schema.ToAgent, p)
+		if err != nil {
+			continue
+		}
+		switch m := m.(type) {
+		case *schema.Shutdown:
+			return 0
+		case *schema.CancelRequest:
+			emit(map[string]any{"ev": "cancel", "id": m.RequestID})
+			cmu.Lock()
+			if c := cancelled[m.RequestID]; c != nil {
+				close(c)
+				delete(cancelled, m.RequestID)
+			}
+			cmu.Unlock()
+		case *schema.ProcessRequest:
+			msg := m.Data.Message
+			emit(map[string]any{"ev": "request", "id": m.RequestID, "attempt": m.Attempt, "msg": msg})
+			if v := os.Getenv("REQAGENT_POISON_EXIT"); v != "" && msg == v {
+				os.Exit(1)
+			}
+			if v := os.Getenv("REQAGENT_POISON_HANG"); v != "" && msg == v {
+				hangOnce.Do(func() { close(hung) })
+				select {} // neither heartbeats nor reads: hung
+			}
+			if hold != "" && strings.HasPrefix(msg, hold) {
+				c := make(chan struct{})
+				cmu.Lock()
+				cancelled[m.RequestID] = c
+				cmu.Unlock()
+				continue
+			}
+			id, attempt := m.RequestID, m.Attempt
+			answer := func() {
+				data, _ := schema.MarshalMap(map[string]any{"echo": msg, "attempt": attempt})
+				send(&schema.RequestResult{RequestID: id, Data: data})
+			}
+			if delay <= 0 {
+				answer()
+				continue
+			}
+			c := make(chan struct{})
+			cmu.Lock()
+			cancelled[id] = c
+			cmu.Unlock()
+			go func() {
+				select {
+				case <-time.After(delay):
+					answer()
+				case <-c:
+				}
+				cmu.Lock()
+				delete(cancelled, id)
+				cmu.Unlock()
+			}()
+		}
+	}
+}

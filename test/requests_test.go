@@ -1,0 +1,351 @@
+package test
+
+// Durable requests (issue 29): the request journal, redelivery with
+// attempt, Idempotency-Key, 429/507, expiry, journal damage, cancellation
+// and poison requests, through the built binary and the request agent
+// (reqagent_test.go).
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// reqSup starts a supervisor whose agent is the request agent, logging to
+// the returned file.
+func reqSup(t *testing.T, dataDir, agentLog string, env []string, flags ...string) *sup {
+	t.Helper()
+	return startSup(t, supOpts{dataDir: dataDir, command: []string{testAgentPath},
+		env:   append([]string{envReqAgent + "=1", "REQAGENT_LOG=" + agentLog}, env...),
+		flags: append([]string{"--backoff-initial", "100ms", "--heartbeat-timeout", "2s"}, flags...)})
+}
+
+// agentEvents reads the request agent's log.
+func agentEvents(path string) []ev {
+	return readEvents(path)
+}
+
+// deliveries returns the attempts with which id was delivered, in order.
+func deliveries(path, id string) []int {
+	var out []int
+	for _, e := range agentEvents(path) {
+		if e.str("ev") == "request" && e.str("id") == id {
+			out = append(out, e.int("attempt"))
+		}
+	}
+	return out
+}
+
+// do sends an HTTP request: status, body, Retry-After.
+func do(t *testing.T, method, url, body string, hdr ...string) (int, string, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err.Error(), ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp.Header.Get("Retry-After")
+}
+
+// postRequest POSTs message and wants 202: the request id.
+func postRequest(t *testing.T, s *sup, message string, hdr ...string) string {
+	t.Helper()
+	code, body, _ := do(t, "POST", s.url("/v1/requests"), fmt.Sprintf(`{"message":%q}`, message), hdr...)
+	if code != http.StatusAccepted {
+		t.Fatalf("POST %q: %d %s, want 202", message, code, body)
+	}
+	var r struct {
+		ID string `json:"request_id"`
+	}
+	if err := json.Unmarshal([]byte(body), &r); err != nil || r.ID == "" {
+		t.Fatalf("POST %q: %s", message, body)
+	}
+	return r.ID
+}
+
+type reqView struct {
+	ID       string          `json:"request_id"`
+	Status   string          `json:"status"`
+	Data     json.RawMessage `json:"data"`
+	Attempts int             `json:"attempts"`
+	Error    *struct {
+		Code    string         `json:"code"`
+		Message string         `json:"message"`
+		Details map[string]any `json:"details"`
+	} `json:"error"`
+	Late *struct {
+		Data json.RawMessage `json:"data"`
+	} `json:"late_answer"`
+}
+
+func getRequest(t *testing.T, s *sup, id string) (int, reqView) {
+	t.Helper()
+	code, body := s.get("/v1/requests/" + id)
+	var v reqView
+	_ = json.Unmarshal([]byte(body), &v)
+	return code, v
+}
+
+// waitStatus waits until GET shows id with status.
+func waitStatus(t *testing.T, s *sup, id, status string, timeout time.Duration) reqView {
+	t.Helper()
+	var v reqView
+	waitFor(t, timeout, "request "+id+" "+status, func() bool {
+		_, v = getRequest(t, s, id)
+		return v.Status == status
+	})
+	return v
+}
+
+func killSup(t *testing.T, s *sup) {
+	t.Helper()
+	_ = s.cmd.Process.Signal(syscall.SIGKILL)
+	<-s.done
+}
+
+// TestRequestSurvivesSupervisorKill: a 202'd request is journaled: after
+// kill -9 of the supervisor (its agent holding the request unanswered) the
+// restarted supervisor delivers it again (attempt 2), the answer is
+// recorded, and GET answers it across a further restart.
+func TestRequestSurvivesSupervisorKill(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	log := filepath.Join(t.TempDir(), "agent.jsonl")
+	s := reqSup(t, dir, log, []string{"REQAGENT_HOLD=keep"})
+	id := postRequest(t, s, "keep me")
+	waitFor(t, 30*time.Second, "the first delivery", func() bool { return len(deliveries(log, id)) == 1 })
+	killSup(t, s)
+
+	s = reqSup(t, dir, log, nil)
+	v := waitStatus(t, s, id, "answered", 30*time.Second)
+	var data map[string]any
+	_ = json.Unmarshal(v.Data, &data)
+	if data["echo"] != "keep me" || data["attempt"] != 2.0 {
+		t.Errorf("answer %s, want echo \"keep me\", attempt 2", v.Data)
+	}
+	if got := deliveries(log, id); len(got) != 2 || got[0] != 1 || got[1] != 2 {
+		t.Errorf("deliveries %v, want attempts [1 2]", got)
+	}
+	s.signal(syscall.SIGTERM)
+	s.wait(30 * time.Second)
+
+	s = reqSup(t, dir, log, nil)
+	if code, v := getRequest(t, s, id); code != 200 || v.Status != "answered" {
+		t.Errorf("GET after a restart: %d %+v", code, v)
+	}
+	if got := deliveries(log, id); len(got) != 2 {
+		t.Errorf("an answered request was delivered again: %v", got)
+	}
+	code, out, _ := cli(t, "requests", "show", id, "--data-dir", dir, "--json")
+	if code != 0 || !strings.Contains(out, `"status": "answered"`) {
+		t.Errorf("requests show: %d %s", code, out)
+	}
+}
+
+// TestRequestRedeliveredAfterAgentKill: an agent killed with a request in
+// flight gets it again after its restart, with attempt 2.
+func TestRequestRedeliveredAfterAgentKill(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	log := filepath.Join(t.TempDir(), "agent.jsonl")
+	s := reqSup(t, dir, log, []string{"REQAGENT_HOLD=hold"})
+	id := postRequest(t, s, "hold this")
+	waitFor(t, 30*time.Second, "the first delivery", func() bool { return len(deliveries(log, id)) == 1 })
+	var pid int
+	for _, e := range agentEvents(log) {
+		if e.str("ev") == "start" {
+			pid = e.int("pid")
+		}
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	waitFor(t, 30*time.Second, "the redelivery", func() bool { return len(deliveries(log, id)) == 2 })
+	if got := deliveries(log, id); got[1] != 2 {
+		t.Errorf("attempts %v, want [1 2]", got)
+	}
+	if _, v := getRequest(t, s, id); v.Status != "pending" || v.Attempts != 2 {
+		t.Errorf("GET: %+v, want pending with 2 attempts", v)
+	}
+}
+
+// TestIdempotencyKey: the same key and body is the same request (202 while
+// pending, 200 with the answer after), delivered once; another body is 409;
+// a key too long or not printable is 400.
+func TestIdempotencyKey(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	log := filepath.Join(t.TempDir(), "agent.jsonl")
+	s := reqSup(t, dir, log, []string{"REQAGENT_DELAY=1500ms"})
+	id := postRequest(t, s, "once", "Idempotency-Key", "key-1")
+	if again := postRequest(t, s, "once", "Idempotency-Key", "key-1"); again != id {
+		t.Fatalf("same key: request %s, want %s", again, id)
+	}
+	if code, body, _ := do(t, "POST", s.url("/v1/requests"), `{"message":"other"}`, "Idempotency-Key", "key-1"); code != http.StatusConflict {
+		t.Errorf("same key, another body: %d %s, want 409", code, body)
+	}
+	waitStatus(t, s, id, "answered", 30*time.Second)
+	code, body, _ := do(t, "POST", s.url("/v1/requests"), `{"message":"once"}`, "Idempotency-Key", "key-1")
+	if code != http.StatusOK || !strings.Contains(body, id) || !strings.Contains(body, `"echo":"once"`) {
+		t.Errorf("same key after the answer: %d %s, want 200 with the answer", code, body)
+	}
+	if got := deliveries(log, id); len(got) != 1 {
+		t.Errorf("deliveries %v, want one", got)
+	}
+	for _, key := range []string{strings.Repeat("k", 256), "with space", "tab\tkey"} {
+		if code, body, _ := do(t, "POST", s.url("/v1/requests"), `{"message":"x"}`, "Idempotency-Key", key); code != http.StatusBadRequest {
+			t.Errorf("key %q: %d %s, want 400", key[:min(len(key), 20)], code, body)
+		}
+	}
+	if n := len(agentEvents(log)); n > 3 {
+		t.Logf("agent events: %d", n)
+	}
+}
+
+// TestRequestJournalFull: with a tiny --request-journal-bytes, POST answers
+// 429 with Retry-After once the pending requests fill it, and every request
+// accepted before stays pending (never evicted).
+func TestRequestJournalFull(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	log := filepath.Join(t.TempDir(), "agent.jsonl")
+	s := reqSup(t, dir, log, []string{"REQAGENT_HOLD=h"}, "--request-journal-bytes", "8192")
+	big := "h" + strings.Repeat("x", 1500)
+	var ids []string
+	for i := 0; ; i++ {
+		code, body, retry := do(t, "POST", s.url("/v1/requests"), fmt.Sprintf(`{"message":%q}`, big))
+		if code == http.StatusTooManyRequests {
+			if retry == "" {
+				t.Errorf("429 without Retry-After: %s", body)
+			}
+			break
+		}
+		if code != http.StatusAccepted || i > 20 {
+			t.Fatalf("POST %d: %d %s", i, code, body)
+		}
+		var r struct {
+			ID string `json:"request_id"`
+		}
+		_ = json.Unmarshal([]byte(body), &r)
+		ids = append(ids, r.ID)
+	}
+	if len(ids) == 0 {
+		t.Fatal("not one request accepted")
+	}
+	for _, id := range ids {
+		if code, v := getRequest(t, s, id); code != 200 || v.Status != "pending" {
+			t.Errorf("accepted request %s: %d %+v", id, code, v)
+		}
+	}
+	if v := s.metric("supervisor_requests_rejected_total", `reason="journal_full"`); v < 1 {
+		t.Errorf("rejected metric %v", v)
+	}
+}
+
+// TestRequestExpires: a request the agent never answers expires after
+// --request-timeout: status expired, REQUEST_EXPIRED, audited.
+func TestRequestExpires(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	log := filepath.Join(t.TempDir(), "agent.jsonl")
+	s := reqSup(t, dir, log, []string{"REQAGENT_HOLD=never"}, "--request-timeout", "1s")
+	id := postRequest(t, s, "never answered")
+	v := waitStatus(t, s, id, "expired", 30*time.Second)
+	if v.Error == nil || v.Error.Code != "REQUEST_EXPIRED" {
+		t.Errorf("expired request: %+v", v)
+	}
+	waitFor(t, 10*time.Second, "the audit record", func() bool {
+		for _, r := range auditRecords(t, dir) {
+			if f, _ := r["fields"].(map[string]any); r["kind"] == "request_expired" && f["request_id"] == id {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// TestRequestJournalDamage: a torn tail is cut away; a flipped byte in a
+// record loses that record only — the requests before and after it are
+// served — and the supervisor starts (no crash loop), saying so loudly.
+func TestRequestJournalDamage(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	log := filepath.Join(t.TempDir(), "agent.jsonl")
+	s := reqSup(t, dir, log, []string{"REQAGENT_HOLD=h"})
+	var ids []string
+	for i := range 3 {
+		ids = append(ids, postRequest(t, s, fmt.Sprintf("h%d", i)))
+	}
+	s.signal(syscall.SIGTERM)
+	s.wait(30 * time.Second)
+	path := filepath.Join(dir, "requests", "journal")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A torn tail: half a record.
+	if err := os.WriteFile(path, append(b, 0x40, 0, 0, 0, 1, 2, 3), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s = reqSup(t, dir, log, []string{"REQAGENT_HOLD=h"})
+	for _, id := range ids {
+		if code, v := getRequest(t, s, id); code != 200 || v.Status != "pending" {
+			t.Errorf("after a torn tail, %s: %d %+v", id, code, v)
+		}
+	}
+	s.signal(syscall.SIGTERM)
+	s.wait(30 * time.Second)
+
+	// A flipped byte inside the second request's accepted record.
+	b, _ = os.ReadFile(path)
+	i := strings.Index(string(b), ids[1])
+	if i < 0 {
+		t.Fatal("second request not found in the journal")
+	}
+	b[i+3] ^= 0x20
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s = reqSup(t, dir, log, []string{"REQAGENT_HOLD=h"})
+	for k, id := range ids {
+		code, v := getRequest(t, s, id)
+		if k == 1 {
+			if code != 404 {
+				t.Errorf("the damaged record's request: %d %+v, want 404", code, v)
+			}
+			continue
+		}
+		if code != 200 || v.Status != "pending" {
+			t.Errorf("intact request %s after damage: %d %+v", id, code, v)
+		}
+	}
+	if code, _ := s.get("/healthz"); code != 200 {
+		t.Errorf("healthz %d", code)
+	}
+	waitFor(t, 10*time.Second, "the damage audited", func() bool {
+		for _, r := range auditRecords(t, dir) {
+			if r["kind"] == "request_journal_damaged" {
+				return true
+			}
+		}
+		return false
+	})
+	if m, _ := filepath.Glob(filepath.Join(dir, "requests", "journal.damaged-*")); len(m) == 0 {
+		t.Error("the damaged journal was not kept for inspection")
+	}
+	// The journal was rewritten clean: another restart reads it whole.
+	s.signal(syscall.SIGTERM)
+	s.wait(30 * time.Second)
+	s = reqSup(t, dir, log, []string{"REQAGENT_HOLD=h"})
+	if code, v := getRequest(t, s, ids[2]); code != 200 || v.Status != "pending" {
+		t.Errorf("after a second restart: %d %+v", code, v)
+	}
+}
