@@ -134,13 +134,19 @@ const (
 
 // latencyBurnIn is the number of latency pairs before the latency sequence
 // is used: the plug-in standard deviation of a handful of pairs is too
-// unsteady to scale a boundary with.
-const latencyBurnIn = 10
+// unsteady to scale a boundary with. The simulation measured the rejection
+// rate of a candidate exactly at the tolerance: 3.1% (over its α/2 = 2.5%)
+// with a burn-in of 10 pairs, 2.1% with 16.
+const latencyBurnIn = 16
 
-// latencyTuneN is the number of pairs at which the latency boundaries are
-// tightest (confseq's v_opt): about where a 10% tolerance is decided under
-// ±25% noise. The boundaries stay valid at every other n.
-const latencyTuneN = 32
+// The numbers of pairs at which the latency boundaries are tightest
+// (confseq's v_opt): about where a 10% tolerance is proven, and where a 20%
+// slower candidate is rejected, under ±25% noise. The boundaries stay valid
+// at every other n; they are only a little wider there.
+const (
+	latencyTuneProof  = 32
+	latencyTuneReject = 48
+)
 
 // minSigma is the floor of the plug-in standard deviation of ln(ratio): an
 // agent whose answer times do not vary at all is treated as varying by 1%.
@@ -164,10 +170,11 @@ func (s *latencyStats) add(d float64) {
 }
 
 func (s latencyStats) sigma() float64 {
-	if s.n < 2 {
-		return minSigma
+	if s.n < 4 {
+		return math.Inf(1)
 	}
-	return math.Max(math.Sqrt(s.m2/float64(s.n-1)), minSigma)
+	n := float64(s.n)
+	return math.Max(math.Sqrt(s.m2/(n-1)), minSigma)
 }
 
 // snapshot is everything the evidence is computed from.
@@ -189,7 +196,8 @@ type snapshot struct {
 // boundary of Howard et al. (2021) on each side, with the plug-in standard
 // deviation of d (an asymptotic confidence sequence, Waudby-Smith et al.,
 // "Time-uniform central limit theory and asymptotic confidence sequences",
-// 2021) after a burn-in of 10 pairs, tuned to be tightest near 32 pairs.
+// 2021) after a burn-in of 16 pairs, tuned to be tightest near 32 pairs
+// (upper side) and 48 pairs (lower side).
 // latency_ratio = exp(mean d), its bounds exp of the sequence's ends. The
 // simulation (sim_test.go) chose this over an empirical-Bernstein or
 // betting sequence: d is unbounded, and with ±25% noise the mixture decides
@@ -213,6 +221,7 @@ type Judge struct {
 
 	cur              snapshot
 	invalidLatencies int
+	errE, ansE       eCache
 
 	memCandidate, memControl float64
 	memSet                   bool
@@ -235,8 +244,8 @@ func NewJudge(c JudgeConfig) *Judge {
 	j.logLatReject = math.Log(1 / (alpha * shareLatencyReject))
 	j.logErrors = math.Log(1 / (alpha * shareErrors))
 	j.logAnswers = math.Log(1 / (alpha * shareAnswers))
-	j.rhoProof = mixtureRho(latencyTuneN, 2*alpha*shareLatencyProof)
-	j.rhoReject = mixtureRho(latencyTuneN, 2*alpha*shareLatencyReject)
+	j.rhoProof = mixtureRho(latencyTuneProof, 2*alpha*shareLatencyProof)
+	j.rhoReject = mixtureRho(latencyTuneReject, 2*alpha*shareLatencyReject)
 	return j
 }
 
@@ -481,17 +490,8 @@ func (j *Judge) Verdict(elapsed time.Duration) Verdict {
 	}
 	c := j.cfg
 	s := j.cur
-	tol := math.Log1p(c.MaxLatencyIncrease)
-	var latReject, latProven bool
-	if s.lat.n >= latencyBurnIn {
-		sigma := s.lat.sigma()
-		n := float64(s.lat.n)
-		latReject = oneSidedLogMixture(n*(s.lat.mean-tol)/sigma, n, j.rhoReject) >= j.logLatReject
-		latProven = oneSidedLogMixture(n*(tol-s.lat.mean)/sigma, n, j.rhoProof) >= j.logProof
-	}
-	errReject := s.errs.logE(c.MaxErrorRateIncrease) >= j.logErrors
-	ansReject := s.answers.logE(c.MaxDisagreement) >= j.logAnswers
-	memReject := j.memSet && j.memControl > 0 && !within(j.memCandidate/j.memControl-1, c.MaxMemoryIncrease)
+	t := j.tests()
+	latReject, latProven, errReject, ansReject, memReject := t.latReject, t.latProven, t.errReject, t.ansReject, t.memReject
 	if !latReject && !errReject && !ansReject && !memReject && !(latProven && elapsed >= c.MinDuration) && elapsed < c.MaxDuration {
 		return Verdict{Decision: VerdictContinue}
 	}
@@ -539,6 +539,47 @@ func (j *Judge) Verdict(elapsed time.Duration) Verdict {
 			c.MaxDuration, why, e.Samples)
 	}
 	return v
+}
+
+// testResults is what each test says now.
+type testResults struct {
+	latReject, latProven, errReject, ansReject, memReject bool
+}
+
+func (j *Judge) tests() testResults {
+	c := j.cfg
+	s := j.cur
+	var r testResults
+	if s.lat.n >= latencyBurnIn {
+		tol := math.Log1p(c.MaxLatencyIncrease)
+		sigma := s.lat.sigma()
+		n := float64(s.lat.n)
+		r.latReject = oneSidedLogMixture(n*(s.lat.mean-tol)/sigma, n, j.rhoReject) >= j.logLatReject
+		r.latProven = oneSidedLogMixture(n*(tol-s.lat.mean)/sigma, n, j.rhoProof) >= j.logProof
+	}
+	r.errReject = j.errE.logE(s.errs, c.MaxErrorRateIncrease) >= j.logErrors
+	r.ansReject = j.ansE.logE(s.answers, c.MaxDisagreement) >= j.logAnswers
+	r.memReject = j.memSet && j.memControl > 0 && !within(j.memCandidate/j.memControl-1, c.MaxMemoryIncrease)
+	return r
+}
+
+// eCache remembers the last e-value of a pairedSign test: it changes only
+// when a discordant pair arrives (or, for a nonzero tolerance, any pair).
+type eCache struct {
+	key   pairedSign
+	val   float64
+	valid bool
+}
+
+func (c *eCache) logE(p pairedSign, m float64) float64 {
+	k := p
+	if m == 0 {
+		k.n = 0 // concordant pairs multiply by 1
+	}
+	if !c.valid || c.key != k {
+		c.key, c.val, c.valid = k, p.logE(m), true
+	}
+	return c.val
 }
 
 // Metric keys of the evidence in evolution_result.metrics, besides the
