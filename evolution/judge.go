@@ -223,6 +223,10 @@ type Judge struct {
 	invalidLatencies int
 	errE, ansE       eCache
 
+	ev      Evidence // cached evidence of evSnap
+	evSnap  snapshot
+	evValid bool
+
 	memCandidate, memControl float64
 	memSet                   bool
 	invalidMemory            int
@@ -374,9 +378,14 @@ type PathPoint struct {
 	DisagreementExcessHigh float64 `json:"disagreement_excess_high"`
 }
 
-// Evidence returns the current evidence.
+// Evidence returns the current evidence. Inverting the tests for their
+// bounds costs tens of microseconds; the result is kept until the next Add,
+// so asking again (for metrics, say) is free.
 func (j *Judge) Evidence() Evidence {
-	e := j.evidence(j.cur)
+	if !j.evValid || j.evSnap != j.cur {
+		j.ev, j.evSnap, j.evValid = j.evidence(j.cur), j.cur, true
+	}
+	e := j.ev
 	e.InvalidLatencies = j.invalidLatencies
 	e.InvalidMemory = j.invalidMemory
 	if j.memSet {
