@@ -231,3 +231,104 @@ func TestJudgeSimulation(t *testing.T) {
 	r = results[8]
 	check(8, quantile(r.decisionPairs, 0.5) <= 150, "rejected in a median of %d pairs, want ≤ 150", quantile(r.decisionPairs, 0.5))
 }
+
+// latencyRule is one way to decide latency from the running mean and
+// standard deviation of d = ln(candidate/control) after n pairs.
+type latencyRule struct {
+	name           string
+	reject, proven func(n, mean, sigma, tol float64) bool
+}
+
+func latencyRules(alpha float64) []latencyRule {
+	twoSided := func(a, tune float64) func(n, mean, sigma, tol float64) bool {
+		rho := mixtureRho(tune, a)
+		return func(n, diff, sigma, _ float64) bool {
+			return n*diff/sigma >= twoSidedBound(n, math.Log(1/a), rho)
+		}
+	}
+	oneSided := func(a, tune float64) func(n, mean, sigma, tol float64) bool {
+		rho := mixtureRho(tune, 2*a)
+		return func(n, diff, sigma, _ float64) bool {
+			return oneSidedLogMixture(n*diff/sigma, n, rho) >= math.Log(1/a)
+		}
+	}
+	naive := func(n, diff, sigma, _ float64) bool { return diff/(sigma/math.Sqrt(n)) >= 1.96 }
+	rule := func(name string, rej, prf func(n, diff, sigma, tol float64) bool) latencyRule {
+		return latencyRule{name: name,
+			reject: func(n, mean, sigma, tol float64) bool { return rej(n, mean-tol, sigma, tol) },
+			proven: func(n, mean, sigma, tol float64) bool { return prf(n, tol-mean, sigma, tol) },
+		}
+	}
+	return []latencyRule{
+		rule("fixed-sample 95% interval, re-checked after every pair (not anytime-valid)", naive, naive),
+		rule("two-sided normal mixture at α/3 (the budget split evenly over three tests)", twoSided(alpha/3, 32), twoSided(alpha/3, 32)),
+		rule("two-sided normal mixture at α", twoSided(alpha, 32), twoSided(alpha, 32)),
+		rule("one-sided normal mixtures, α/2 each side", oneSided(alpha/2, 32), oneSided(alpha/2, 32)),
+		rule("chosen: one-sided, rejection α/2 tuned at 48 pairs, proof α tuned at 32", oneSided(alpha*shareLatencyReject, latencyTuneReject), oneSided(alpha*shareLatencyProof, latencyTuneProof)),
+	}
+}
+
+// TestLatencyBoundaryChoice compares ways to bound the latency ratio on
+// the ±25% noise of the suite (the request's own cost cancels in the ratio,
+// so d = ln(slowdown) + ln U₁ − ln U₂, U uniform on 0.75..1.25), looking
+// after every pair from the burn-in to pair 1,200. It is why the judge uses
+// one-sided mixtures with its split of the budget: a fixed-sample interval
+// re-checked as pairs arrive errs far beyond its level, and the plainer
+// mixtures decide more slowly.
+func TestLatencyBoundaryChoice(t *testing.T) {
+	trials := simTrials(t)
+	const maxPairs = 1200
+	tol := math.Log1p(0.10)
+	rng := rand.New(rand.NewPCG(7, 7))
+	noise := func() float64 { return math.Log(0.75+0.5*rng.Float64()) - math.Log(0.75+0.5*rng.Float64()) }
+	var table strings.Builder
+	fmt.Fprintf(&table, "%d trials, looking after every pair from pair %d to %d; tolerance ±10%%, α = 0.05\n\n", trials, latencyBurnIn, maxPairs)
+	fmt.Fprintf(&table, "| latency boundary | equal: pairs to proof, median / p90 | 20%% slower: pairs to reject, median / p90 | at +10%%: wrongly rejected | at +10%%: wrongly proven |\n|---|---|---|---|---|\n")
+	for ri, r := range latencyRules(0.05) {
+		var prove, reject []int
+		wrongRej, wrongProof := 0, 0
+		for _, sc := range []struct{ slow float64 }{{1}, {1.2}, {1.1}} {
+			for range trials {
+				var s latencyStats
+				gotRej, gotProof := false, false
+				for i := 1; i <= maxPairs; i++ {
+					s.add(math.Log(sc.slow) + noise())
+					if s.n < latencyBurnIn {
+						continue
+					}
+					n, sig := float64(s.n), s.sigma()
+					if !gotRej && r.reject(n, s.mean, sig, tol) {
+						gotRej = true
+						if sc.slow == 1.2 {
+							reject = append(reject, i)
+						}
+					}
+					if !gotProof && r.proven(n, s.mean, sig, tol) {
+						gotProof = true
+						if sc.slow == 1 {
+							prove = append(prove, i)
+						}
+					}
+					if (sc.slow == 1 && gotProof) || (sc.slow == 1.2 && gotRej) {
+						break
+					}
+				}
+				if sc.slow == 1.1 {
+					if gotRej {
+						wrongRej++
+					}
+					if gotProof {
+						wrongProof++
+					}
+				}
+			}
+		}
+		fmt.Fprintf(&table, "| %s | %d / %d | %d / %d | %.1f%% | %.1f%% |\n", r.name,
+			quantile(prove, 0.5), quantile(prove, 0.9), quantile(reject, 0.5), quantile(reject, 0.9),
+			100*float64(wrongRej)/float64(trials), 100*float64(wrongProof)/float64(trials))
+		if ri == 0 && wrongRej < trials/10 {
+			t.Errorf("the naive interval wrongly rejected only %d of %d: the comparison lost its point", wrongRej, trials)
+		}
+	}
+	t.Log("\n" + table.String())
+}
