@@ -77,7 +77,10 @@ func DefaultJudgeConfig() JudgeConfig {
 var ErrInvalidJudgeConfig = errors.New("evolution: invalid judge configuration")
 
 // Validate reports a configuration the judge cannot work with; the error
-// wraps [ErrInvalidJudgeConfig] and names the flag to fix.
+// wraps [ErrInvalidJudgeConfig] and names the flag to fix. A tolerance of
+// +Inf switches its test off (for latency: latency counts as proven once
+// the burn-in has passed); an error-rate or disagreement tolerance of 1 or
+// more can never be exceeded.
 func (c JudgeConfig) Validate() error {
 	bad := func(flag string, v any, want string) error {
 		return fmt.Errorf("%w: --%s is %v; %s", ErrInvalidJudgeConfig, flag, v, want)
@@ -85,17 +88,17 @@ func (c JudgeConfig) Validate() error {
 	if !(c.Confidence > 0 && c.Confidence < 1) {
 		return bad("evolution-confidence", c.Confidence, "give a probability between 0 and 1 exclusive, e.g. 0.95")
 	}
-	if !(c.MaxLatencyIncrease > -1) || math.IsInf(c.MaxLatencyIncrease, 1) {
-		return bad("evolution-max-latency-increase", c.MaxLatencyIncrease, "give a finite ratio above -1, e.g. 0.10 for +10%")
+	if !(c.MaxLatencyIncrease > -1) {
+		return bad("evolution-max-latency-increase", c.MaxLatencyIncrease, "give a ratio above -1, e.g. 0.10 for +10% (+Inf switches the test off)")
 	}
-	if !(c.MaxErrorRateIncrease >= -1 && c.MaxErrorRateIncrease <= 1) {
-		return bad("evolution-max-error-rate-increase", c.MaxErrorRateIncrease, "give a difference of rates between -1 and 1, e.g. 0.01")
+	if !(c.MaxErrorRateIncrease >= -1) {
+		return bad("evolution-max-error-rate-increase", c.MaxErrorRateIncrease, "give a difference of rates of at least -1, e.g. 0.01 (+Inf switches the test off)")
 	}
-	if !(c.MaxDisagreement >= -1 && c.MaxDisagreement <= 1) {
-		return bad("evolution-max-disagreement", c.MaxDisagreement, "give a difference of rates between -1 and 1, e.g. 0.05")
+	if !(c.MaxDisagreement >= -1) {
+		return bad("evolution-max-disagreement", c.MaxDisagreement, "give a difference of rates of at least -1, e.g. 0.05 (+Inf switches the test off)")
 	}
-	if math.IsNaN(c.MaxMemoryIncrease) || c.MaxMemoryIncrease < -1 {
-		return bad("evolution-max-memory-increase", c.MaxMemoryIncrease, "give a ratio of at least -1 (+Inf for no limit)")
+	if !(c.MaxMemoryIncrease >= -1) {
+		return bad("evolution-max-memory-increase", c.MaxMemoryIncrease, "give a ratio of at least -1, e.g. 0.25 (+Inf switches the test off)")
 	}
 	if c.MinDuration < 0 {
 		return bad("shadow-duration", c.MinDuration, "give a duration of at least 0")
@@ -564,7 +567,11 @@ func (j *Judge) tests() testResults {
 	c := j.cfg
 	s := j.cur
 	var r testResults
-	if s.lat.n >= latencyBurnIn {
+	switch {
+	case s.lat.n < latencyBurnIn:
+	case math.IsInf(c.MaxLatencyIncrease, 1):
+		r.latProven = true
+	default:
 		tol := math.Log1p(c.MaxLatencyIncrease)
 		sigma := s.lat.sigma()
 		n := float64(s.lat.n)

@@ -34,9 +34,9 @@ func TestJudgeConfigValidate(t *testing.T) {
 		{"evolution-confidence", func(c *JudgeConfig) { c.Confidence = 1 }},
 		{"evolution-confidence", func(c *JudgeConfig) { c.Confidence = math.NaN() }},
 		{"evolution-max-latency-increase", func(c *JudgeConfig) { c.MaxLatencyIncrease = -1 }},
-		{"evolution-max-latency-increase", func(c *JudgeConfig) { c.MaxLatencyIncrease = math.Inf(1) }},
+		{"evolution-max-latency-increase", func(c *JudgeConfig) { c.MaxLatencyIncrease = math.NaN() }},
 		{"evolution-max-error-rate-increase", func(c *JudgeConfig) { c.MaxErrorRateIncrease = math.NaN() }},
-		{"evolution-max-disagreement", func(c *JudgeConfig) { c.MaxDisagreement = 2 }},
+		{"evolution-max-disagreement", func(c *JudgeConfig) { c.MaxDisagreement = -2 }},
 		{"evolution-max-memory-increase", func(c *JudgeConfig) { c.MaxMemoryIncrease = -2 }},
 		{"shadow-duration", func(c *JudgeConfig) { c.MinDuration = -1 }},
 		{"evolution-max-duration", func(c *JudgeConfig) { c.MaxDuration = c.MinDuration - 1 }},
@@ -120,6 +120,26 @@ func TestJudgeToleratesUpToTheLimits(t *testing.T) {
 	}
 	if v := j.Verdict(time.Minute); v.Decision != VerdictPromoted {
 		t.Fatalf("verdict %s %q, want promoted", v.Decision, v.Reason)
+	}
+}
+
+// +Inf switches a test off.
+func TestJudgeInfiniteTolerances(t *testing.T) {
+	j := judgeWith(t, func(c *JudgeConfig) {
+		c.MaxLatencyIncrease, c.MaxErrorRateIncrease, c.MaxDisagreement, c.MaxMemoryIncrease = math.Inf(1), math.Inf(1), math.Inf(1), math.Inf(1)
+	})
+	if err := j.cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	j.SetMemory(1e9, 1)
+	for range latencyBurnIn {
+		j.Add(Pair{CandidateLatency: 10 * time.Second, ControlLatency: ms, CandidateFailed: false, CandidateDisagrees: true})
+	}
+	for range 50 {
+		j.Add(Pair{CandidateLatency: 10 * time.Second, ControlLatency: ms, CandidateFailed: true})
+	}
+	if v := j.Verdict(time.Minute); v.Decision != VerdictPromoted {
+		t.Fatalf("verdict %s %q, want promoted with every test off", v.Decision, v.Reason)
 	}
 }
 
@@ -294,4 +314,35 @@ func TestJudgePathIsBounded(t *testing.T) {
 	if allocs := testing.AllocsPerRun(1000, func() { j.Add(equalPair()) }); allocs != 0 {
 		t.Errorf("Add allocates %v times per call", allocs)
 	}
+}
+
+// Whatever the pairs and memory samples, the judge neither panics nor
+// produces evidence that cannot be encoded.
+func FuzzJudge(f *testing.F) {
+	f.Add(int64(100e6), int64(90e6), uint8(0), 1.0, 1.0, uint16(20))
+	f.Add(int64(-1), int64(math.MaxInt64), uint8(15), math.NaN(), math.Inf(1), uint16(300))
+	f.Fuzz(func(t *testing.T, cand, ctrl int64, flags uint8, memC, memK float64, n uint16) {
+		j := NewJudge(DefaultJudgeConfig())
+		for i := range int(n % 1024) {
+			j.Add(Pair{
+				CandidateLatency: time.Duration(cand + int64(i)), ControlLatency: time.Duration(ctrl - int64(i)),
+				CandidateFailed: flags&1 != 0 && i%2 == 0, ControlFailed: flags&2 != 0 && i%3 == 0,
+				CandidateDisagrees: flags&4 != 0 && i%5 == 0, ControlDisagrees: flags&8 != 0 && i%7 == 0,
+			})
+			j.SetMemory(memC, memK)
+			j.Verdict(time.Duration(i) * time.Second)
+		}
+		e := j.Evidence()
+		if _, err := json.Marshal(e); err != nil {
+			t.Fatalf("evidence %+v does not encode: %v", e, err)
+		}
+		if _, err := json.Marshal(j.Path()); err != nil {
+			t.Fatalf("path does not encode: %v", err)
+		}
+		for k, v := range e.Metrics() {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				t.Fatalf("metric %s = %v", k, v)
+			}
+		}
+	})
 }

@@ -184,9 +184,6 @@ func simTrials(t *testing.T) int {
 		}
 		n = v
 	}
-	if testing.Short() {
-		n = min(n, 200)
-	}
 	return n
 }
 
