@@ -479,10 +479,10 @@ const (
 
 // Verdict is the judge's answer after a look.
 type Verdict struct {
-	Decision     string // VerdictContinue, VerdictPromoted or VerdictRejected
-	Inconclusive bool   // rejected at MaxDuration with latency unproven, or on a bad configuration
-	Reason       string // one sentence with the figures; "" while continuing
-	Evidence     Evidence
+	Decision     string   `json:"decision"`               // VerdictContinue, VerdictPromoted or VerdictRejected
+	Inconclusive bool     `json:"inconclusive,omitempty"` // rejected at MaxDuration with latency unproven, or on a bad configuration
+	Reason       string   `json:"reason,omitempty"`       // one sentence with the figures; "" while continuing
+	Evidence     Evidence `json:"evidence"`               // zero while continuing: ask Judge.Evidence
 }
 
 // Verdict returns the decision after elapsed time of trial, valid at every

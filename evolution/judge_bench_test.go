@@ -34,14 +34,17 @@ func BenchmarkJudgeAdd(b *testing.B) {
 }
 
 // BenchmarkJudgeEvidence measures computing the evidence with all its
-// bounds, as the trial does for its metrics and at the end.
+// bounds after a new pair (the cache is then stale), as the trial does when
+// a trial ends or is shown.
 func BenchmarkJudgeEvidence(b *testing.B) {
 	j := NewJudge(DefaultJudgeConfig())
 	for i := range 500 {
 		j.Add(Pair{CandidateLatency: time.Duration(90+i%20) * time.Millisecond, ControlLatency: 100 * time.Millisecond, CandidateDisagrees: i%7 == 0, ControlDisagrees: i%9 == 0})
 	}
 	b.ReportAllocs()
+	p := Pair{CandidateLatency: 95 * time.Millisecond, ControlLatency: 100 * time.Millisecond}
 	for b.Loop() {
+		j.Add(p)
 		_ = j.Evidence()
 	}
 }
