@@ -56,6 +56,8 @@ from .steps import (
 )
 
 ACCEPTS = ["cancel_request"]
+_FLUSH_AT = 64 << 10  # queued bytes that are handed to the transport without waiting for the loop's turn
+_SWEEP = 0.25  # seconds between checks of log() timeouts
 _DECODE = dict(raw=False, strict_map_key=False, unicode_errors="backslashreplace")
 
 __all__ = ["Agent", "Request", "Restore", "RequestCancelled"]
@@ -239,9 +241,11 @@ class Request:
         result = fn()
         if inspect.isawaitable(result):
             result = await result
-        fut = self._agent._log_step(self.request_id, index, name, result)
-        await self._agent._drain()
-        await self._agent._wait(fut, timeout, index)
+        agent = self._agent
+        fut = agent._log_step(self.request_id, index, name, result)
+        if agent._wp._paused:  # type: ignore[union-attr]
+            await agent._drain()
+        await agent._wait(fut, timeout, f"{self.request_id} step {index} ({name})")
         return result
 
     async def reply(self, data: Dict[Any, Any]) -> None:
@@ -322,6 +326,11 @@ class Agent:
         self._wt: Any = None
         self._wp: Optional[_WriteProto] = None
         self._rt: Any = None
+        self._out: List[bytes] = []
+        self._out_bytes = 0
+        self._flush_scheduled = False
+        self._deadlines: Dict["asyncio.Future[int]", Tuple[float, float, Any]] = {}
+        self._sweeper: Optional[asyncio.TimerHandle] = None
 
     # ---------- construction ----------
     @classmethod
@@ -387,6 +396,7 @@ class Agent:
         """Stop heartbeats, flush what was written and close both pipes."""
         if self._hb_task is not None:
             self._hb_task.cancel()
+        self._flush()
         self._lost(Disconnected("the agent closed the connection"))
         if self._wt is not None and not self._wt.is_closing():
             self._wt.close()  # buffered frames are written out first
@@ -406,7 +416,9 @@ class Agent:
         return encode_frame(msg)
 
     def _write(self, frame: bytes) -> None:
-        """The whole frame into the transport, now (no await: never half a frame)."""
+        """Queue the whole frame now (no await: never half a frame). Frames queued in
+        one turn of the loop go to the transport in one write at its end (call_soon),
+        or at once when 64 KiB are queued or a call drains."""
         wp = self._wp
         if wp is None:
             raise Disconnected("not connected")
@@ -414,10 +426,28 @@ class Agent:
             raise wp.closed
         if isinstance(self._close_reason, Disconnected):
             raise Disconnected(f"the supervisor is gone: {self._close_reason}")
-        self._wt.write(frame)
+        self._out.append(frame)
+        self._out_bytes += len(frame)
+        if self._out_bytes >= _FLUSH_AT:
+            self._flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out:
+            return
+        data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+        self._out.clear()
+        self._out_bytes = 0
+        if self._wp is not None and self._wp.closed is None and not self._wt.is_closing():
+            self._wt.write(data)
 
     async def _drain(self) -> None:
+        """Hand the queued frames to the transport; wait while it is above its high-water mark."""
         assert self._wp is not None
+        self._flush()
         await self._wp.drain()
 
     async def _send(self, msg: Dict[str, Any]) -> None:
@@ -475,7 +505,8 @@ class Agent:
         Cancelling the call leaves the entry logged (its frame was written whole)."""
         fut = self.log_nowait(operation, params)
         seq = self._seq
-        await self._wp.drain()  # type: ignore[union-attr]
+        if self._wp._paused:  # type: ignore[union-attr]  # back-pressure: wait for the pipe
+            await self._drain()
         return await self._wait(fut, timeout, seq)
 
     async def log_batch(self, entries: List[tuple], *, timeout: Optional[float] = 30.0) -> int:
@@ -500,14 +531,26 @@ class Agent:
         return fut
 
     async def _wait(self, fut: "asyncio.Future[int]", timeout: Optional[float], what: Any) -> int:
-        if timeout is None:
+        if timeout is None or fut.done():
             return await fut
-        assert self._loop is not None
-        h = self._loop.call_later(timeout, _expire, fut, timeout, what)
+        # one sweeper for every waiter instead of a timer per call (a timer costs more than the log)
+        self._deadlines[fut] = (time.monotonic() + timeout, timeout, what)
+        if self._sweeper is None:
+            self._sweeper = self._loop.call_later(_SWEEP, self._sweep)  # type: ignore[union-attr]
         try:
             return await fut
         finally:
-            h.cancel()
+            self._deadlines.pop(fut, None)
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        now = time.monotonic()
+        for fut, (deadline, timeout, what) in list(self._deadlines.items()):
+            if deadline <= now:
+                del self._deadlines[fut]
+                _expire(fut, timeout, what)
+        if self._deadlines and self._close_reason is None:
+            self._sweeper = self._loop.call_later(_SWEEP, self._sweep)  # type: ignore[union-attr]
 
     def _on_ack(self, s: int) -> None:
         if s > self._durable:
