@@ -212,3 +212,134 @@ def test_aio_cancelled_log_leaves_whole_frames_and_back_pressure():
                 await asyncio.get_running_loop().run_in_executor(None, sup.wait_for, lambda s: 201 in s.wal)
                 assert sorted(sup.wal) == list(range(1, 202))  # every frame whole, in order
     run(main())
+
+
+def test_aio_callbacks_events_and_cancel_before_start():
+    async def main():
+        with FakeSupervisor() as sup:
+            seen = []
+
+            async def on_evo(m):
+                seen.append(("evo", m["decision"]))
+            async with sup.async_agent(on_hot_reload=lambda m: seen.append(("hot", m["module"])),
+                                       on_evolution_result=on_evo,
+                                       on_cancel=lambda r: seen.append(("cancel", r.request_id))) as agent:
+                sup.send({"type": "hot_reload", "code": "x=1", "module": "m", "backup_checkpoint_id": ""})
+                sup.send({"type": "evolution_result", "success": True, "decision": "promoted", "metrics": {}, "reason": "r"})
+                kinds = [(await agent.events.get())["type"] for _ in range(2)]
+                assert kinds == ["hot_reload", "evolution_result"]
+                await asyncio.sleep(0.05)
+                assert seen == [("hot", "m"), ("evo", "promoted")]
+                # cancelled before its handler task started: the handler never runs
+                sup.request("q", request_id="early")
+                sup.cancel("early")
+                ran = []
+                async def handle(req):
+                    ran.append(req.request_id)
+                it = agent.requests().__aiter__()
+                req = await it.__anext__()
+                assert (await agent.events.get())["type"] == "cancel_request"
+                assert req.cancelled and seen[-1] == ("cancel", "early")
+                await req.start(handle(req))
+                assert ran == []
+                sup.cancel("unknown-id")  # ignored
+                assert (await agent.events.get())["request_id"] == "unknown-id"
+    run(main())
+
+
+def test_aio_hostile_frame_ends_connection_and_refuses_without_supervisor(monkeypatch):
+    import os
+    import struct
+    from supervisor_agent import NotDurable, NotUnderSupervisor
+    from supervisor_agent.aio import Agent
+
+    async def main():
+        r, w = os.pipe()
+        sr, sw = os.pipe()
+        agent = await Agent.open(os.fdopen(r, "rb", buffering=0), os.fdopen(sw, "wb", buffering=0),
+                                 heartbeat_interval=0)
+        fut = agent.log_nowait("memory_add", {"n": 1})
+        os.write(w, struct.pack(">I", 0xFFFFFFF0))  # 4 GiB declared: refused before waiting for it
+        with pytest.raises(NotDurable, match="exceeds the maximum"):
+            await fut
+        assert [r async for r in agent.requests()] == []
+        await agent.close()
+        os.close(w)
+        os.close(sr)
+    run(main())
+    monkeypatch.delenv("SUPERVISOR_PROTOCOL_VERSION", raising=False)
+    with pytest.raises(NotUnderSupervisor, match="started by the supervisor"):
+        Agent.connect()
+
+
+def test_aio_back_pressure_bounds_memory():
+    """Nobody reads the supervisor's end: sends wait in drain once the transport
+    is over its high-water mark, instead of buffering without end."""
+    import os
+    from supervisor_agent.aio import Agent
+
+    async def main():
+        r, w = os.pipe()
+        sr, sw = os.pipe()
+        agent = await Agent.open(os.fdopen(r, "rb", buffering=0), os.fdopen(sw, "wb", buffering=0),
+                                 heartbeat_interval=0)
+        sent = [0]
+
+        async def flood():
+            while sent[0] < 2000:
+                await agent.metrics(pad=1.0, **{f"k{i}": float(i) for i in range(300)})  # ~5 KB each
+                sent[0] += 1
+        t = asyncio.ensure_future(flood())
+        await asyncio.sleep(0.3)
+        assert not t.done() and sent[0] < 200, sent  # blocked: the pipe (64 KiB) and the transport are full
+        assert agent._wt.get_write_buffer_size() < 256 << 10
+        loop = asyncio.get_running_loop()
+        drained = [0]
+
+        def reader():
+            while True:
+                b = os.read(sr, 1 << 16)
+                if not b:
+                    return
+                drained[0] += len(b)
+        rt = loop.run_in_executor(None, reader)
+        await asyncio.wait_for(t, 20)
+        assert sent[0] == 2000
+        await agent.close()
+        os.close(w)
+        await rt
+        assert drained[0] > 2000 * 4000
+    run(main())
+
+
+def test_aio_compression_both_ways():
+    import msgpack
+    from supervisor_agent.agent import _zstd
+    if _zstd is None:
+        pytest.fail("zstandard is not installed")
+
+    async def main():
+        with FakeSupervisor() as sup:
+            async with sup.async_agent() as agent:
+                state = {"blob": b"ab" * (1 << 20)}
+                assert await agent.checkpoint(state)
+                cp = [m for m in sup.received if m["type"] == "checkpoint"][-1]
+                assert cp["compressed"] is True and cp["version"] == 2 and len(cp["data"]) < 100000
+                assert sup.checkpoint == state
+        import os
+        from supervisor_agent import encode_frame
+        from supervisor_agent.aio import Agent
+        snap = {"x": 1.25, STEPS_KEY: {"r": [{"index": 0, "name": "s", "result": 5}]}}
+        body = _zstd.ZstdCompressor().compress(msgpack.packb(snap, use_bin_type=True))
+        r, w = os.pipe()
+        os.write(w, encode_frame({"type": "restore", "timestamp": 0, "version": 2, "compressed": True,
+                                  "compression": "zstd", "checkpoint_id": "c", "snapshot": body,
+                                  "wal_entries": [], "last_sequence": 9}))
+        sink = open(os.devnull, "wb")
+        agent = await Agent.open(os.fdopen(r, "rb", buffering=0), sink, restore_pending=True, heartbeat_interval=0)
+        assert agent.restore.snapshot == {"x": 1.25} and agent.restore.compressed
+        assert agent.step_table == {"r": [{"index": 0, "name": "s", "result": 5}]}
+        assert agent.last_sequence == 9
+        await agent.close()
+        os.close(w)
+    run(main())
