@@ -83,6 +83,7 @@ class Request:
                 raise mismatch(self.request_id, index, hit[0], name)
             return hit[1]
         if self.cancelled:
+            self._agent._forget(self)  # cancelled is final: it is never delivered again
             raise RequestCancelled(f"request {self.request_id} was cancelled: step {name!r} not run",
                                    {"request_id": self.request_id, "index": index, "name": name})
         result = fn()
@@ -360,6 +361,19 @@ class Agent:
             self._steps.put(request_id, index, name, result)  # before the send: a checkpoint after it holds it
             self._write(frame)
         return Pending(self, seq, seq)
+
+    def _forget(self, req: Request) -> None:
+        """The request is over without an answer (cancelled): drop its steps (request_done)."""
+        with self._seq_lock:
+            if self._steps.drop(req.request_id):
+                self._seq += 1
+                try:
+                    self._send({"type": "wal_entry", "data": {
+                        "operation": OP_DONE, "params": {"request_id": req.request_id}, "sequence": self._seq}})
+                except SupervisorError:
+                    pass
+        with self._inflight_lock:
+            self._inflight.pop(req.request_id, None)
 
     def _answer(self, req: Request, msg: Dict[str, Any]) -> None:
         """request_done (when the request has steps) and then the request_result."""

@@ -672,6 +672,9 @@ class Agent:
             t.add_done_callback(running.discard)
             if sem is not None:
                 t.add_done_callback(lambda _t: sem.release())  # type: ignore[union-attr]
+        if isinstance(self._close_reason, Disconnected):
+            for t in running:  # nobody to answer to any more
+                t.cancel()
         if running:
             await asyncio.gather(*running, return_exceptions=True)
 

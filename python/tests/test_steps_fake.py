@@ -94,6 +94,10 @@ def test_sync_heartbeat_opts_in_and_cancel_sets_flag():
         with pytest.raises(RequestCancelled):
             req.step("second", lambda: ran.append(1))
         assert ran == []
+        # cancelled is final: its steps are forgotten (request_done), not kept in checkpoints
+        assert agent.step_table == {}
+        sup.wait_for(lambda s: any(m["type"] == "wal_entry" and m["data"]["operation"] == "request_done"
+                                   for m in s.received))
 
 
 def run(coro):
