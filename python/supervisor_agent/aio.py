@@ -46,6 +46,8 @@ from .steps import (
     OP_DONE,
     OP_STEP,
     RequestCancelled,
+    StepMismatch,
+    StepResultTooLarge,
     StepTable,
     check_result_encodable,
     mismatch,
@@ -190,7 +192,9 @@ class Request:
     def start(self, coro: Awaitable[Any]) -> "asyncio.Task[Any]":
         """Run coro (e.g. ``handle(req)``) as this request's handler task: a
         cancel_request cancels it (CancelledError inside it). An exception
-        escaping it fails the request (HANDLER_FAILED) unless it was answered."""
+        escaping it fails the request (REQUEST_FAILED; STEP_MISMATCH,
+        STEP_RESULT_TOO_LARGE) unless it was answered; a cancelled one is answered
+        REQUEST_CANCELLED (kept by the supervisor beside the cancelled status)."""
         self.task = asyncio.get_running_loop().create_task(self._guard(coro))
         self._agent._tasks.add(self.task)
         self.task.add_done_callback(self._agent._tasks.discard)
@@ -200,24 +204,37 @@ class Request:
         if self.cancelled:  # cancelled before it started: never run it
             if inspect.iscoroutine(coro):
                 coro.close()
-            self._agent._forget(self)
+            self._answer_cancelled()
             return None
         try:
             return await coro
         except (asyncio.CancelledError, RequestCancelled):
-            if self.cancelled:  # our cancellation: the request is over, its steps may go
-                self._agent._forget(self)
+            if self.cancelled:  # our cancellation: the request is over
+                self._answer_cancelled()
                 return None
             raise
         except Exception as e:
             print(f"supervisor_agent: request {self.request_id} handler failed:", file=sys.stderr)
             traceback.print_exc()
             if not self.answered:
+                code = {StepMismatch: "STEP_MISMATCH", StepResultTooLarge: "STEP_RESULT_TOO_LARGE"}.get(
+                    type(e), "REQUEST_FAILED")
                 try:
-                    await self.fail("HANDLER_FAILED", f"{type(e).__name__}: {e}"[:1000])
+                    await self.fail(code, f"{type(e).__name__}: {e}"[:1000])
                 except SupervisorError:
                     pass
             return None
+
+    def _answer_cancelled(self) -> None:
+        """Say the handler stopped (REQUEST_CANCELLED, kept beside the cancelled status, as
+        the Go client does); request_done first, so the request's steps are forgotten."""
+        if self.answered:
+            return
+        try:
+            self._agent._answer(self, {"type": "request_result", "request_id": self.request_id, "error": {
+                "code": "REQUEST_CANCELLED", "message": "the request was cancelled; its handler stopped"}})
+        except SupervisorError:
+            self._agent._forget(self)
 
     async def step(self, name: str, fn: Callable[[], Any], *, timeout: Optional[float] = 30.0) -> Any:
         """Run fn (a coroutine function, or a plain one) once per request, durably.

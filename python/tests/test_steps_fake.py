@@ -175,12 +175,14 @@ def test_aio_steps_replay_cancel_and_errors():
                         break
                     await asyncio.sleep(0.01)
                 assert calls == ["plan", "llm", "slow"]
-                assert "r2" not in sup.results  # no answer sent; its steps were dropped (request_done)
+                # the handler stopped: REQUEST_CANCELLED (after request_done: its steps are dropped)
+                res = await asyncio.get_running_loop().run_in_executor(None, sup.result, "r2")
+                assert res["error"]["code"] == "REQUEST_CANCELLED"
                 assert agent.step_table == {}
                 ops = [m["data"]["params"] for m in sup.received
                        if m["type"] == "wal_entry" and m["data"]["operation"] == "request_done"]
                 assert {"request_id": "r2"} in ops
-                # a step's result too large, and a mismatch, fail the request (HANDLER_FAILED)
+                # a step's result too large fails the request (STEP_RESULT_TOO_LARGE)
                 async def big(req):
                     await req.step("big", lambda: b"x" * 11000)
                 serving.cancel()
@@ -191,7 +193,7 @@ def test_aio_steps_replay_cancel_and_errors():
                     req.start(big(req))
                     break
                 res = await asyncio.get_running_loop().run_in_executor(None, sup.result, "r3")
-                assert res["error"]["code"] == "HANDLER_FAILED" and "StepResultTooLarge" in res["error"]["message"]
+                assert res["error"]["code"] == "STEP_RESULT_TOO_LARGE" and "10240" in res["error"]["message"]
     run(main())
 
 
