@@ -113,18 +113,24 @@ async def aio_agent(res):
                 out.write(json.dumps({"request_id": r.request_id, "event": "cancelled", "t": time.time_ns()}) + "\n")
                 raise
             await r.reply({})
-        with open(os.environ["BENCH_OUT"], "w") as f:
-            json.dump(res, f)
+        write_result(res)
         if out is not None:
             await agent.serve(handle)
+
+
+def write_result(res):
+    """Atomically: the bench's main process polls for the file."""
+    tmp = os.environ["BENCH_OUT"] + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(res, f)
+    os.replace(tmp, os.environ["BENCH_OUT"])
 
 
 def agent_main():
     res = {}
     if os.environ["BENCH_CLIENT"] == "sync":
         sync_agent(res)
-        with open(os.environ["BENCH_OUT"], "w") as f:
-            json.dump(res, f)
+        write_result(res)
     else:
         import asyncio
         asyncio.run(aio_agent(res))
@@ -160,7 +166,6 @@ def run_round(binary, tmp, client, k, cancels_n=0):
             time.sleep(0.1)
         if not os.path.exists(out):
             sys.exit(f"benchmark agent produced no result; see {log}")
-        time.sleep(0.2)
         res = json.load(open(out))
         if cancels_n:
             res["cancel"] = measure_cancels(log, cancels, cancels_n)

@@ -433,9 +433,9 @@ class Agent:
         return encode_frame(msg)
 
     def _write(self, frame: bytes) -> None:
-        """Queue the whole frame now (no await: never half a frame). Frames queued in
-        one turn of the loop go to the transport in one write at its end (call_soon),
-        or at once when 64 KiB are queued or a call drains."""
+        """Queue the whole frame now (no await: never half a frame). While entries are
+        in flight, frames queued in one turn of the loop go to the transport in one
+        write at its end (call_soon); otherwise, or once 64 KiB are queued, at once."""
         wp = self._wp
         if wp is None:
             raise Disconnected("not connected")
@@ -445,7 +445,8 @@ class Agent:
             raise Disconnected(f"the supervisor is gone: {self._close_reason}")
         self._out.append(frame)
         self._out_bytes += len(frame)
-        if self._out_bytes >= _FLUSH_AT:
+        if self._out_bytes >= _FLUSH_AT or not self._waiters:
+            # nothing else in flight: no batch to wait for, write now (one loop turn less of latency)
             self._flush()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
