@@ -362,16 +362,19 @@ class Agent:
             self._write(frame)
         return Pending(self, seq, seq)
 
-    def _forget(self, req: Request) -> None:
-        """The request is over without an answer (cancelled): drop its steps (request_done)."""
+    def _drop_steps(self, request_id: str) -> None:
         with self._seq_lock:
-            if self._steps.drop(req.request_id):
+            if self._steps.drop(request_id):
                 self._seq += 1
                 try:
                     self._send({"type": "wal_entry", "data": {
-                        "operation": OP_DONE, "params": {"request_id": req.request_id}, "sequence": self._seq}})
+                        "operation": OP_DONE, "params": {"request_id": request_id}, "sequence": self._seq}})
                 except SupervisorError:
                     pass
+
+    def _forget(self, req: Request) -> None:
+        """The request is over without an answer (cancelled): drop its steps (request_done)."""
+        self._drop_steps(req.request_id)
         with self._inflight_lock:
             self._inflight.pop(req.request_id, None)
 
@@ -509,6 +512,8 @@ class Agent:
                 req.cancel_event.set()
                 if self.on_cancel is not None:
                     self.on_cancel(req)
+            else:  # not in flight but maybe restored with steps: cancelled is final, forget them
+                self._drop_steps(str(m.get("request_id", "")))
             self.events.put(m)
         elif t == "restore":
             self._apply_restore(m)

@@ -607,14 +607,17 @@ class Agent:
     def _forget(self, req: Request) -> None:
         """The request is over without an answer (cancelled): drop its steps."""
         self._inflight.pop(req.request_id, None)
-        if req.request_id in self._steps:
+        self._drop_steps(req.request_id)
+
+    def _drop_steps(self, request_id: str) -> None:
+        if request_id in self._steps:
             try:
                 self._write(self._encode({"type": "wal_entry", "data": {
-                    "operation": OP_DONE, "params": {"request_id": req.request_id}, "sequence": self._seq + 1}}))
+                    "operation": OP_DONE, "params": {"request_id": request_id}, "sequence": self._seq + 1}}))
             except SupervisorError:
                 return
             self._seq += 1
-            self._steps.drop(req.request_id)
+            self._steps.drop(request_id)
 
     def _answer(self, req: Request, msg: Dict[str, Any]) -> None:
         if req.request_id in self._steps:
@@ -750,6 +753,8 @@ class Agent:
                     req.task.cancel()
                 if self.on_cancel is not None:
                     self._call(self.on_cancel, req)
+            elif req is None:  # not in flight but maybe restored with steps: cancelled is final
+                self._drop_steps(str(m.get("request_id", "")))
             self.events.put_nowait(m)
         elif t == "checkpoint_ack":
             self._finish_checkpoint(m.get("checkpoint_id", ""), None)

@@ -253,6 +253,26 @@ def test_aio_callbacks_events_and_cancel_before_start():
     run(main())
 
 
+def test_cancel_of_a_restored_request_not_in_flight_forgets_its_steps():
+    with FakeSupervisor(restore=_restore_with_steps()) as sup:
+        agent = sup.agent()
+        assert RID in agent.step_table
+        sup.cancel(RID)
+        sup.wait_for(lambda s: 13 in s.wal)
+        assert sup.wal[13] == {"operation": "request_done", "params": {"request_id": RID}, "sequence": 13}
+        assert agent.step_table == {}
+
+    async def main():
+        with FakeSupervisor(restore=_restore_with_steps()) as sup:
+            async with sup.async_agent() as agent:
+                sup.cancel(RID)
+                await agent.events.get()
+                assert agent.step_table == {}
+                await asyncio.get_running_loop().run_in_executor(None, sup.wait_for, lambda s: 13 in s.wal)
+                assert sup.wal[13]["operation"] == "request_done"
+    run(main())
+
+
 def test_aio_hostile_frame_ends_connection_and_refuses_without_supervisor(monkeypatch):
     import os
     import struct
