@@ -13,9 +13,10 @@ from .errors import (
     WalFull,
 )
 from .framing import encode_frame, read_frame
+from .steps import RequestCancelled, StepMismatch, StepResultTooLarge
 
 __all__ = [
     "Agent", "Pending", "Request", "Restore", "SupervisorError", "NotUnderSupervisor", "ProtocolError",
     "Disconnected", "WalFull", "WalFailed", "SequenceConflict", "InvalidMessage", "CheckpointFailed",
-    "NotDurable", "encode_frame", "read_frame",
+    "NotDurable", "encode_frame", "read_frame", "StepMismatch", "StepResultTooLarge", "RequestCancelled",
 ]

@@ -17,6 +17,21 @@ from .errors import (
     from_error_message,
 )
 from .framing import DEFAULT_MAX_FRAME, encode_frame, read_frame
+from .steps import (
+    DEFAULT_WAL_ENTRY_LIMIT,
+    OP_DONE,
+    OP_STEP,
+    RequestCancelled,
+    StepTable,
+    check_result_encodable,
+    mismatch,
+    step_params,
+    too_large,
+    user_view,
+    with_table,
+)
+
+ACCEPTS = ["cancel_request"]  # sent in every heartbeat: this client turns cancel_request into req.cancelled
 
 COMPRESS_OVER = 1 << 20
 MAX_DECOMPRESSED = 100 << 20
@@ -44,14 +59,43 @@ class Request:
     user_id: str
     raw: Dict[str, Any]
     _agent: "Agent" = field(repr=False)
+    attempt: int = 1  # 1 on first delivery, higher when delivered again after a restart
+    cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+    _next_step: int = field(default=0, repr=False)
+    _step_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the supervisor sent cancel_request for this request (DELETE /v1/requests/ID)."""
+        return self.cancel_event.is_set()
+
+    def step(self, name: str, fn: Callable[[], Any], *, timeout: Optional[float] = 30.0) -> Any:
+        """Run fn once per request, durably: its result is logged (request_step, ack: true)
+        before step returns; on a redelivery a completed step returns its logged result
+        without calling fn. Raises StepMismatch, StepResultTooLarge, RequestCancelled,
+        or the log's errors (WalFull, NotDurable, ...)."""
+        with self._step_lock:
+            index = self._next_step
+            self._next_step += 1
+        hit = self._agent._steps_get(self.request_id, index)
+        if hit is not None:
+            if hit[0] != name:
+                raise mismatch(self.request_id, index, hit[0], name)
+            return hit[1]
+        if self.cancelled:
+            self._agent._forget(self)  # cancelled is final: it is never delivered again
+            raise RequestCancelled(f"request {self.request_id} was cancelled: step {name!r} not run",
+                                   {"request_id": self.request_id, "index": index, "name": name})
+        result = fn()
+        self._agent._log_step(self.request_id, index, name, result).wait(timeout)
+        return result
 
     def reply(self, data: Dict[Any, Any]) -> None:
-        self._agent._send({"type": "request_result", "request_id": self.request_id, "data": data})
+        self._agent._answer(self, {"type": "request_result", "request_id": self.request_id, "data": data})
 
     def fail(self, code: str, message: str) -> None:
-        self._agent._send(
-            {"type": "request_result", "request_id": self.request_id, "error": {"code": code, "message": message}}
-        )
+        self._agent._answer(self, {"type": "request_result", "request_id": self.request_id,
+                                   "error": {"code": code, "message": message}})
 
 
 class _Waiter:
@@ -108,8 +152,15 @@ class Agent:
         on_hot_reload: Optional[Callable[[Dict[str, Any]], None]] = None,
         on_evolution_result: Optional[Callable[[Dict[str, Any]], None]] = None,
         on_shutdown: Optional[Callable[[Dict[str, Any]], Optional[Dict[Any, Any]]]] = None,
+        on_cancel: Optional[Callable[[Request], None]] = None,
+        wal_entry_limit: int = DEFAULT_WAL_ENTRY_LIMIT,
     ) -> None:
         self._r, self._w = rfile, wfile
+        self._steps = StepTable()  # guarded by _seq_lock: entries change it in wire order
+        self._inflight: Dict[str, Request] = {}
+        self._inflight_lock = threading.Lock()
+        self.on_cancel = on_cancel
+        self.wal_entry_limit = wal_entry_limit
         self.role = role
         self.version = 2 if (version >= 2 and _zstd is not None) else 1
         self._max_frame = max_frame
@@ -195,11 +246,16 @@ class Agent:
             pass
 
     # ---------- sending ----------
-    def _send(self, msg: Dict[str, Any]) -> None:
+    def _encode(self, msg: Dict[str, Any]) -> bytes:
         msg.setdefault("timestamp", int(time.time()))
         if self.version >= 2:
             msg.setdefault("version", self.version)
-        frame = encode_frame(msg)
+        return encode_frame(msg)
+
+    def _send(self, msg: Dict[str, Any]) -> None:
+        self._write(self._encode(msg))
+
+    def _write(self, frame: bytes) -> None:
         with self._wlock:
             if self._close_reason is not None and isinstance(self._close_reason, Disconnected):
                 raise Disconnected("the supervisor is gone")
@@ -217,7 +273,7 @@ class Agent:
         self._send(msg)
 
     def heartbeat(self) -> None:
-        self._send({"type": "heartbeat"})
+        self._send({"type": "heartbeat", "accepts": ACCEPTS})
 
     def metrics(self, **values: float) -> None:
         self._send({"type": "metrics", "data": values})
@@ -288,26 +344,80 @@ class Agent:
                     raise NotDurable(f"no wal_ack for entry {last} within {timeout}s")
                 self._cond.wait(rem)
 
+    # ---------- steps ----------
+    def _steps_get(self, request_id: str, index: int) -> Optional[tuple]:
+        with self._seq_lock:
+            return self._steps.get(request_id, index)
+
+    def _log_step(self, request_id: str, index: int, name: str, result: Any) -> Pending:
+        check_result_encodable(name, result)
+        with self._seq_lock:
+            seq = self._seq + 1
+            frame = self._encode({"type": "wal_entry", "ack": True, "data": {
+                "operation": OP_STEP, "params": step_params(request_id, index, name, result), "sequence": seq}})
+            if len(frame) - 4 > self.wal_entry_limit:
+                raise too_large(name, len(frame) - 4, self.wal_entry_limit)
+            self._seq = seq
+            self._steps.put(request_id, index, name, result)  # before the send: a checkpoint after it holds it
+            self._write(frame)
+        return Pending(self, seq, seq)
+
+    def _drop_steps(self, request_id: str) -> None:
+        with self._seq_lock:
+            if self._steps.drop(request_id):
+                self._seq += 1
+                try:
+                    self._send({"type": "wal_entry", "data": {
+                        "operation": OP_DONE, "params": {"request_id": request_id}, "sequence": self._seq}})
+                except SupervisorError:
+                    pass
+
+    def _forget(self, req: Request) -> None:
+        """The request is over without an answer (cancelled): drop its steps (request_done)."""
+        self._drop_steps(req.request_id)
+        with self._inflight_lock:
+            self._inflight.pop(req.request_id, None)
+
+    def _answer(self, req: Request, msg: Dict[str, Any]) -> None:
+        """request_done (when the request has steps) and then the request_result."""
+        with self._seq_lock:
+            if self._steps.drop(req.request_id):
+                self._seq += 1
+                self._send({"type": "wal_entry", "data": {
+                    "operation": OP_DONE, "params": {"request_id": req.request_id}, "sequence": self._seq}})
+        with self._inflight_lock:
+            self._inflight.pop(req.request_id, None)
+        self._send(msg)
+
+    @property
+    def step_table(self) -> Dict[str, List[Dict[str, Any]]]:
+        """The completed steps of requests not yet answered, as checkpoints hold them."""
+        with self._seq_lock:
+            return self._steps.export()
+
     # ---------- checkpoints ----------
     def checkpoint(self, state: Dict[Any, Any], *, timeout: Optional[float] = 120.0) -> str:
         """Store the whole state; return the checkpoint id once acknowledged."""
-        body = msgpack.packb(state, use_bin_type=True)
-        msg: Dict[str, Any] = {"type": "checkpoint"}
-        if self.version >= 2 and _zstd is not None and len(body) > COMPRESS_OVER:
-            msg.update(compressed=True, compression="zstd",
-                       data=_zstd.ZstdCompressor(level=3, write_content_size=True).compress(body))
-        else:
-            msg["data"] = state
         w = _Waiter()
         with self._cp_lock:  # waiters queue in the order their checkpoints reach the wire
-            with self._cond:
-                self._cp_waiters.append(w)
-            try:
-                self._send(msg)
-            except BaseException:
+            # under _seq_lock: the step table written is exactly the one of the entries sent before
+            with self._seq_lock:
+                data = with_table(state, self._steps)
+                body = msgpack.packb(data, use_bin_type=True)
+                msg: Dict[str, Any] = {"type": "checkpoint"}
+                if self.version >= 2 and _zstd is not None and len(body) > COMPRESS_OVER:
+                    msg.update(compressed=True, compression="zstd",
+                               data=_zstd.ZstdCompressor(level=3, write_content_size=True).compress(body))
+                else:
+                    msg["data"] = data
                 with self._cond:
-                    self._cp_waiters.remove(w)
-                raise
+                    self._cp_waiters.append(w)
+                try:
+                    self._send(msg)
+                except BaseException:
+                    with self._cond:
+                        self._cp_waiters.remove(w)
+                    raise
         if not w.event.wait(timeout):
             raise NotDurable(f"no checkpoint_ack within {timeout}s")
         if w.error is not None:
@@ -323,9 +433,11 @@ class Agent:
         last = m.get("last_sequence")
         if last is None:
             last = max([e.get("sequence", 0) for e in entries] + [0])
-        self.restore = Restore(str(m.get("checkpoint_id", "")), snap, entries, int(last), bool(m.get("compressed")))
         with self._seq_lock:
+            self._steps.load(snap, entries)
             self._seq = max(self._seq, int(last))
+        snap, entries = user_view(snap, entries)
+        self.restore = Restore(str(m.get("checkpoint_id", "")), snap, entries, int(last), bool(m.get("compressed")))
         with self._cond:
             self._durable = max(self._durable, int(last))
         self._restore_event.set()
@@ -387,8 +499,22 @@ class Agent:
                 self.events.put(m)
         elif t == "process_request":
             d = m.get("data") or {}
-            self.requests_q.put(Request(str(m.get("request_id", "")), str(d.get("message", "")),
-                                        d.get("context") or {}, str(d.get("user_id", "")), m, self))
+            req = Request(str(m.get("request_id", "")), str(d.get("message", "")),
+                          d.get("context") or {}, str(d.get("user_id", "")), m, self,
+                          attempt=_int(m.get("attempt")) or 1)
+            with self._inflight_lock:
+                self._inflight[req.request_id] = req
+            self.requests_q.put(req)
+        elif t == "cancel_request":
+            with self._inflight_lock:
+                req = self._inflight.get(str(m.get("request_id", "")))
+            if req is not None:  # an id we do not know (answered already) is ignored
+                req.cancel_event.set()
+                if self.on_cancel is not None:
+                    self.on_cancel(req)
+            else:  # not in flight but maybe restored with steps: cancelled is final, forget them
+                self._drop_steps(str(m.get("request_id", "")))
+            self.events.put(m)
         elif t == "restore":
             self._apply_restore(m)
             self.events.put(m)

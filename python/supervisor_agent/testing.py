@@ -67,11 +67,26 @@ class FakeSupervisor:
             self._w.write(struct.pack(">I", len(payload)) + payload)
             self._w.flush()
 
-    def request(self, message: str, context: Optional[Dict[str, Any]] = None, user_id: str = "") -> str:
-        rid = str(uuid.uuid4())
-        self.send({"type": "process_request", "request_id": rid,
-                   "data": {"message": message, "context": context or {}, "user_id": user_id}})
+    def async_agent(self, **kw: Any) -> Any:
+        """An asyncio Agent (supervisor_agent.aio) connected to this fake: ``agent = await sup.async_agent()``."""
+        from . import aio
+        kw.setdefault("heartbeat_interval", 0.05)
+        return aio.Agent.open(self._agent_r, self._agent_w, restore_pending=self._restore is not None, **kw)
+
+    def request(self, message: str, context: Optional[Dict[str, Any]] = None, user_id: str = "",
+                *, request_id: Optional[str] = None, attempt: Optional[int] = None) -> str:
+        """Send a process_request; pass request_id and attempt to redeliver one."""
+        rid = request_id or str(uuid.uuid4())
+        m: Dict[str, Any] = {"type": "process_request", "request_id": rid,
+                             "data": {"message": message, "context": context or {}, "user_id": user_id}}
+        if attempt is not None:
+            m["attempt"] = attempt
+        self.send(m)
         return rid
+
+    def cancel(self, request_id: str) -> None:
+        """Send cancel_request, as the supervisor does after DELETE /v1/requests/ID."""
+        self.send({"type": "cancel_request", "request_id": request_id})
 
     def shutdown(self, create_checkpoint: bool = True, reason: str = "test") -> None:
         self.send({"type": "shutdown", "reason": reason, "create_checkpoint": create_checkpoint})

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -13,6 +14,10 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 AGENT = os.path.join(HERE, "agents", "e2e_agent.py")
+AIO_AGENT = os.path.join(HERE, "agents", "aio_agent.py")
+# request_step/request_done (docs/protocol.md): named explicitly for a supervisor that
+# does not know them yet; harmless for one that does.
+STEP_FLAGS = ["--wal-operations", "request_step,request_done"]
 sys.path.insert(0, os.path.abspath(os.path.join(HERE, "..")))
 
 
@@ -102,6 +107,38 @@ class Supervisor:
                                      headers={"Content-Type": "application/json"}, method="POST")
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, json.loads(r.read())
+
+    def http(self, method, path, body=None):
+        """(status, JSON body) of one HTTP call; error statuses are returned, not raised."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"http://{self.http_addr()}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                return e.code, json.loads(raw or b"null")
+            except ValueError:
+                return e.code, raw.decode(errors="replace")
+
+    def submit(self, message, **extra):
+        """POST /v1/requests without waiting: (status, body), 202 {request_id} when accepted."""
+        return self.http("POST", "/v1/requests", dict(message=message, **extra))
+
+    def request_status(self, rid):
+        return self.http("GET", f"/v1/requests/{rid}")
+
+    def cancel_request(self, rid):
+        return self.http("DELETE", f"/v1/requests/{rid}")
+
+    def wait_answer(self, rid, timeout=30):
+        """GET /v1/requests/ID until it is no longer pending; its body."""
+        def done():
+            st, body = self.request_status(rid)
+            return body if st == 200 and isinstance(body, dict) and body.get("status") != "pending" else None
+        return wait_until(done, timeout, f"request {rid} answered")
 
     def checkpoints(self):
         out = subprocess.run([self.bin, "checkpoints", "list", "--data-dir", self.dir, "--json"],

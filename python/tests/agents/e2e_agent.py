@@ -8,7 +8,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from supervisor_agent import Agent, SupervisorError  # noqa: E402
+from supervisor_agent import Agent, RequestCancelled, SupervisorError  # noqa: E402
 
 REPORT = os.environ.get("AGENT_REPORT", "")
 MODE = os.environ.get("AGENT_MODE", "serve")
@@ -34,9 +34,37 @@ def incarnation():
         return 0
 
 
+def record_call(**ev):
+    """A side effect outside the data dir: one JSON line per LLM call (AGENT_CALLS)."""
+    import json
+    ev["t"], ev["pid"] = time.time(), os.getpid()
+    with open(os.environ["AGENT_CALLS"], "a") as f:
+        f.write(json.dumps(ev) + "\n")
+
+
+def llm_steps(req):
+    """Three durable steps, each a fake LLM call that waits LLM_DELAY seconds (or until cancelled)."""
+    def call(step):
+        def fn():
+            record_call(event="llm_call", request_id=req.request_id, step=step)
+            req.cancel_event.wait(float(os.environ.get("LLM_DELAY", "1")))
+            record_call(event="llm_done", request_id=req.request_id, step=step)
+            return "<%s>" % step
+        return fn
+    try:
+        out = [req.step(s, call(s)) for s in ("plan", "draft", "review")]
+    except RequestCancelled:
+        record_call(event="cancelled", request_id=req.request_id)
+        return
+    req.reply({"answer": out, "attempt": req.attempt})
+    record_call(event="answered", request_id=req.request_id, attempt=req.attempt)
+
+
 def serve(agent):
     for req in agent.requests():
-        if req.message == "fail":
+        if req.message == "llm":
+            llm_steps(req)
+        elif req.message == "fail":
             req.fail("TOOL_FAILED", "asked to fail")
         else:
             req.reply({"echo": req.message, "user": req.user_id, "ctx": req.context})
