@@ -3,6 +3,8 @@ import { EventEmitter } from "node:events";
 import fs from "node:fs";
 import net from "node:net";
 
+import { Encoder } from "@msgpack/msgpack";
+
 import {
   CheckpointFailed,
   Disconnected,
@@ -14,7 +16,7 @@ import {
   SupervisorError,
   fromErrorMessage,
 } from "./errors.js";
-import { DEFAULT_MAX_FRAME, FrameReader, decodePayload, decodeValue, encodeValue, frameOf } from "./framing.js";
+import { DEFAULT_MAX_FRAME, FrameReader, decodePayload, decodeValue, encodeFrame, encodeFrameOnce, encodeValue, frameOf } from "./framing.js";
 import { compress, decompress, loadZstd, zstdInfo } from "./zstd.js";
 
 /** The checkpoint key under which the client keeps its table of steps. */
@@ -43,6 +45,7 @@ function toInt(v) {
 }
 
 const now = () => Math.floor(Date.now() / 1000);
+const WROTE = Promise.resolve();
 
 /** What the supervisor restored: the state to start from. */
 export class Restore {
@@ -267,7 +270,7 @@ export class Agent extends EventEmitter {
       });
     }
     const ok = w.write(frame);
-    if (ok && this._drain === null) return Promise.resolve();
+    if (ok && this._drain === null) return WROTE;
     if (this._drain === null) {
       this._drain = new Promise((resolve) => {
         const done = () => {
@@ -291,7 +294,7 @@ export class Agent extends EventEmitter {
 
   /** Send any message as is (timestamp and version added). For tests and extensions. */
   send(msg) {
-    return this._writeFrame(frameOf(encodeValue(this._stamp(msg))));
+    return this._writeFrame(encodeFrame(this._stamp(msg)));
   }
 
   /** Send one heartbeat (the client sends them by itself every second). */
@@ -345,10 +348,11 @@ export class Agent extends EventEmitter {
     });
   }
 
-  _sendEntryPayload(payload, first, last) {
+  _sendEntry(frame, first, last) {
     const p = this._waitAck(first, last);
-    const wrote = this._writeFrame(frameOf(payload));
-    return Promise.all([p, wrote]).then(() => last);
+    const wrote = this._writeFrame(frame);
+    // Back-pressure: with the pipe full, the caller also waits for it to drain.
+    return wrote === WROTE ? p : Promise.all([p, wrote]).then(() => last);
   }
 
   /** Log one entry (ack: true); resolves with its sequence once it is durable. Rejects with WalFull, WalFailed, SequenceConflict, InvalidMessage or NotDurable. */
@@ -356,7 +360,7 @@ export class Agent extends EventEmitter {
     if (this.closed) return Promise.reject(new NotDurable(`connection ended: ${this.closeReason?.message}`));
     const seq = ++this._seq;
     const msg = this._stamp({ type: "wal_entry", ack: true, data: { operation, params, sequence: seq } });
-    return this._sendEntryPayload(encodeValue(msg), seq, seq);
+    return this._sendEntry(encodeFrame(msg), seq, seq);
   }
 
   /** Log 1 to 100 entries ([operation, params] pairs) as one unit; resolves with the last sequence once durable. */
@@ -369,7 +373,7 @@ export class Agent extends EventEmitter {
     const data = entries.map(([operation, params], i) => ({ operation, params: params ?? {}, sequence: first + i }));
     this._seq = first + entries.length - 1;
     const msg = this._stamp({ type: "wal_batch", ack: true, data });
-    return this._sendEntryPayload(encodeValue(msg), first, this._seq);
+    return this._sendEntry(encodeFrame(msg), first, this._seq);
   }
 
   /** Send an entry without ack: true (the supervisor still logs it; nothing to wait for). Returns its sequence. */
@@ -429,7 +433,7 @@ export class Agent extends EventEmitter {
     const msg = { type: "checkpoint" };
     let body = null;
     if (this.version >= 2 && zstdInfo().canCompress) {
-      const enc = encodeValue(data);
+      const enc = new Encoder({ useBigInt64: true, ignoreUndefined: true }).encode(data);
       if (enc.length > COMPRESS_OVER) body = compress(enc);
     }
     if (body !== null) {
@@ -440,7 +444,7 @@ export class Agent extends EventEmitter {
       msg.data = data;
     }
     const p = new Promise((resolve, reject) => this._cpWaiters.push({ resolve, reject }));
-    this._writeFrame(frameOf(encodeValue(this._stamp(msg)))).catch(() => {});
+    this._writeFrame(encodeFrameOnce(this._stamp(msg))).catch(() => {});
     return p;
   }
 
@@ -507,7 +511,7 @@ export class Agent extends EventEmitter {
     // ack is pending must hold it (the checkpoint covers the entry).
     const entry = { name, result, pending: null };
     steps.set(index, entry);
-    entry.pending = this._sendEntryPayload(payload, seq, seq);
+    entry.pending = this._sendEntry(frameOf(payload), seq, seq);
     try {
       await entry.pending;
     } catch (e) {

@@ -53,6 +53,11 @@ export function encodeValue(value) {
   return encoder.encode(value);
 }
 
+/** The frame of a large message (a checkpoint), from an encoder of its own so no buffer of its size stays behind. */
+export function encodeFrameOnce(msg) {
+  return frameOf(new Encoder({ useBigInt64: true, ignoreUndefined: true }).encode(msg));
+}
+
 /** A frame: the 4-byte big-endian length and the payload. */
 export function frameOf(payload) {
   const out = Buffer.allocUnsafe(4 + payload.length);
@@ -61,9 +66,9 @@ export function frameOf(payload) {
   return out;
 }
 
-/** The frame of one message. */
+/** The frame of one message: encoded once into the encoder's own buffer, copied once behind its length. */
 export function encodeFrame(msg) {
-  return frameOf(encodeValue(msg));
+  return frameOf(encoder.encodeSharedRef(msg));
 }
 
 /** Decode one payload into a message; a payload that is not a map is a ProtocolError. */
