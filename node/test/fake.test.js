@@ -155,3 +155,47 @@ test("heartbeats say accepts: [cancel_request]; log() numbers above last_sequenc
   assert.equal(await agent.log("memory_add", {}), 108);
   agent.close();
 });
+
+test("hot_reload, evolution_result and shutdown are events; requests() ends after onShutdown's final checkpoint", async () => {
+  const fake = new Fake({ restore: {} });
+  const agent = await fake.agent({ onShutdown: async (m) => ({ final: m.reason }) });
+  const seen = [];
+  for (const ev of ["hot_reload", "evolution_result", "shutdown"]) agent.on(ev, (m) => seen.push([ev, m.module ?? m.decision ?? m.reason]));
+  fake.send({ type: "hot_reload", code: "x = 1", module: "tools", backup_checkpoint_id: "" });
+  fake.send({ type: "evolution_result", success: true, decision: "promoted", metrics: {}, reason: "faster" });
+  fake.send({ type: "shutdown", reason: "supervisor is stopping", create_checkpoint: true });
+  const it = agent.requests()[Symbol.asyncIterator]();
+  assert.deepEqual(await it.next(), { value: undefined, done: true });
+  assert.deepEqual(seen, [["hot_reload", "tools"], ["evolution_result", "promoted"], ["shutdown", "supervisor is stopping"]]);
+  assert.deepEqual(fake.received.findLast((m) => m.type === "checkpoint").data, { final: "supervisor is stopping" });
+  agent.close();
+});
+
+test("back-pressure: with the pipe full, send() and log() resolve only once it drains; frames stay in order", async () => {
+  const fake = new Fake({ restore: {} });
+  const agent = await fake.agent();
+  fake.fromAgent.pause(); // the supervisor stops reading
+  const big = { blob: "y".repeat(8000) };
+  let resolved = 0;
+  const sends = Array.from({ length: 20 }, () => agent.send({ type: "metrics", data: { n: 1 }, pad: big }).then(() => resolved++));
+  await new Promise((r) => setTimeout(r, 50));
+  // the first frames fit in the pipe's buffer; the rest wait for it to drain
+  assert.ok(resolved < 10, `${resolved} of 20 sends resolved while the pipe is full`);
+  assert.equal(fake.fromAgent.writableNeedDrain, true);
+  const logged = agent.log("memory_add", { last: true });
+  fake.fromAgent.resume();
+  await Promise.all(sends);
+  assert.equal(await logged, 1);
+  const types = fake.received.map((m) => m.type);
+  assert.deepEqual(types.slice(-21), [...Array(20).fill("metrics"), "wal_entry"]);
+  agent.close();
+});
+
+test("a zstd body declaring more than the limit is refused before decompressing", async () => {
+  const { decompress } = await import("../src/zstd.js");
+  const frame = Buffer.alloc(4 + 1 + 8 + 3);
+  frame.writeUInt32LE(0xfd2fb528, 0);
+  frame[4] = 0xe0; // content size: 8 bytes, single segment
+  frame.writeBigUInt64LE(200n * 1024n * 1024n, 5);
+  assert.throws(() => decompress(frame, 100 * 1024 * 1024), /declares 209715200 bytes, over the limit of 104857600/);
+});

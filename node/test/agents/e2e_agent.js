@@ -65,7 +65,7 @@ if (mode === "checkpoint") {
   const blob = Buffer.alloc(size);
   for (let i = 0; i < size; i++) blob[i] = (i * 7919) % 251;
   if (!r) report("checkpointed", { checkpoint_id: await agent.checkpoint({ blob, size }) });
-  else report("restored_blob", { ok: Buffer.from(r.snapshot.blob).equals(blob), size: r.snapshot.size });
+  else report("restored_blob", { ok: Buffer.from(r.snapshot.blob).equals(blob), size: r.snapshot.size, compressed: r.compressed, version: agent.version });
 }
 report("ready");
 
