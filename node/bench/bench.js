@@ -11,6 +11,8 @@
 //     in the same run on the data directory's file system
 //   - cancel: DELETE /v1/requests/ID sent → the handler's AbortSignal aborted, p50
 //     (needs a supervisor that sends cancel_request)
+// BENCH_FLAGS adds supervisor flags (e.g. "--wal-sync none": the fixed cost
+// without the fsync); BENCH_DIR is where the data directory goes.
 import { execFileSync, spawn } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
@@ -38,7 +40,7 @@ const logfd = fs.openSync(logPath, "a");
 const sup = spawn(
   bin,
   ["run", "--data-dir", path.join(dir, "data"), "--http-addr", "127.0.0.1:0", "--wal-operations", "request_step,request_done",
-    "--", process.execPath, path.join(HERE, "bench_agent.js")],
+    ...(process.env.BENCH_FLAGS ? process.env.BENCH_FLAGS.split(" ") : []), "--", process.execPath, path.join(HERE, "bench_agent.js")],
   { env: { ...process.env, BENCH_OUT: out }, stdio: ["ignore", logfd, logfd] },
 );
 const notes = () => (fs.existsSync(out) ? fs.readFileSync(out, "utf8").split("\n").filter(Boolean).map((l) => JSON.parse(l)) : []);
@@ -74,8 +76,13 @@ try {
 
   // 2. a step over a plain reply, beside fdatasync p50 on the same file system
   const fsync = [];
-  const f = fs.openSync(path.join(dir, "data", "fsync-probe"), "w");
-  const block = Buffer.alloc(4096, 1);
+  // the probe of the Go benchmarks (test/durable_bench_test.go): 1 KiB into a
+  // preallocated file on the same file system, one after each round trip
+  const f = fs.openSync(path.join(dir, "data", "fsync-probe"), "w+");
+  const block = Buffer.alloc(1024, 1);
+  fs.writeSync(f, Buffer.alloc(1024 * 1024));
+  fs.fsyncSync(f);
+  let off = 0;
   const plain = [];
   const step = [];
   const inAgent = [];
@@ -88,7 +95,8 @@ try {
     step.push(performance.now() - t);
     inAgent.push(r.data.step_ms);
     t = performance.now();
-    fs.writeSync(f, block);
+    fs.writeSync(f, block, 0, block.length, off);
+    off = (off + 1024) % (1024 * 1024);
     fs.fdatasyncSync(f);
     fsync.push(performance.now() - t);
   }

@@ -146,3 +146,46 @@ test("request_done: an answered request's steps are gone from the table after a 
   assert.deepEqual(second.table, {});
   assert.ok(second.last_sequence >= 3, "two steps and a request_done were logged");
 });
+
+test("redelivery after kill -9: attempt 2 skips the completed steps and answers (needs the supervisor's redelivery)", async (t) => {
+  const start = supervisors(t);
+  const dir = tmpDir();
+  const counter = path.join(dir, "llm-calls.txt");
+  const sup = start({ dir, env: { STEP_COUNTER: counter } });
+  await sup.waitReady();
+  const first = await sup.waitEvent("start");
+  const { body } = await sup.post("steps", { wait: "", context: { n: 3, hang_after: 1 } });
+  const rid = body.request_id;
+  await sup.waitEvent("hanging", { rid });
+  process.kill(first.pid, "SIGKILL");
+  const again = await sup.waitEvent("delivered", { rid, attempt: 2, timeout: 60000 });
+  assert.equal(again.attempt, 2);
+  const done = await waitUntil(async () => {
+    const r = await sup.get(rid);
+    return r.body.status === "answered" ? r.body : null;
+  }, 30000, "the answer");
+  assert.equal(done.data.attempt, 2);
+  assert.deepEqual(done.data.results.map((r) => r.text), ["answer 0", "answer 1", "answer 2"]);
+  // one call per step: 0 and 1 by attempt 1, 2 by attempt 2
+  assert.deepEqual(counted(counter), [`${rid} 0 1`, `${rid} 1 1`, `${rid} 2 2`]);
+});
+
+test("DELETE mid-request aborts req.signal; the steps after it never run (needs the supervisor's cancel_request)", async (t) => {
+  const start = supervisors(t);
+  const dir = tmpDir();
+  const counter = path.join(dir, "llm-calls.txt");
+  const sup = start({ dir, env: { STEP_COUNTER: counter } });
+  await sup.waitReady();
+  const { body } = await sup.post("steps", { wait: "", context: { n: 3, sleep_ms: 60000 } });
+  const rid = body.request_id;
+  await sup.waitEvent("delivered", { rid });
+  await waitUntil(() => counted(counter).length === 1, 10000, "step 0 running");
+  const del = await sup.del(rid);
+  assert.ok(del.status < 300, `DELETE answered ${del.status}`);
+  await sup.waitEvent("aborted", { rid });
+  const c = await sup.waitEvent("cancelled", { rid });
+  assert.equal(c.completed, 0);
+  assert.equal(c.name, "AbortError");
+  assert.deepEqual(counted(counter), [`${rid} 0 1`], "steps 1 and 2 never ran");
+  assert.equal((await sup.get(rid)).body.status, "cancelled");
+});
