@@ -41,12 +41,12 @@ console.error(`llm agent up (pid ${process.pid}); restored ${Object.keys(agent.s
 
 async function handle(req) {
   const id = req.requestId;
-  const call = (step, prompt) =>
-    req.step(step, async (signal) => {
-      const text = await llm(prompt, { signal, requestId: id, step });
-      console.error(`request ${id} attempt ${req.attempt}: step ${step} done`);
-      return text;
-    });
+  const call = async (step, prompt) => {
+    const text = await req.step(step, (signal) => llm(prompt, { signal, requestId: id, step }));
+    // here the step's result is durable: a crash from now on never calls the LLM again for it
+    console.error(`request ${id} attempt ${req.attempt}: step ${step} done`);
+    return text;
+  };
   try {
     const plan = await call("plan", `Plan an answer to: ${req.message}`);
     const draft = await call("draft", `Write a draft following ${plan}`);

@@ -116,7 +116,11 @@ test("steps: logged durably, rebuilt from the checkpoint and the WAL tail after 
   assert.deepEqual(second.restore.snapshot, { mine: true }, "the step table is not part of the user's state");
   assert.ok(second.restore.raw_has_steps, "the WAL tail held a request_step entry");
   assert.ok(second.restore.wal_entries.every((e) => e.operation !== "request_step"));
-  assert.equal(counted(counter).length, 2);
+  // steps 0 and 1 ran once (a supervisor that redelivers runs step 2 by now, and only it)
+  const lines = counted(counter);
+  assert.equal(lines.filter((l) => l === `${rid} 0 1`).length, 1, lines.join("\n"));
+  assert.equal(lines.filter((l) => l === `${rid} 1 1`).length, 1, lines.join("\n"));
+  assert.ok(lines.every((l) => / [01] 1$/.test(l) || / 2 \d+$/.test(l)), lines.join("\n"));
 });
 
 test("a step result over the WAL entry limit fails before anything is logged, naming the limit", async (t) => {

@@ -35,12 +35,13 @@ test("example: kill -9 mid-request, the request is redelivered and completed LLM
   assert.equal(done.status, "answered", JSON.stringify(done));
   assert.ok(done.data.attempt >= 2, `answered by a redelivery: ${JSON.stringify(done.data)}`);
   assert.match(done.data.answer, /^<answer: Polish <draft: Write a draft following <plan: /);
-  const lines = counted(calls).filter((l) => l.startsWith(id));
-  assert.deepEqual(
-    lines.map((l) => l.split(" ")[1]),
-    ["plan", "draft", "answer"],
-    "each LLM call made once: plan and draft were not called again after kill -9",
-  );
+  const steps = counted(calls).filter((l) => l.startsWith(id)).map((l) => l.split(" ")[1]);
+  const times = (s) => steps.filter((x) => x === s).length;
+  // plan and draft were durable before the kill: never called again
+  assert.equal(times("plan"), 1, steps.join(" "));
+  assert.equal(times("draft"), 1, steps.join(" "));
+  // answer was running (or not yet started) when the agent died: it runs again on redelivery
+  assert.ok(times("answer") >= 1 && times("answer") <= 2, steps.join(" "));
   assert.ok(agentPids(sup).length >= 2);
 });
 
