@@ -70,7 +70,7 @@ export declare class Request {
    * Rejects with StepMismatch (another name was logged at this index), StepResultTooLarge (over the WAL entry
    * limit: store big results elsewhere), the signal's AbortError when cancelled before fn starts, or WalFull/WalFailed/NotDurable.
    */
-  step<T extends Value | undefined | void>(name: string, fn: (signal: AbortSignal) => T | Promise<T>): Promise<T>;
+  step<T>(name: string, fn: (signal: AbortSignal) => T | Promise<T>): Promise<T>;
   /** Answer with data (request_result). Resolves once the frame is handed to the pipe. */
   reply(data: ValueMap): Promise<void>;
   /** Answer with an error. */
