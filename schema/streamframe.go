@@ -69,6 +69,7 @@ func (c *Codec) DecodeCheckpointStream(body io.Reader, size int, open func() (io
 	_, n, _, herr := sw.head()
 	werr = herr
 	for i := uint64(0); werr == nil && i < n; i++ {
+		t.flush()
 		kstart := kept.Len()
 		if werr = sw.value(2); werr != nil {
 			break

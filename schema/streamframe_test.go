@@ -47,9 +47,9 @@ func TestDecodeCheckpointStreamAgreesWithDecode(t *testing.T) {
 	}
 	deep := rawValue(append(bytes.Repeat([]byte{0x91}, 70), 0xc0))
 	cases := map[string][]byte{
-		"valid":               frameOf(t, "type", "checkpoint", "timestamp", 1, "data", data("idle")),
-		"data first":          frameOf(t, "data", data("acting"), "timestamp", 1, "type", "checkpoint", "version", 1),
-		"bad status":          frameOf(t, "type", "checkpoint", "timestamp", 1, "data", data("sleeping")),
+		"valid":      frameOf(t, "type", "checkpoint", "timestamp", 1, "data", data("idle")),
+		"data first": frameOf(t, "data", data("acting"), "timestamp", 1, "type", "checkpoint", "version", 1),
+		"bad status": frameOf(t, "type", "checkpoint", "timestamp", 1, "data", data("sleeping")),
 		"bad status, then malformed": append(frameOf(t, "type", "checkpoint", "timestamp", 1, "data", data(7))[:0:0],
 			frameOf(t, "type", "checkpoint", "data", data(7), "timestamp", rawValue{0xc1})...),
 		"no timestamp":     frameOf(t, "type", "checkpoint", "data", data("idle")),
@@ -75,6 +75,12 @@ func TestDecodeCheckpointStreamAgreesWithDecode(t *testing.T) {
 			})
 			if streamed != opened {
 				t.Fatalf("streamed %v, opened %v", streamed, opened)
+			}
+			if mustStream := !strings.Contains(name, "not a map") && !strings.Contains(name, "cut"); mustStream && !streamed {
+				t.Fatal("the data map was kept, not streamed")
+			}
+			if streamed && out.Len() > 0 && wantErr == nil && len(frame)-out.Len() > 1024 {
+				t.Fatalf("%d bytes of the frame kept besides the data", len(frame)-out.Len())
 			}
 			var we, ge *ValidationError
 			errors.As(wantErr, &we)

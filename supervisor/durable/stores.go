@@ -307,6 +307,25 @@ func (st *Stores) SaveCheckpoint(data, zdata []byte, watermark uint64, at int64)
 	if invalid != nil || err != nil {
 		return meta, nil, 0, invalid, err
 	}
+	pruned, segs = st.afterSave(meta, watermark, at)
+	return meta, pruned, segs, nil, nil
+}
+
+// CommitCheckpoint stores a checkpoint staged as it arrived (Stage; its
+// WAL entries are already durable) and does what SaveCheckpoint does after
+// a save. Nothing is stored on an error.
+func (st *Stores) CommitCheckpoint(staged *checkpoint.Staged, watermark uint64, at int64) (meta checkpoint.Meta, pruned []string, segs int, err error) {
+	if meta, err = staged.Commit(watermark); err != nil {
+		return meta, nil, 0, err
+	}
+	pruned, segs = st.afterSave(meta, watermark, at)
+	return meta, pruned, segs, nil
+}
+
+// afterSave applies retention to the checkpoints and the WAL once meta is
+// stored, and moves the restorability accounting to it.
+func (st *Stores) afterSave(meta checkpoint.Meta, watermark uint64, at int64) (pruned []string, segs int) {
+	var err error
 	if pruned, err = st.ckpt.Prune(); err != nil {
 		st.log.Warn("checkpoint retention failed; old checkpoints kept", "err", err)
 	}
@@ -327,7 +346,7 @@ func (st *Stores) SaveCheckpoint(data, zdata []byte, watermark uint64, at int64)
 	m := meta
 	st.newest.Store(&m)
 	st.snapCost.Store(st.snapshotCost(meta))
-	return meta, pruned, segs, nil, nil
+	return pruned, segs
 }
 
 // SaveCheckpointTo writes one checkpoint into store: data as it is, or the
