@@ -132,7 +132,7 @@ func TestLyingFrameHeaderCostsWhatWasSent(t *testing.T) {
 // startBigState runs the hostile agent's bigstate mode (a protocol v1
 // agent that checkpoints size bytes of text and float32 embeddings once,
 // then logs entries WAL entries) under the binary bin.
-func startBigState(t *testing.T, bin string, size, entries int) *hostileRun {
+func startBigState(t testing.TB, bin string, size, entries int) *hostileRun {
 	t.Helper()
 	dir := t.TempDir()
 	notes := filepath.Join(dir, "notes")
@@ -152,7 +152,7 @@ func resetHWM(t *testing.T, pid int) {
 
 // notedPID is the pid the agent noted first ("pid N"): its first
 // incarnation's.
-func notedPID(t *testing.T, notes string) int {
+func notedPID(t testing.TB, notes string) int {
 	t.Helper()
 	p := noted(notes, "pid ")
 	if len(p) == 0 {
