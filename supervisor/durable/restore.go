@@ -50,23 +50,6 @@ func (st *Stores) unrestorable(format string, args ...any) error {
 // ErrUnrestorable when the invariant cannot be met; other errors (a WAL that
 // cannot be written right now, say) may pass.
 func (st *Stores) BuildRestore(point Point) (*Plan, error) {
-	plan, err := st.buildRestore(point)
-	if errors.Is(err, errStreamTooLarge) {
-		// A v2 agent's snapshot streamed uncompressed (its stored frame
-		// does not declare its size) made the restore too large: it is
-		// loaded and compressed whole instead, as it always was.
-		st.noStream = true
-		defer func() { st.noStream = false }()
-		return st.buildRestore(point)
-	}
-	return plan, err
-}
-
-// errStreamTooLarge: a v2 agent's snapshot, streamed uncompressed, makes a
-// restore over the limit; BuildRestore builds it compressed instead.
-var errStreamTooLarge = errors.New("durable: streamed snapshot makes the restore too large")
-
-func (st *Stores) buildRestore(point Point) (*Plan, error) {
 	plan := &Plan{}
 	var (
 		meta checkpoint.Meta
@@ -141,10 +124,6 @@ func (st *Stores) buildRestore(point Point) (*Plan, error) {
 	} else {
 		rb, err = st.codec.NewRestore(schema.Header{}, meta.ID, data, zdata, plan.Compressed, lastSeq, hint)
 	}
-	v2Stream := streamed && st.version.Load() >= 2
-	if v2Stream && (err != nil || int64(rb.Len()) > st.restoreLimit) {
-		return nil, errStreamTooLarge
-	}
 	if err != nil {
 		return nil, st.unrestorable("checkpoint %s cannot be sent: %v", meta.ID, err)
 	}
@@ -172,8 +151,6 @@ func (st *Stores) buildRestore(point Point) (*Plan, error) {
 			return nil
 		})
 		switch {
-		case v2Stream && errors.Is(err, ErrRestoreFull):
-			return nil, errStreamTooLarge
 		case errors.Is(err, wal.ErrCorrupt), errors.Is(err, ErrRestoreFull):
 			return nil, st.unrestorable("%v", err)
 		case err != nil:
@@ -251,7 +228,10 @@ func (st *Stores) streamable(olderThan string) (checkpoint.Meta, []byte, []check
 			skipped = append(skipped, checkpoint.Skipped{ID: m.ID, Err: cerr})
 			continue
 		}
-		if m.Size > streamSnapshotFrom && !st.noStream {
+		// A v2 agent gets a large snapshot compressed: one whose stored
+		// frame does not declare its size (a staged checkpoint's) is loaded
+		// and compressed whole, as before.
+		if m.Size > streamSnapshotFrom && st.version.Load() < 2 {
 			return m, nil, skipped, nil
 		}
 		lm, data, err := st.ckpt.Load(m.ID)

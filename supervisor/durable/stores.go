@@ -105,9 +105,6 @@ type Stores struct {
 	// corrupt: checkpoints a streamed restore found damaged (noteCorrupt).
 	corruptMu sync.Mutex
 	corrupt   map[string]error
-	// noStream: restores load every snapshot whole (a v2 agent's that
-	// does not fit uncompressed). Store worker only.
-	noStream bool
 
 	version atomic.Int32 // highest protocol version the agent has spoken (persisted)
 	infoMu  sync.Mutex   // serialises writes of agent.json
