@@ -131,8 +131,8 @@ func (st *Stores) BuildRestore(point Point) (*Plan, error) {
 		return nil, st.unrestorable("checkpoint %s alone makes a restore of %d bytes, over the %d-byte limit (--max-frame-size)", meta.ID, rb.Len(), st.restoreLimit)
 	}
 	tail := &WALTail{log: st.wal, after: meta.Watermark}
+	inline := 0 // bytes of the entries held in the frame
 	if !point.NoWAL {
-		inline := 0
 		err := st.wal.ReadAfter(meta.Watermark, func(e wal.Entry) error {
 			if int64(rb.Len()+len(e.Data)) > st.restoreLimit {
 				return fmt.Errorf("%w: checkpoint %q plus the WAL after it is more than %d bytes (--max-frame-size); at sequence %d",
@@ -160,6 +160,11 @@ func (st *Stores) BuildRestore(point Point) (*Plan, error) {
 			}
 			return nil, fmt.Errorf("read WAL after sequence %d: %w", meta.Watermark, err)
 		}
+	}
+	if !point.NoWAL {
+		// The first restore after Open read the whole tail: the
+		// restorability accounting starts from it (Open did not read it).
+		st.learnAppended(meta.Watermark, int64(inline)+rb.Streamed())
 	}
 	if meta.ID == "" && rb.Entries() == 0 {
 		return nil, nil
@@ -389,7 +394,7 @@ func (st *Stores) Rewind(cp checkpoint.Meta) (abandoned []string, removed int, p
 	m := cp
 	st.newest.Store(&m)
 	st.snapCost.Store(st.snapshotCost(cp))
-	st.appended.Store(0)
+	st.setAppended(0)
 	st.base.Store(0)
 	return abandoned, removed, prevLast, nil
 }

@@ -3,6 +3,8 @@ package durable
 import (
 	"bytes"
 	"errors"
+	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/wal"
 	"github.com/agent-sidecar/supervisor/wire"
 )
 
@@ -135,5 +138,49 @@ func TestRestoreSnapshotDamagedMidStream(t *testing.T) {
 	}
 	if !bytes.Equal(r.Snapshot, small) || len(r.WALEntries) != 10 || r.LastSequence != 15 {
 		t.Fatalf("fallback restore: snapshot equal %v, %d entries, last %d", bytes.Equal(r.Snapshot, small), len(r.WALEntries), r.LastSequence)
+	}
+}
+
+// The restorability accounting survives a restart whether the first
+// restore counts the tail (Open no longer reads it) or an append comes
+// first: entries are refused with ErrRestoreFull at the same point.
+func TestRestorabilityAccountingAfterReopen(t *testing.T) {
+	for _, restoreFirst := range []bool{false, true} {
+		dir := t.TempDir()
+		open := func() *Stores {
+			st, err := Open(Options{Dir: dir, Codec: schema.NewCodec(schema.Options{}), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				MaxFrameSize: 64 << 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st
+		}
+		st := open()
+		appendEntries(t, st, 1, 40, 1000) // about 41 KB of the 64 KiB
+		st.Close()
+		st = open()
+		if restoreFirst {
+			if _, err := st.BuildRestore(Point{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		accepted := 0
+		for i := 41; i < 100; i++ {
+			raw, _ := schema.MarshalMap(map[string]any{"operation": "memory_add", "params": map[string]any{"pad": string(bytes.Repeat([]byte("p"), 1000))}, "sequence": i})
+			if _, err := st.Append([]wal.Entry{{Sequence: uint64(i), Data: raw}}); errors.Is(err, ErrRestoreFull) {
+				break
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			accepted++
+		}
+		plan, err := st.BuildRestore(Point{})
+		if err != nil {
+			t.Fatalf("restore first %v: %d more entries accepted, then the restore cannot be built: %v", restoreFirst, accepted, err)
+		}
+		if accepted < 15 || accepted > 25 || plan.Entries != 40+accepted {
+			t.Fatalf("restore first %v: %d more entries accepted after the restart, restore of %d", restoreFirst, accepted, plan.Entries)
+		}
+		st.Close()
 	}
 }
