@@ -409,7 +409,45 @@ type RestoreBuilder struct {
 	// streamed: bytes of entries counted by Count, which the caller sends
 	// after the payload Frame returns (they are its last bytes).
 	streamed int64
+	// snapAt, snapSize: a snapshot the caller streams (NewRestoreStreamed)
+	// goes at offset snapAt of the payload, snapSize bytes; 0: none.
+	snapAt   int
+	snapSize int64
 }
+
+// NewRestoreStreamed starts a restore payload whose snapshot, snapSize
+// bytes of one checked data map sent uncompressed (a stored checkpoint,
+// decompressed as it is written), is not held: the payload Frame returns
+// lacks it, and the caller writes it at offset SnapshotAt — the payload's
+// first SnapshotAt bytes, then the snapshot, then the rest. Limits are
+// checked with the snapshot counted.
+func (c *Codec) NewRestoreStreamed(h Header, checkpointID string, snapSize int64, lastSeq uint64, sizeHint int) (*RestoreBuilder, error) {
+	rb := &RestoreBuilder{e: encoder{c: c, typ: TypeRestore}, limit: c.limits.frame(TypeRestore)}
+	e := &rb.e
+	if limit := c.limits.Checkpoint; snapSize > int64(limit) || snapSize < 1 {
+		return nil, e.fail("snapshot", RuleTooLarge, "snapshot of %d bytes is outside 1 to the %d-byte checkpoint limit", snapSize, limit)
+	}
+	e.beginSized(&h, 4, false, min(max(sizeHint, len(checkpointID)+32), rb.limit))
+	if e.err != nil {
+		return nil, e.err
+	}
+	e.str("checkpoint_id", checkpointID)
+	e.key("snapshot")
+	rb.snapAt, rb.snapSize = len(e.b), snapSize
+	e.key("last_sequence")
+	e.b = AppendUint(e.b, lastSeq)
+	e.key("wal_entries")
+	e.b = append(e.b, 0xdd, 0, 0, 0, 0)
+	rb.countAt = len(e.b) - 4
+	if int64(len(e.b))+snapSize > int64(rb.limit) {
+		return nil, e.fail("", RuleTooLarge, "restore of at least %d bytes is over its %d-byte limit", int64(len(e.b))+snapSize, rb.limit)
+	}
+	return rb, nil
+}
+
+// SnapshotAt is where a streamed snapshot goes in the payload Frame returns
+// (NewRestoreStreamed); 0 when the snapshot is in it.
+func (rb *RestoreBuilder) SnapshotAt() int { return rb.snapAt }
 
 // NewRestore starts a restore payload. snapshot is the checkpoint's data map
 // (nil: {}); compressed zstd-compresses it (protocol v2). snapshotZstd, when
@@ -497,9 +535,9 @@ func (rb *RestoreBuilder) Streamed() int64 { return rb.streamed }
 
 func (rb *RestoreBuilder) check(entry []byte, add bool) error {
 	e := &rb.e
-	if int64(len(e.b))+rb.streamed+int64(len(entry)) > int64(rb.limit) {
+	if int64(len(e.b))+rb.snapSize+rb.streamed+int64(len(entry)) > int64(rb.limit) {
 		return e.fail("wal_entries", RuleTooLarge, "restore of %d bytes with %d WAL entries would be over its %d-byte limit",
-			int64(len(e.b))+rb.streamed+int64(len(entry)), rb.count+1, rb.limit)
+			int64(len(e.b))+rb.snapSize+rb.streamed+int64(len(entry)), rb.count+1, rb.limit)
 	}
 	if err := checkMap(entry); err != "" {
 		return e.fail(path("wal_entries", rb.count, ""), RuleMalformed, "%s", err)
@@ -513,8 +551,8 @@ func (rb *RestoreBuilder) check(entry []byte, add bool) error {
 	return nil
 }
 
-// Len is the payload's size so far, streamed entries included.
-func (rb *RestoreBuilder) Len() int { return len(rb.e.b) + int(rb.streamed) }
+// Len is the payload's size so far, streamed entries and snapshot included.
+func (rb *RestoreBuilder) Len() int { return len(rb.e.b) + int(rb.snapSize) + int(rb.streamed) }
 
 // Entries is the number of WAL entries added.
 func (rb *RestoreBuilder) Entries() int { return rb.count }

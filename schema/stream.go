@@ -126,9 +126,21 @@ func (e *zstdError) Error() string { return e.err.Error() }
 // streamWalker is the bounds walk of walk.go over a stream: it checks one
 // value without holding it, skipping payloads through the buffer.
 type streamWalker struct {
-	br  *bufio.Reader
-	off int64
-	key [16]byte // a key short enough to be one we interpret
+	br   byteSource
+	off  int64
+	base int      // depth of the walked value's container (0: the value is the payload)
+	key  [16]byte // a key short enough to be one we interpret
+	// open: the containers checkpointData is inside, with what is left of
+	// each, so that a walk stopped by a semantic fault can be finished.
+	open []openContainer
+}
+
+// byteSource is what a streamWalker reads: a *bufio.Reader, or a tap
+// (streamframe.go).
+type byteSource interface {
+	io.ByteReader
+	io.Reader
+	Discard(n int) (int, error)
 }
 
 func (w *streamWalker) readErr(err error) error {
@@ -253,7 +265,7 @@ func (w *streamWalker) rest(n uint64, kind, depth int) error {
 	if kind == 0 {
 		return w.discard(n)
 	}
-	if depth > MaxDepth {
+	if depth+w.base > MaxDepth {
 		return &walkError{int(w.off), fmt.Sprintf("maps and arrays nested deeper than %d levels", MaxDepth)}
 	}
 	count := n * uint64(kind)
@@ -300,12 +312,16 @@ func (w *streamWalker) checkpointData() (string, error) {
 	}
 	var status string
 	seenState := false
+	w.open = append(w.open[:0], openContainer{left: 2 * n, depth: 1})
+	dm := len(w.open) - 1
 	for range n {
+		w.open[dm].left-- // the key
 		k, ok, err := w.strKey(2)
 		if err != nil {
 			return "", err
 		}
 		if !ok || string(k) != "agent_state" {
+			w.open[dm].left--
 			if err := w.value(2); err != nil {
 				return "", err
 			}
@@ -315,6 +331,7 @@ func (w *streamWalker) checkpointData() (string, error) {
 			return "", fail("data.agent_state", RuleMalformed, "key %q occurs more than once", "agent_state")
 		}
 		seenState = true
+		w.open[dm].left-- // the value, walked here
 		c, sn, skind, err := w.head()
 		if err != nil {
 			return "", err
@@ -328,13 +345,20 @@ func (w *streamWalker) checkpointData() (string, error) {
 			}
 			return "", fail("data.agent_state", RuleFieldType, "must be a map, got %s", describe([]byte{c}))
 		}
+		if 2+w.base > MaxDepth {
+			return "", w.rest(sn, skind, 2)
+		}
+		w.open = append(w.open, openContainer{left: 2 * sn, depth: 2})
+		am := len(w.open) - 1
 		seenStatus := false
 		for range sn {
+			w.open[am].left-- // the key
 			k, ok, err := w.strKey(3)
 			if err != nil {
 				return "", err
 			}
 			if !ok || string(k) != "status" {
+				w.open[am].left--
 				if err := w.value(3); err != nil {
 					return "", err
 				}
@@ -344,6 +368,7 @@ func (w *streamWalker) checkpointData() (string, error) {
 				return "", fail("data.agent_state.status", RuleMalformed, "key %q occurs more than once", "status")
 			}
 			seenStatus = true
+			w.open[am].left-- // the value, walked here
 			vc, vn, vkind, err := w.head()
 			if err != nil {
 				return "", err
@@ -372,6 +397,8 @@ func (w *streamWalker) checkpointData() (string, error) {
 				return "", fail("data.agent_state.status", RuleFieldValue, "must be one of idle, thinking, acting, evolving; got %q", clip.Bytes(buf[:take], 32))
 			}
 		}
+		w.open = w.open[:am]
 	}
+	w.open = w.open[:0]
 	return status, nil
 }

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"runtime/debug"
 	"time"
@@ -41,6 +42,10 @@ type ckptDest struct {
 	// mark (frame order: everything appended before it is in wal).
 	arrived func() (watermark uint64, at int64)
 	save    func(data, zdata []byte, watermark uint64, at int64) (meta checkpoint.Meta, pruned []string, segs int, invalid, err error)
+	// store is the checkpoint store a large checkpoint is staged in as it
+	// arrives (conn.StreamSink); commit stores a staged one as save does.
+	store   *checkpoint.Store
+	commit  func(staged *checkpoint.Staged, watermark uint64, at int64) (meta checkpoint.Meta, pruned []string, segs int, err error)
 	primary bool // a stored checkpoint is counted and audited (a shadow's are scratch)
 }
 
@@ -48,7 +53,8 @@ var _ conn.Sink = (*sinks)(nil)
 
 func (s *Supervisor) primarySinks() *sinks {
 	return &sinks{s: s, role: RolePrimary, wal: s.st.WAL(), add: s.st.Append, ckpts: &ckptDest{
-		wal: s.st.WAL(), arrived: s.st.CheckpointArrived, save: s.st.SaveCheckpoint, primary: true}}
+		wal: s.st.WAL(), arrived: s.st.CheckpointArrived, save: s.st.SaveCheckpoint,
+		store: s.st.Checkpoints(), commit: s.st.CommitCheckpoint, primary: true}}
 }
 
 func (s *Supervisor) shadowSinks(t *trial) *sinks {
@@ -58,6 +64,11 @@ func (s *Supervisor) shadowSinks(t *trial) *sinks {
 			save: func(data, zdata []byte, wm uint64, _ int64) (checkpoint.Meta, []string, int, error, error) {
 				meta, invalid, err := durable.SaveCheckpointTo(t.store, s.codec, data, zdata, wm)
 				return meta, nil, 0, invalid, err
+			},
+			store: t.store,
+			commit: func(staged *checkpoint.Staged, wm uint64, _ int64) (checkpoint.Meta, []string, int, error) {
+				meta, err := staged.Commit(wm)
+				return meta, nil, 0, err
 			}},
 		trial: t}
 }
@@ -118,6 +129,55 @@ func (k *sinks) Checkpoint(in *conn.Instance, cp *schema.Checkpoint, arrived tim
 		// collection per checkpoint over 8 MiB.
 		cp.Data, job = nil, ckptJob{}
 		debug.FreeOSMemory()
+	}
+}
+
+var _ conn.StreamSink = (*sinks)(nil)
+
+// StageCheckpoint begins a checkpoint too large to hold: its data is
+// compressed into a temporary file of the store as it is read from the
+// pipe, before the frame is known valid (conn.StreamSink).
+func (k *sinks) StageCheckpoint(in *conn.Instance) (io.Writer, error) {
+	staged, err := k.ckpts.store.Stage()
+	if err != nil {
+		return nil, err
+	}
+	return staged, nil
+}
+
+// StageAborted throws away a staged checkpoint whose frame was invalid.
+func (k *sinks) StageAborted(in *conn.Instance, w io.Writer) {
+	if staged, ok := w.(*checkpoint.Staged); ok {
+		staged.Abort()
+	}
+}
+
+// CheckpointStaged queues a staged checkpoint for the store worker, which
+// commits and acknowledges it as it does a held one (Checkpoint), and
+// waits for it: one checkpoint is staged at a time. storeErr, when set, is
+// why it could not be staged: it is answered CHECKPOINT_FAILED in turn.
+func (k *sinks) CheckpointStaged(in *conn.Instance, w io.Writer, cp *schema.Checkpoint, storeErr error, arrived time.Time) {
+	s := k.s
+	wm, at := k.ckpts.arrived()
+	staged, _ := w.(*checkpoint.Staged)
+	if storeErr != nil && staged != nil {
+		staged.Abort()
+		staged = nil
+	}
+	const size = 1 << 20 // what a staged checkpoint holds: the encoder's buffers
+	job := ckptJob{inst: in, dest: k.ckpts, staged: staged, stageErr: storeErr, size: size, watermark: wm, tailAt: at,
+		arrived: arrived, stored: make(chan struct{})}
+	s.bmet.CkptQueueBytes.Add(size)
+	if !s.work.Queue(job, size, in.Abandoned()) {
+		s.bmet.CkptQueueBytes.Sub(size)
+		if staged != nil {
+			staged.Abort()
+		}
+		return
+	}
+	select {
+	case <-job.stored:
+	case <-in.Abandoned():
 	}
 }
 

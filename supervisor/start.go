@@ -183,6 +183,7 @@ func (s *Supervisor) open() error {
 	if err != nil {
 		return err
 	}
+	opening := time.Now()
 	st, err := durable.Open(durable.Options{Dir: dir, Codec: s.codec, Log: s.log,
 		CheckpointRetain: s.cfg.CheckpointRetain, CheckpointLevel: s.cfg.CheckpointLevel, MaxFrameSize: s.cfg.MaxFrameSize,
 		WALSegmentSize: s.cfg.WALSegmentSize, WALSync: policy, WALSyncInterval: s.cfg.WALSyncInterval, OnSync: s.met.WALSynced,
@@ -194,7 +195,8 @@ func (s *Supervisor) open() error {
 	w := st.WAL()
 	rec := w.Recovery()
 	s.log.Info("WAL opened", "segments", rec.Segments, "entries", rec.Entries,
-		"last_sequence", w.LastSequence(), "floor", w.Floor(), "torn_bytes_truncated", rec.TruncatedBytes)
+		"last_sequence", w.LastSequence(), "floor", w.Floor(), "torn_bytes_truncated", rec.TruncatedBytes,
+		"open_seconds", time.Since(opening).Seconds())
 	for _, ce := range rec.Covered {
 		s.rec.Record(observe.Occurrence{Level: slog.LevelWarn, Msg: "damaged WAL segments below the newest checkpoint's watermark set aside; that checkpoint covers them",
 			Kind: observe.AuditWALError, Fields: map[string]any{"error": ce.Error(), "covered_by_checkpoint": true, "moved_aside": ce.Moved}})

@@ -17,11 +17,15 @@ import (
 )
 
 type ckptJob struct {
-	inst      *conn.Instance
-	dest      *ckptDest
-	data      []byte // uncompressed data, or nil when zstd is set
-	zstd      []byte // the agent's compressed data, validated while it is stored
-	size      int64  // bytes reserved in ckptGate
+	inst *conn.Instance
+	dest *ckptDest
+	data []byte // uncompressed data, or nil when zstd is set
+	zstd []byte // the agent's compressed data, validated while it is stored
+	// staged: a checkpoint compressed into a temporary file as it arrived
+	// (data and zstd nil), committed here; stageErr: why staging failed.
+	staged    *checkpoint.Staged
+	stageErr  error
+	size      int64 // bytes reserved in ckptGate
 	watermark uint64
 	tailAt    int64 // stores.checkpointArrived's accounting mark
 	arrived   time.Time
@@ -181,10 +185,27 @@ func (s *Supervisor) storeCheckpoint(job ckptJob) {
 		}
 	}
 	if err != nil {
+		if job.staged != nil {
+			job.staged.Abort()
+		}
 		fail("wal_durable", err)
 		return
 	}
-	meta, removed, truncated, invalid, err := dest.save(job.data, job.zstd, job.watermark, job.tailAt)
+	var (
+		meta      checkpoint.Meta
+		removed   []string
+		truncated int
+		invalid   error
+	)
+	switch {
+	case job.stageErr != nil:
+		err = job.stageErr
+	case job.staged != nil:
+		meta, removed, truncated, err = dest.commit(job.staged, job.watermark, job.tailAt)
+		job.staged = nil
+	default:
+		meta, removed, truncated, invalid, err = dest.save(job.data, job.zstd, job.watermark, job.tailAt)
+	}
 	if invalid != nil {
 		s.invalidMessage(in, invalid)
 		return

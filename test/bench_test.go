@@ -34,7 +34,8 @@ func BenchmarkE2EWALThroughput(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			n := b.N
 			b.SetBytes(1024)
-			o := supOpts{noEvents: true, flags: []string{"--checkpoint-retain", "2", "--wal-segment-size", "67108864"}}
+			// SUP_BIN: another supervisor binary (an old build, for a comparison in one window).
+			o := supOpts{bin: os.Getenv("SUP_BIN"), noEvents: true, flags: []string{"--checkpoint-retain", "2", "--wal-segment-size", "67108864"}}
 			if c.command != nil {
 				o.command = c.command(n)
 			} else {

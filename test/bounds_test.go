@@ -31,7 +31,7 @@ var (
 
 // buildBoundsTools builds the hostile agent and a supervisor binary without
 // the race detector (whose shadow memory would swamp a 64 MiB bound).
-func buildBoundsTools(t *testing.T) {
+func buildBoundsTools(t testing.TB) {
 	t.Helper()
 	hostileOnce.Do(func() {
 		dir := filepath.Dir(binPath)

@@ -1,10 +1,12 @@
 package test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -149,5 +151,114 @@ func TestIdleResidentMemory(t *testing.T) {
 		float64(procStatus(s.cmd.Process.Pid, "RssAnon"))/1024, float64(procStatus(s.cmd.Process.Pid, "RssFile"))/1024)
 	if rss >= 15<<10 {
 		t.Errorf("idle VmRSS %d kB, want under 15 MiB", rss)
+	}
+}
+
+// startBigState runs the hostile agent's bigstate mode (a protocol v1
+// agent that checkpoints size bytes of text and float32 embeddings once,
+// then logs entries WAL entries) under the binary bin.
+func startBigState(t testing.TB, bin string, size, entries int) *hostileRun {
+	t.Helper()
+	dir := t.TempDir()
+	notes := filepath.Join(dir, "notes")
+	o := supOpts{bin: bin, flags: []string{"--backoff-initial", "10ms"}, command: []string{hostilePath, "bigstate"},
+		env: []string{"HOSTILE_OUT=" + notes, "HOSTILE_MARK=" + filepath.Join(dir, "mark"),
+			"HOSTILE_SIZE=" + strconv.Itoa(size), "HOSTILE_ENTRIES=" + strconv.Itoa(entries)}}
+	return &hostileRun{sup: startSup(t, o), notes: notes}
+}
+
+// resetHWM resets the supervisor's peak RSS (VmHWM) to its RSS now.
+func resetHWM(t *testing.T, pid int) {
+	t.Helper()
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0); err != nil {
+		t.Fatalf("reset VmHWM: %v", err)
+	}
+}
+
+// notedPID is the pid the agent noted first ("pid N"): its first
+// incarnation's.
+func notedPID(t testing.TB, notes string) int {
+	t.Helper()
+	p := noted(notes, "pid ")
+	if len(p) == 0 {
+		t.Fatal("the agent noted no pid")
+	}
+	pid, err := strconv.Atoi(strings.TrimPrefix(p[len(p)-1], "pid "))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// A 100 MB uncompressed (protocol v1) checkpoint is streamed from the pipe
+// into the compressor and its file, and back from the decompressor into the
+// pipe when the agent is killed: taking it and restoring it each cost the
+// supervisor under 64 MiB at its peak (they peaked at 238–310 MiB and
+// 309–373 MiB holding it whole), and the restore is the checkpoint byte for
+// byte.
+func TestBigCheckpointMemoryBounded(t *testing.T) {
+	buildBoundsTools(t)
+	h := startBigState(t, plainBin, 100_000_000, 0)
+	waitFor(t, 3*time.Minute, "the checkpoint acknowledged", func() bool { return len(noted(h.notes, "ack ")) == 1 })
+	pid := h.cmd.Process.Pid
+	in := procStatus(pid, "VmHWM")
+	resetHWM(t, pid)
+	digest := strings.Fields(noted(h.notes, "digest ")[0])[1]
+	if err := syscall.Kill(notedPID(t, h.notes), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 3*time.Minute, "the restore read", func() bool { return len(noted(h.notes, "restored ")) == 1 })
+	out := procStatus(pid, "VmHWM")
+	restored := strings.Fields(noted(h.notes, "restored ")[0])
+	t.Logf("100 MB v1 checkpoint: supervisor VmHWM %.1f MiB taking it, %.1f MiB restoring it", float64(in)/1024, float64(out)/1024)
+	if restored[3] != digest {
+		t.Errorf("restored snapshot digest %s, the checkpoint sent was %s", restored[3], digest)
+	}
+	if in >= 64<<10 || out >= 64<<10 {
+		t.Errorf("VmHWM %d kB taking the checkpoint, %d kB restoring it: want each under 64 MiB", in, out)
+	}
+}
+
+// A large checkpoint damaged in the middle of its file after it was stored
+// is found out while its restore is streamed: the agent never reads a
+// restore that looks whole with wrong content — its frame is cut short and
+// its input closed — and the restore after that passes over the damaged
+// checkpoint (here to none: the WAL from sequence 1), logged and counted.
+func TestDamagedCheckpointNeverRestoredWhole(t *testing.T) {
+	buildBoundsTools(t)
+	h := startBigState(t, plainBin, 20_000_000, 10)
+	waitFor(t, 3*time.Minute, "the checkpoint and the entries acknowledged", func() bool {
+		return len(noted(h.notes, "ack ")) == 1 && len(noted(h.notes, "walack 10")) == 1
+	})
+	id := strings.Fields(noted(h.notes, "ack ")[0])[1]
+	path := filepath.Join(h.dataDir, "checkpoints", id+".ckpt")
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(bytes.Repeat([]byte{0xa5}, 4096), fi.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := syscall.Kill(notedPID(t, h.notes), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 3*time.Minute, "a restore from the WAL alone", func() bool {
+		return len(noted(h.notes, `restored "" `)) == 1
+	})
+	for _, r := range noted(h.notes, "restored ") {
+		if !strings.HasPrefix(r, `restored "" `) || strings.Fields(r)[5] != "10" {
+			t.Errorf("the agent read a whole restore: %s", r)
+		}
+	}
+	if cut := noted(h.notes, "cut "); len(cut) != 1 {
+		t.Errorf("the agent saw %d restores cut short (%v): want the damaged one", len(cut), cut)
+	}
+	if n := h.metric("supervisor_checkpoint_corrupt_total"); n < 1 {
+		t.Errorf("supervisor_checkpoint_corrupt_total %v: the damaged checkpoint's skip is not counted", n)
 	}
 }

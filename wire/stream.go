@@ -73,3 +73,76 @@ func (l *limitedWriter) Write(p []byte) (int, error) {
 	l.left -= int64(n)
 	return n, err
 }
+
+// FrameBody is the payload of a frame being read as a stream
+// ([Reader.ReadFrameOrBody]): exactly its declared bytes, then io.EOF. The
+// input ending before them is an error wrapping [ErrTruncated]. It must be
+// read to its end (or Drain called) before the Reader's next ReadFrame.
+type FrameBody struct {
+	r    *Reader
+	size int
+	left int
+}
+
+// Size is the frame's declared payload length.
+func (b *FrameBody) Size() int { return b.size }
+
+func (b *FrameBody) Read(p []byte) (int, error) {
+	if b.left == 0 {
+		return 0, io.EOF
+	}
+	if len(p) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.br.Read(p)
+	b.left -= n
+	if err != nil && b.left > 0 {
+		if err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF) {
+			return n, fmt.Errorf("%w: payload cut short after %d of %d bytes: %w", ErrTruncated, b.size-b.left, b.size, io.ErrUnexpectedEOF)
+		}
+		return n, fmt.Errorf("wire: reading frame payload (%d of %d bytes read): %w", b.size-b.left, b.size, err)
+	}
+	return n, nil
+}
+
+// Drain reads and drops what is left of the payload.
+func (b *FrameBody) Drain() error {
+	_, err := io.Copy(io.Discard, b)
+	return err
+}
+
+// ReadFrameOrBody is ReadFrame for a reader that streams large frames: a
+// frame longer than streamAbove bytes (and not above the discard limit or
+// the maximum, which ReadFrame's errors report) is not read but returned
+// as a [FrameBody] to read as it arrives; a shorter one is returned as
+// ReadFrame returns it.
+func (r *Reader) ReadFrameOrBody(streamAbove int) ([]byte, *FrameBody, error) {
+	if n, err := io.ReadFull(r.br, r.hdr[:]); err != nil {
+		switch {
+		case err == io.EOF:
+			return nil, nil, io.EOF
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			return nil, nil, fmt.Errorf("%w: header cut short after %d of %d bytes: %w", ErrTruncated, n, HeaderSize, io.ErrUnexpectedEOF)
+		default:
+			return nil, nil, fmt.Errorf("wire: reading frame header: %w", err)
+		}
+	}
+	size := binary.BigEndian.Uint32(r.hdr[:])
+	if size == 0 {
+		return nil, nil, ErrZeroLength
+	}
+	if uint64(size) > uint64(r.max) {
+		if te := r.textHeader(); te != nil {
+			return nil, nil, fmt.Errorf("%w: declared %d bytes, limit %d: %w", ErrFrameTooLarge, size, r.max, te)
+		}
+		return nil, nil, fmt.Errorf("%w: declared %d bytes, limit %d", ErrFrameTooLarge, size, r.max)
+	}
+	if r.discard > 0 && int(size) > r.discard {
+		return nil, nil, r.skipPayload(int(size))
+	}
+	if streamAbove > 0 && int(size) > streamAbove {
+		return nil, &FrameBody{r: r, size: int(size), left: int(size)}, nil
+	}
+	p, err := r.readPayload(int(size))
+	return p, nil, err
+}

@@ -116,30 +116,8 @@ func (r *Reader) DiscardAbove(n int) {
 // frames; [ErrZeroLength], [ErrFrameTooLarge] or [ErrTruncated] for framing
 // errors; and any other read error wrapped.
 func (r *Reader) ReadFrame() ([]byte, error) {
-	if n, err := io.ReadFull(r.br, r.hdr[:]); err != nil {
-		switch {
-		case err == io.EOF:
-			return nil, io.EOF
-		case errors.Is(err, io.ErrUnexpectedEOF):
-			return nil, fmt.Errorf("%w: header cut short after %d of %d bytes: %w", ErrTruncated, n, HeaderSize, io.ErrUnexpectedEOF)
-		default:
-			return nil, fmt.Errorf("wire: reading frame header: %w", err)
-		}
-	}
-	size := binary.BigEndian.Uint32(r.hdr[:])
-	if size == 0 {
-		return nil, ErrZeroLength
-	}
-	if uint64(size) > uint64(r.max) {
-		if te := r.textHeader(); te != nil {
-			return nil, fmt.Errorf("%w: declared %d bytes, limit %d: %w", ErrFrameTooLarge, size, r.max, te)
-		}
-		return nil, fmt.Errorf("%w: declared %d bytes, limit %d", ErrFrameTooLarge, size, r.max)
-	}
-	if r.discard > 0 && int(size) > r.discard {
-		return nil, r.skipPayload(int(size))
-	}
-	return r.readPayload(int(size))
+	p, _, err := r.ReadFrameOrBody(0)
+	return p, err
 }
 
 // skipPayload reads n payload bytes and throws them away.

@@ -44,20 +44,52 @@ func (e notDurable) Unwrap() []error { return []error{e.err, ErrNotDurable} }
 // file. An error before the rename removes the temporary file; one after it
 // wraps [ErrNotDurable].
 func Write(dir, name string, write func(f *os.File) error) (size int64, err error) {
-	f, err := createTemp(dir, name)
+	t, err := CreateTemp(dir, name)
 	if err != nil {
 		return 0, err
 	}
+	if err := write(t.F); err != nil {
+		t.Abort()
+		return 0, err
+	}
+	return t.Commit(name)
+}
+
+// Temp is a temporary file in dir that becomes a file of the directory
+// only by Commit: [Write] split in two for a writer that learns the name
+// (or whether to keep the file at all) after the bytes.
+type Temp struct {
+	F   *os.File // the temporary file, locked against sweeps until closed
+	dir string
+}
+
+// CreateTemp creates a temporary file in dir for a file to be called
+// prefix-something (or another name given to Commit).
+func CreateTemp(dir, prefix string) (*Temp, error) {
+	f, err := createTemp(dir, prefix)
+	if err != nil {
+		return nil, err
+	}
+	return &Temp{F: f, dir: dir}, nil
+}
+
+// Abort closes and removes the temporary file.
+func (t *Temp) Abort() {
+	t.F.Close()
+	os.Remove(t.F.Name())
+}
+
+// Commit fsyncs the temporary file, renames it to dir/name and fsyncs dir,
+// as [Write] does. An error before the rename removes the temporary file;
+// one after it wraps [ErrNotDurable].
+func (t *Temp) Commit(name string) (size int64, err error) {
+	f, dir := t.F, t.dir
 	renamed := false
 	defer func() {
 		if err != nil && !renamed {
-			f.Close()
-			os.Remove(f.Name())
+			t.Abort()
 		}
 	}()
-	if err := write(f); err != nil {
-		return 0, err
-	}
 	err = hooked(filepath.Join(dir, name))
 	if err == nil {
 		err = f.Sync()

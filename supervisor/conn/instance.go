@@ -456,10 +456,96 @@ func (in *Instance) writeLoop(w *wire.Writer, pipe io.Writer) {
 	}
 }
 
+// StreamSink is a Sink that takes a checkpoint too large to hold as it
+// arrives: its data is written, as it is read from the pipe, to the writer
+// StageCheckpoint returns (a checkpoint compressed into a temporary file),
+// before the frame is known to be valid. The reader then calls exactly one
+// of CheckpointStaged (the frame was a valid checkpoint: store and
+// acknowledge it) or StageAborted (it was not, or the pipe broke: throw the
+// bytes away). A frame above the codec's StreamAbove can only be a
+// checkpoint.
+type StreamSink interface {
+	StageCheckpoint(in *Instance) (io.Writer, error)
+	CheckpointStaged(in *Instance, w io.Writer, cp *schema.Checkpoint, storeErr error, arrived time.Time)
+	StageAborted(in *Instance, w io.Writer)
+}
+
+// readStreamed reads a frame too large to hold (a checkpoint) from body:
+// decoded as it comes, its data streamed to the sink. It reports false when
+// the stream broke.
+func (in *Instance) readStreamed(body *wire.FrameBody) bool {
+	ss, ok := in.sink.(StreamSink)
+	if !ok {
+		payload, err := io.ReadAll(body)
+		if err != nil {
+			in.emit(Event{Kind: StreamEnded, Err: err})
+			return false
+		}
+		in.handle(payload)
+		return true
+	}
+	// Compressing and writing the data as it comes is our storage's time,
+	// not the agent's (as a sink's is).
+	start := in.sinkBegin()
+	in.inBytes.Add(float64(body.Size()))
+	var staged io.Writer
+	msg, streamed, err := in.codec.DecodeCheckpointStream(body, body.Size(), func() (io.Writer, error) {
+		w, err := ss.StageCheckpoint(in)
+		staged = w
+		return w, err
+	})
+	in.sinkEnd(start)
+	var storeErr *schema.StoreError
+	cp, isCkpt := msg.(*schema.Checkpoint)
+	switch {
+	case errors.As(err, &storeErr) && streamed:
+		// Valid, not stored: the sink answers CHECKPOINT_FAILED.
+		ss.CheckpointStaged(in, staged, nil, storeErr.Err, start)
+		return true
+	case err != nil && !errors.Is(err, schema.ErrInvalidMessage):
+		if staged != nil {
+			ss.StageAborted(in, staged)
+		}
+		in.emit(Event{Kind: StreamEnded, Err: err})
+		return false
+	case err != nil:
+		if staged != nil {
+			ss.StageAborted(in, staged)
+		}
+		in.sink.Invalid(in, err)
+		return true
+	case !streamed:
+		if staged != nil {
+			ss.StageAborted(in, staged)
+		}
+		in.dispatch(msg)
+		return true
+	}
+	if c := in.inFrames[schema.TypeCheckpoint]; c != nil {
+		c.Inc()
+	}
+	if !isCkpt { // unreachable: a streamed message is a checkpoint
+		ss.StageAborted(in, staged)
+		return true
+	}
+	in.noteVersion(cp)
+	wait := in.sinkBegin()
+	ss.CheckpointStaged(in, staged, cp, nil, start)
+	in.sinkEnd(wait)
+	return true
+}
+
 func (in *Instance) readLoop(r *wire.Reader) {
 	defer close(in.readerEnd)
+	streamAbove := in.codec.StreamAbove()
 	for {
-		payload, err := r.ReadFrame()
+		payload, body, err := r.ReadFrameOrBody(streamAbove)
+		if body != nil {
+			if !in.readStreamed(body) {
+				return
+			}
+			continue
+		}
 		var skipped *wire.DiscardedError
 		if errors.As(err, &skipped) {
 			in.inBytes.Add(float64(skipped.Size))
@@ -470,51 +556,66 @@ func (in *Instance) readLoop(r *wire.Reader) {
 			in.emit(Event{Kind: StreamEnded, Err: err})
 			return
 		}
-		in.inBytes.Add(float64(len(payload)))
-		msg, err := in.codec.Decode(schema.FromAgent, payload)
-		if err != nil {
-			in.sink.Invalid(in, err)
-			continue
+		in.handle(payload)
+	}
+}
+
+// handle decodes one frame's payload and hands the message on.
+func (in *Instance) handle(payload []byte) {
+	in.inBytes.Add(float64(len(payload)))
+	msg, err := in.codec.Decode(schema.FromAgent, payload)
+	if err != nil {
+		in.sink.Invalid(in, err)
+		return
+	}
+	in.dispatch(msg)
+}
+
+// noteVersion records the protocol version msg was sent with.
+func (in *Instance) noteVersion(msg schema.Message) {
+	if v := int32(msg.Head().Version); v > in.version.Load() {
+		in.version.Store(v)
+		in.sink.VersionSeen(in, v)
+	}
+}
+
+// dispatch hands a decoded message to the sink (or the owner).
+func (in *Instance) dispatch(msg schema.Message) {
+	if c := in.inFrames[msg.MessageType()]; c != nil {
+		c.Inc()
+	}
+	in.noteVersion(msg)
+	switch m := msg.(type) {
+	case *schema.Heartbeat:
+		now := time.Now().UnixNano()
+		in.blockedNano.Store(0)
+		in.lastFrameAt.Store(now)
+		if !in.acceptsCancel.Load() && slices.Contains(m.Accepts, schema.TypeCancelRequest) {
+			in.acceptsCancel.Store(true)
 		}
-		if c := in.inFrames[msg.MessageType()]; c != nil {
-			c.Inc()
+		if in.lastHeartbeat.Swap(now) == 0 {
+			in.firstHBAt.Store(now)
+			in.emit(Event{Kind: FirstHeartbeat})
 		}
-		if v := int32(msg.Head().Version); v > in.version.Load() {
-			in.version.Store(v)
-			in.sink.VersionSeen(in, v)
-		}
-		switch m := msg.(type) {
-		case *schema.Heartbeat:
-			now := time.Now().UnixNano()
-			in.blockedNano.Store(0)
-			in.lastFrameAt.Store(now)
-			if !in.acceptsCancel.Load() && slices.Contains(m.Accepts, schema.TypeCancelRequest) {
-				in.acceptsCancel.Store(true)
-			}
-			if in.lastHeartbeat.Swap(now) == 0 {
-				in.firstHBAt.Store(now)
-				in.emit(Event{Kind: FirstHeartbeat})
-			}
-		case *schema.WALEntry:
-			start := in.sinkBegin()
-			in.sink.AppendWAL(in, []schema.WALRecord{m.Entry}, m.Ack)
-			in.sinkEnd(start)
-		case *schema.WALBatch:
-			start := in.sinkBegin()
-			in.sink.AppendWAL(in, m.Entries, m.Ack)
-			in.sinkEnd(start)
-		case *schema.RequestResult:
-			in.sink.RequestResult(in, m)
-		case *schema.Checkpoint:
-			start := in.sinkBegin()
-			in.sink.Checkpoint(in, m, start)
-			in.sinkEnd(start)
-		case *schema.Metrics:
-			in.sink.AgentMetrics(in, m)
-		case *schema.Error:
-			in.sink.AgentError(in, m)
-		case *schema.EvolutionIntent:
-			in.emit(Event{Kind: EvolutionIntent, Msg: m})
-		}
+	case *schema.WALEntry:
+		start := in.sinkBegin()
+		in.sink.AppendWAL(in, []schema.WALRecord{m.Entry}, m.Ack)
+		in.sinkEnd(start)
+	case *schema.WALBatch:
+		start := in.sinkBegin()
+		in.sink.AppendWAL(in, m.Entries, m.Ack)
+		in.sinkEnd(start)
+	case *schema.RequestResult:
+		in.sink.RequestResult(in, m)
+	case *schema.Checkpoint:
+		start := in.sinkBegin()
+		in.sink.Checkpoint(in, m, start)
+		in.sinkEnd(start)
+	case *schema.Metrics:
+		in.sink.AgentMetrics(in, m)
+	case *schema.Error:
+		in.sink.AgentError(in, m)
+	case *schema.EvolutionIntent:
+		in.emit(Event{Kind: EvolutionIntent, Msg: m})
 	}
 }

@@ -110,12 +110,20 @@ func (st *Stores) BuildRestore(point Point) (*Plan, error) {
 		return nil, st.unrestorable("the restore would be %s plus the WAL after it, but the WAL no longer holds the entries up to sequence %d",
 			what, floor)
 	}
+	// A large snapshot picked by header (streamable) is written to the pipe
+	// as it decompresses, verified as it goes (WALTail.Stream), never held.
+	streamed := meta.ID != "" && data == nil && zdata == nil
 	plan.Compressed = zdata != nil || (st.version.Load() >= 2 && len(data) > schema.CompressThreshold)
 	hint := len(data) + len(zdata) + restoreOverhead
 	if !point.NoWAL {
 		hint += int(min(st.appended.Load()-st.base.Load(), streamTailFrom))
 	}
-	rb, err := st.codec.NewRestore(schema.Header{}, meta.ID, data, zdata, plan.Compressed, lastSeq, hint)
+	var rb *schema.RestoreBuilder
+	if streamed {
+		rb, err = st.codec.NewRestoreStreamed(schema.Header{}, meta.ID, meta.Size, lastSeq, hint)
+	} else {
+		rb, err = st.codec.NewRestore(schema.Header{}, meta.ID, data, zdata, plan.Compressed, lastSeq, hint)
+	}
 	if err != nil {
 		return nil, st.unrestorable("checkpoint %s cannot be sent: %v", meta.ID, err)
 	}
@@ -123,8 +131,8 @@ func (st *Stores) BuildRestore(point Point) (*Plan, error) {
 		return nil, st.unrestorable("checkpoint %s alone makes a restore of %d bytes, over the %d-byte limit (--max-frame-size)", meta.ID, rb.Len(), st.restoreLimit)
 	}
 	tail := &WALTail{log: st.wal, after: meta.Watermark}
+	inline := 0 // bytes of the entries held in the frame
 	if !point.NoWAL {
-		inline := 0
 		err := st.wal.ReadAfter(meta.Watermark, func(e wal.Entry) error {
 			if int64(rb.Len()+len(e.Data)) > st.restoreLimit {
 				return fmt.Errorf("%w: checkpoint %q plus the WAL after it is more than %d bytes (--max-frame-size); at sequence %d",
@@ -153,6 +161,11 @@ func (st *Stores) BuildRestore(point Point) (*Plan, error) {
 			return nil, fmt.Errorf("read WAL after sequence %d: %w", meta.Watermark, err)
 		}
 	}
+	if !point.NoWAL {
+		// The first restore after Open read the whole tail: the
+		// restorability accounting starts from it (Open did not read it).
+		st.learnAppended(meta.Watermark, int64(inline)+rb.Streamed())
+	}
 	if meta.ID == "" && rb.Entries() == 0 {
 		return nil, nil
 	}
@@ -163,7 +176,81 @@ func (st *Stores) BuildRestore(point Point) (*Plan, error) {
 		tail.size = rb.Streamed()
 		plan.Tail = tail
 	}
+	if streamed {
+		at := rb.SnapshotAt()
+		tail.snap = &snapshotStream{st: st, id: meta.ID, size: meta.Size, middle: plan.Frame[at:]}
+		plan.Frame = plan.Frame[:at]
+		plan.Tail = tail
+	}
 	return plan, nil
+}
+
+// streamSnapshotFrom is the checkpoint size from which a restore streams
+// its snapshot from the store (Store.WriteData) instead of holding it.
+const streamSnapshotFrom = 1 << 20
+
+// snapshotStream is a restore's snapshot written as it decompresses, and
+// the restore's bytes between the snapshot and the streamed WAL entries.
+type snapshotStream struct {
+	st     *Stores
+	id     string
+	size   int64
+	middle []byte
+}
+
+// noteCorrupt records that checkpoint id failed its verification while a
+// restore streamed it: restores built from now on pass over it (as a
+// checkpoint that fails its check when loaded is), falling back to an
+// older one.
+func (st *Stores) noteCorrupt(id string, err error) {
+	st.corruptMu.Lock()
+	defer st.corruptMu.Unlock()
+	if st.corrupt == nil {
+		st.corrupt = make(map[string]error)
+	}
+	st.corrupt[id] = err
+}
+
+func (st *Stores) corruptErr(id string) error {
+	st.corruptMu.Lock()
+	defer st.corruptMu.Unlock()
+	return st.corrupt[id]
+}
+
+// streamable returns the newest checkpoint (older than olderThan, when
+// set) a restore can use, as Latest and Previous do — but a large one is
+// chosen by its header and not read: its data is nil, and the restore
+// streams and verifies it as it is sent (snapshotStream). Small ones are
+// loaded and verified here. Checkpoints marked bad, whose header does not
+// read, or found corrupt by an earlier streamed restore are skipped.
+func (st *Stores) streamable(olderThan string) (checkpoint.Meta, []byte, []checkpoint.Skipped, error) {
+	metas, skipped, err := st.ckpt.Candidates(olderThan)
+	if err != nil {
+		return checkpoint.Meta{}, nil, nil, err
+	}
+	for _, m := range metas {
+		if cerr := st.corruptErr(m.ID); cerr != nil {
+			skipped = append(skipped, checkpoint.Skipped{ID: m.ID, Err: cerr})
+			continue
+		}
+		// A v2 agent gets a large snapshot compressed: one whose stored
+		// frame does not declare its size (a staged checkpoint's) is loaded
+		// and compressed whole, as before.
+		if m.Size > streamSnapshotFrom && st.version.Load() < 2 {
+			return m, nil, skipped, nil
+		}
+		lm, data, err := st.ckpt.Load(m.ID)
+		if err != nil {
+			skipped = append(skipped, checkpoint.Skipped{ID: m.ID, Err: err})
+			continue
+		}
+		if lm.Bad { // marked bad since we listed
+			skipped = append(skipped, checkpoint.Skipped{ID: m.ID, Err: fmt.Errorf("%w: %s", checkpoint.ErrMarkedBad, lm.BadReason)})
+			continue
+		}
+		return lm, data, skipped, nil
+	}
+	return checkpoint.Meta{}, nil, skipped, fmt.Errorf("%w: no loadable checkpoint in %s (%d skipped)", checkpoint.ErrNotFound, st.ckpt.Dir(), len(skipped))
 }
 
 // streamTailFrom is how many bytes of WAL entries a restore holds in
@@ -181,10 +268,41 @@ type WALTail struct {
 	after, last uint64
 	count       int
 	size        int64
+	// snap, when set, comes first: the snapshot, streamed from the store,
+	// and the restore's bytes up to the entries.
+	snap *snapshotStream
 }
 
-// Size is the bytes of the entries.
-func (t *WALTail) Size() int64 { return t.size }
+// Size is the bytes Stream writes.
+func (t *WALTail) Size() int64 {
+	if t.snap != nil {
+		return t.snap.size + int64(len(t.snap.middle)) + t.size
+	}
+	return t.size
+}
+
+// Stream writes the tail's bytes to w: the snapshot when streamed, then the
+// entries. A snapshot that fails its verification (checksum, size, a body
+// that does not decompress) stops it before the bytes after the snapshot:
+// the frame is cut short, never complete with wrong content, and the
+// checkpoint is passed over by the next restore.
+func (t *WALTail) Stream(w io.Writer) error {
+	if s := t.snap; s != nil {
+		if _, err := s.st.ckpt.WriteData(s.id, w); err != nil {
+			if errors.Is(err, checkpoint.ErrCorrupt) {
+				s.st.noteCorrupt(s.id, err)
+			}
+			return fmt.Errorf("stream the restore's snapshot (checkpoint %s): %w", s.id, err)
+		}
+		if _, err := w.Write(s.middle); err != nil {
+			return err
+		}
+	}
+	if t.count == 0 {
+		return nil
+	}
+	return t.streamEntries(w)
+}
 
 // errTailDone stops the log reader after the tail's last entry.
 var errTailDone = errors.New("durable: restore tail written")
@@ -193,7 +311,7 @@ var errTailDone = errors.New("durable: restore tail written")
 // log that no longer holds exactly those entries (a rollback or a
 // truncation since) is an error: the frame is then cut short, and the agent
 // restarted with a restore built again.
-func (t *WALTail) Stream(w io.Writer) error {
+func (t *WALTail) streamEntries(w io.Writer) error {
 	var n int
 	var written int64
 	err := t.log.ReadAfter(t.after, func(e wal.Entry) error {
@@ -276,7 +394,7 @@ func (st *Stores) Rewind(cp checkpoint.Meta) (abandoned []string, removed int, p
 	m := cp
 	st.newest.Store(&m)
 	st.snapCost.Store(st.snapshotCost(cp))
-	st.appended.Store(0)
+	st.setAppended(0)
 	st.base.Store(0)
 	return abandoned, removed, prevLast, nil
 }
@@ -305,12 +423,12 @@ func (st *Stores) latest(compressed bool) (checkpoint.Meta, []byte, []checkpoint
 	if compressed {
 		return st.ckpt.LatestCompressed()
 	}
-	return st.ckpt.Latest()
+	return st.streamable("")
 }
 
 func (st *Stores) previous(compressed bool, id string) (checkpoint.Meta, []byte, []checkpoint.Skipped, error) {
 	if compressed {
 		return st.ckpt.PreviousCompressed(id)
 	}
-	return st.ckpt.Previous(id)
+	return st.streamable(id)
 }

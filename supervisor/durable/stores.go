@@ -91,9 +91,15 @@ type Stores struct {
 	// newest stored checkpoint arrived (so the tail is appended − base), and
 	// snapCost what that checkpoint's snapshot takes in a restore.
 	appended atomic.Int64
-	base     atomic.Int64
-	snapCost atomic.Int64
-	newest   atomic.Pointer[checkpoint.Meta] // newest good checkpoint, nil: none
+	// appendedKnown: appended includes the bytes above the newest
+	// checkpoint at Open (openCovered's tail); until then it holds only what
+	// was appended since. accMu serialises learning them.
+	appendedKnown atomic.Bool
+	accMu         sync.Mutex
+	openCovered   uint64
+	base          atomic.Int64
+	snapCost      atomic.Int64
+	newest        atomic.Pointer[checkpoint.Meta] // newest good checkpoint, nil: none
 
 	// trunc is held (read) by the replicator while it reads the WAL
 	// (HoldTruncation), so no truncation moves the floor under it; written
@@ -101,6 +107,10 @@ type Stores struct {
 	// a rollback.
 	trunc    sync.RWMutex
 	onRewind func()
+
+	// corrupt: checkpoints a streamed restore found damaged (noteCorrupt).
+	corruptMu sync.Mutex
+	corrupt   map[string]error
 
 	version atomic.Int32 // highest protocol version the agent has spoken (persisted)
 	infoMu  sync.Mutex   // serialises writes of agent.json
@@ -164,14 +174,58 @@ func Open(o Options) (*Stores, error) {
 	if m := st.newest.Load(); m != nil {
 		st.snapCost.Store(st.snapshotCost(*m))
 	}
-	var tail int64
-	err = w.ReadAfter(covered, func(e wal.Entry) error { tail += int64(len(e.Data)); return nil })
-	if err != nil && !errors.Is(err, wal.ErrCorrupt) {
-		w.Close()
-		return nil, fmt.Errorf("read the WAL after sequence %d: %w", covered, err)
-	}
-	st.appended.Store(tail)
+	// The bytes already above the newest checkpoint (appended's start) are
+	// counted by the first restore, which reads that tail anyway
+	// (learnAppended), or at the first append or checkpoint that comes
+	// before it (ensureAppended): a restart reads the tail once less.
+	st.openCovered = covered
 	return st, nil
+}
+
+// ensureAppended counts the WAL's bytes above the newest checkpoint at
+// Open, if no restore has counted them yet. The frame reader calls it
+// before the accounting is used (Append, CheckpointArrived).
+func (st *Stores) ensureAppended() error {
+	if st.appendedKnown.Load() {
+		return nil
+	}
+	st.accMu.Lock()
+	defer st.accMu.Unlock()
+	if st.appendedKnown.Load() {
+		return nil
+	}
+	var tail int64
+	err := st.wal.ReadAfter(st.openCovered, func(e wal.Entry) error { tail += int64(len(e.Data)); return nil })
+	if err != nil && !errors.Is(err, wal.ErrCorrupt) {
+		return fmt.Errorf("read the WAL after sequence %d: %w", st.openCovered, err)
+	}
+	st.appended.Add(tail)
+	st.appendedKnown.Store(true)
+	return nil
+}
+
+// learnAppended takes tail, the bytes of every entry above sequence after
+// that a restore just read, as appended's start when after is the newest
+// checkpoint's watermark at Open and nothing has counted them yet.
+func (st *Stores) learnAppended(after uint64, tail int64) {
+	if st.appendedKnown.Load() || after != st.openCovered {
+		return
+	}
+	st.accMu.Lock()
+	defer st.accMu.Unlock()
+	if st.appendedKnown.Load() {
+		return
+	}
+	st.appended.Add(tail)
+	st.appendedKnown.Store(true)
+}
+
+// setAppended restarts the accounting at tail (ReopenWAL, Rewind).
+func (st *Stores) setAppended(tail int64) {
+	st.accMu.Lock()
+	defer st.accMu.Unlock()
+	st.appended.Store(tail)
+	st.appendedKnown.Store(true)
 }
 
 // Close closes the WAL (syncing what it holds).
@@ -196,7 +250,7 @@ func (st *Stores) ReopenWAL() (uint64, error) {
 	if err != nil && !errors.Is(err, wal.ErrCorrupt) {
 		return 0, fmt.Errorf("read the reopened WAL after sequence %d: %w", covered, err)
 	}
-	st.appended.Store(tail)
+	st.setAppended(tail)
 	st.base.Store(0)
 	return last, nil
 }
@@ -256,6 +310,9 @@ func (st *Stores) snapshotCost(m checkpoint.Meta) int64 {
 // checkpoint larger than restoreLimit.
 func (st *Stores) Append(entries []wal.Entry) (wal.AppendResult, error) {
 	last := st.wal.LastSequence()
+	if err := st.ensureAppended(); err != nil {
+		return wal.AppendResult{Last: last}, err
+	}
 	var add int64
 	for _, e := range entries {
 		if e.Sequence > last {
@@ -285,6 +342,10 @@ func (st *Stores) Append(entries []wal.Entry) (wal.AppendResult, error) {
 // in the log, so the WAL's last sequence is its watermark, and appended is
 // where its tail accounting restarts.
 func (st *Stores) CheckpointArrived() (watermark uint64, at int64) {
+	if err := st.ensureAppended(); err != nil {
+		// The accounting stays where it was: the next append counts again.
+		st.log.Warn("cannot count the WAL tail for the restorability accounting", "err", err)
+	}
 	return st.wal.LastSequence(), st.appended.Load()
 }
 
@@ -300,6 +361,25 @@ func (st *Stores) SaveCheckpoint(data, zdata []byte, watermark uint64, at int64)
 	if invalid != nil || err != nil {
 		return meta, nil, 0, invalid, err
 	}
+	pruned, segs = st.afterSave(meta, watermark, at)
+	return meta, pruned, segs, nil, nil
+}
+
+// CommitCheckpoint stores a checkpoint staged as it arrived (Stage; its
+// WAL entries are already durable) and does what SaveCheckpoint does after
+// a save. Nothing is stored on an error.
+func (st *Stores) CommitCheckpoint(staged *checkpoint.Staged, watermark uint64, at int64) (meta checkpoint.Meta, pruned []string, segs int, err error) {
+	if meta, err = staged.Commit(watermark); err != nil {
+		return meta, nil, 0, err
+	}
+	pruned, segs = st.afterSave(meta, watermark, at)
+	return meta, pruned, segs, nil
+}
+
+// afterSave applies retention to the checkpoints and the WAL once meta is
+// stored, and moves the restorability accounting to it.
+func (st *Stores) afterSave(meta checkpoint.Meta, watermark uint64, at int64) (pruned []string, segs int) {
+	var err error
 	if pruned, err = st.ckpt.Prune(); err != nil {
 		st.log.Warn("checkpoint retention failed; old checkpoints kept", "err", err)
 	}
@@ -320,7 +400,7 @@ func (st *Stores) SaveCheckpoint(data, zdata []byte, watermark uint64, at int64)
 	m := meta
 	st.newest.Store(&m)
 	st.snapCost.Store(st.snapshotCost(meta))
-	return meta, pruned, segs, nil, nil
+	return pruned, segs
 }
 
 // SaveCheckpointTo writes one checkpoint into store: data as it is, or the

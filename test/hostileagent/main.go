@@ -17,17 +17,27 @@
 //	plaincheckpoints
 //	             8 uncompressed checkpoints of 30 MiB each, back to back,
 //	             then heartbeats until stopped
+//	bigstate     a protocol v1 agent with a big state: unless the file
+//	             $HOSTILE_MARK exists (it creates it), one uncompressed
+//	             checkpoint of $HOSTILE_SIZE bytes (default 100 MB) of text
+//	             and float32 embeddings, then $HOSTILE_ENTRIES wal entries
+//	             of 1 KiB; in every incarnation it notes each restore's
+//	             digest ("restored ID sha HEX entries N at UNIXNANO", the
+//	             time its last byte was read) and a frame cut short ("cut")
 //	oversize     $HOSTILE_COUNT uncompressed checkpoint frames of
 //	             $HOSTILE_SIZE bytes each (streamed, never built in memory),
 //	             then a small checkpoint, then heartbeats until stopped
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"math"
 	"os"
 	"os/exec"
 	"strconv"
@@ -268,6 +278,8 @@ func main() {
 		}
 		note("sent all")
 		select {}
+	case "bigstate":
+		bigState()
 	case "oversize":
 		go readReplies()
 		go heartbeats()
@@ -317,4 +329,124 @@ func main() {
 		fmt.Fprintln(os.Stderr, "hostileagent: unknown mode", mode)
 		os.Exit(2)
 	}
+}
+
+// bigState is the bigstate mode (protocol v1: no version field).
+func bigState() {
+	v1 := func(m map[string]any) []byte {
+		m["timestamp"] = time.Now().Unix()
+		b, err := msgpack.Marshal(m)
+		if err != nil {
+			panic(err)
+		}
+		return b
+	}
+	go func() {
+		// A large frame is read through one 1 MiB buffer when
+		// $HOSTILE_DISCARD is set (timing only: its digest is not taken),
+		// else into one buffer of its size.
+		discard := os.Getenv("HOSTILE_DISCARD") != ""
+		in := bufio.NewReaderSize(os.Stdin, 1<<20)
+		chunk := make([]byte, 1<<20)
+		for {
+			var hdr [4]byte
+			_, err := io.ReadFull(in, hdr[:])
+			size := int(binary.BigEndian.Uint32(hdr[:]))
+			var p []byte
+			if err == nil && discard && size > 1<<20 {
+				for left := size; left > 0 && err == nil; {
+					var n int
+					n, err = io.ReadFull(in, chunk[:min(left, len(chunk))])
+					left -= n
+				}
+				if err == nil {
+					note("restored %q sha - entries -1 bytes %d at %d", "?", size, time.Now().UnixNano())
+					continue
+				}
+			} else if err == nil {
+				p = make([]byte, size)
+				_, err = io.ReadFull(in, p)
+			}
+			at := time.Now().UnixNano()
+			if err != nil {
+				if err != io.EOF {
+					note("cut %v", err)
+				}
+				os.Exit(1)
+			}
+			m, err := schema.Decode(schema.ToAgent, p)
+			if err != nil {
+				note("undecodable %v", err)
+				continue
+			}
+			switch x := m.(type) {
+			case *schema.CheckpointAck:
+				note("ack %s %d", x.CheckpointID, x.Size)
+			case *schema.Error:
+				note("error %s", x.Error.Code)
+			case *schema.WALAck:
+				note("walack %d", x.Sequence)
+			case *schema.Restore:
+				sum := sha256.Sum256(x.Snapshot)
+				note("restored %q sha %s entries %d bytes %d at %d", x.CheckpointID, hex.EncodeToString(sum[:]), len(x.WALEntries), len(p), at)
+			}
+		}
+	}()
+	go func() {
+		for {
+			send(v1(map[string]any{"type": "heartbeat"}))
+			time.Sleep(200 * time.Millisecond)
+		}
+	}()
+	mark := os.Getenv("HOSTILE_MARK")
+	if _, err := os.Stat(mark); mark == "" || err == nil {
+		select {}
+	}
+	os.WriteFile(mark, nil, 0o600)
+	size := 100 << 20
+	if n, err := strconv.Atoi(os.Getenv("HOSTILE_SIZE")); err == nil {
+		size = n
+	}
+	// {"agent_state": {"status": "idle"}, "text": str32, "emb": bin32}:
+	// 60% text, 40% float32 embeddings.
+	head, _ := msgpack.Marshal(map[string]any{"agent_state": map[string]any{"status": "idle"}})
+	head[0] = 0x83
+	textLen := size * 6 / 10
+	embLen := (size - textLen - len(head) - 20) &^ 3
+	data := make([]byte, 0, size)
+	data = append(data, head...)
+	data = append(data, 0xa4, 't', 'e', 'x', 't', 0xdb, byte(textLen>>24), byte(textLen>>16), byte(textLen>>8), byte(textLen))
+	words := strings.Fields("the agent remembered that the user prefers short answers and asked about the weather in Lisbon on Tuesday")
+	rng := uint64(99)
+	for n := 0; n < textLen; {
+		rng ^= rng << 13
+		rng ^= rng >> 7
+		rng ^= rng << 17
+		w := words[rng%uint64(len(words))] + " "
+		w = w[:min(len(w), textLen-n)]
+		data = append(data, w...)
+		n += len(w)
+	}
+	data = append(data, 0xa3, 'e', 'm', 'b', 0xc6, byte(embLen>>24), byte(embLen>>16), byte(embLen>>8), byte(embLen))
+	for i := 0; i < embLen/4; i++ {
+		rng ^= rng << 13
+		rng ^= rng >> 7
+		rng ^= rng << 17
+		f := float32(int64(rng%2000000)-1000000) / 1e6
+		data = binary.LittleEndian.AppendUint32(data, math.Float32bits(f))
+	}
+	sum := sha256.Sum256(data)
+	note("digest %s size %d", hex.EncodeToString(sum[:]), len(data))
+	frame := v1(map[string]any{"type": "checkpoint", "data": msgpack.RawMessage(data)})
+	data = nil
+	send(frame)
+	frame = nil
+	entries, _ := strconv.Atoi(os.Getenv("HOSTILE_ENTRIES"))
+	pad := strings.Repeat("e", 950)
+	for seq := 1; seq <= entries; seq++ {
+		send(v1(map[string]any{"type": "wal_entry", "ack": seq == entries,
+			"data": map[string]any{"operation": "memory_add", "params": map[string]any{"pad": pad}, "sequence": seq}}))
+	}
+	note("sent all")
+	select {}
 }

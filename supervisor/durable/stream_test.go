@@ -1,0 +1,186 @@
+package durable
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/wal"
+	"github.com/agent-sidecar/supervisor/wire"
+)
+
+// bigData is a checkpoint data map of about n bytes: text and float32-like
+// random bytes, so that it compresses to several zstd blocks.
+func bigData(t *testing.T, n int) []byte {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(1, 2))
+	emb := make([]byte, n/2)
+	for i := range emb {
+		emb[i] = byte(rng.Uint32())
+	}
+	text := bytes.Repeat([]byte("the agent remembers this sentence. "), n/2/35)
+	raw, err := schema.MarshalMap(map[string]any{"agent_state": map[string]any{"status": "idle"}, "text": string(text), "emb": emb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// restoreThrough writes plan's frame through a wire writer and reads it
+// back as the agent would.
+func restoreThrough(t *testing.T, plan *Plan) (*schema.Restore, error) {
+	t.Helper()
+	var buf bytes.Buffer
+	w := wire.NewWriter(&buf, 0)
+	var werr error
+	if plan.Tail != nil {
+		werr = w.WriteFrameStream(plan.Frame, plan.Tail.Size(), plan.Tail.Stream)
+	} else {
+		werr = w.WriteFrame(plan.Frame)
+	}
+	payload, err := wire.NewReader(&buf, 0).ReadFrame()
+	if err != nil {
+		return nil, errors.Join(werr, err)
+	}
+	if werr != nil {
+		t.Fatalf("the writer failed (%v) but the reader got a whole frame", werr)
+	}
+	m, err := schema.Decode(schema.ToAgent, payload)
+	if err != nil {
+		t.Fatalf("decode restore: %v", err)
+	}
+	return m.(*schema.Restore), nil
+}
+
+// A large checkpoint's snapshot is streamed from the store into the frame,
+// never held: the plan holds only the restore's first bytes, and what the
+// agent reads is the stored data byte for byte, then every entry after it.
+func TestRestoreSnapshotStreamed(t *testing.T) {
+	st := openStores(t)
+	appendEntries(t, st, 1, 10, 100)
+	data := bigData(t, 4<<20)
+	if _, _, _, invalid, err := st.SaveCheckpoint(data, nil, 10, 0); invalid != nil || err != nil {
+		t.Fatal(invalid, err)
+	}
+	appendEntries(t, st, 11, 2000, 1000) // 2 MB: the entries are streamed too
+	plan, err := st.BuildRestore(Point{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan.Tail == nil || len(plan.Frame) > 1024 {
+		t.Fatalf("head of %d bytes: want the snapshot streamed", len(plan.Frame))
+	}
+	r, err := restoreThrough(t, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(r.Snapshot, data) || len(r.WALEntries) != 2000 || r.LastSequence != 2010 || r.CheckpointID != plan.CheckpointID {
+		t.Fatalf("snapshot equal %v, %d entries, last %d", bytes.Equal(r.Snapshot, data), len(r.WALEntries), r.LastSequence)
+	}
+}
+
+// A checkpoint damaged in the middle of its file is found out while it is
+// streamed: the frame is cut short (the agent never reads a whole restore
+// with wrong content), and the next restore passes over it to the older
+// checkpoint, with every entry after that one.
+func TestRestoreSnapshotDamagedMidStream(t *testing.T) {
+	st := openStores(t)
+	appendEntries(t, st, 1, 5, 100)
+	small := bigData(t, 1000)
+	if _, _, _, _, err := st.SaveCheckpoint(small, nil, 5, 0); err != nil {
+		t.Fatal(err)
+	}
+	appendEntries(t, st, 6, 5, 100)
+	meta, _, _, _, err := st.SaveCheckpoint(bigData(t, 8<<20), nil, 10, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendEntries(t, st, 11, 5, 100)
+	path := filepath.Join(st.dir, "checkpoints", meta.ID+".ckpt")
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := f.Stat()
+	junk := bytes.Repeat([]byte{0x5a}, 64)
+	if _, err := f.WriteAt(junk, fi.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	plan, err := st.BuildRestore(Point{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan.CheckpointID != meta.ID || plan.Tail == nil {
+		t.Fatalf("restore from %s: want the damaged %s, streamed (its damage is not known yet)", plan.CheckpointID, meta.ID)
+	}
+	if r, err := restoreThrough(t, plan); err == nil {
+		t.Fatalf("a whole restore came through from a damaged checkpoint (snapshot %d bytes)", len(r.Snapshot))
+	}
+	plan, err = st.BuildRestore(Point{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan.CheckpointID == meta.ID || len(plan.Skipped) != 1 || !errors.Is(plan.Skipped[0].Err, checkpoint.ErrCorrupt) {
+		t.Fatalf("second restore from %s, skipped %v: want the older checkpoint, the damaged one skipped", plan.CheckpointID, plan.Skipped)
+	}
+	r, err := restoreThrough(t, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(r.Snapshot, small) || len(r.WALEntries) != 10 || r.LastSequence != 15 {
+		t.Fatalf("fallback restore: snapshot equal %v, %d entries, last %d", bytes.Equal(r.Snapshot, small), len(r.WALEntries), r.LastSequence)
+	}
+}
+
+// The restorability accounting survives a restart whether the first
+// restore counts the tail (Open no longer reads it) or an append comes
+// first: entries are refused with ErrRestoreFull at the same point.
+func TestRestorabilityAccountingAfterReopen(t *testing.T) {
+	for _, restoreFirst := range []bool{false, true} {
+		dir := t.TempDir()
+		open := func() *Stores {
+			st, err := Open(Options{Dir: dir, Codec: schema.NewCodec(schema.Options{}), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				MaxFrameSize: 64 << 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st
+		}
+		st := open()
+		appendEntries(t, st, 1, 40, 1000) // about 41 KB of the 64 KiB
+		st.Close()
+		st = open()
+		if restoreFirst {
+			if _, err := st.BuildRestore(Point{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		accepted := 0
+		for i := 41; i < 100; i++ {
+			raw, _ := schema.MarshalMap(map[string]any{"operation": "memory_add", "params": map[string]any{"pad": string(bytes.Repeat([]byte("p"), 1000))}, "sequence": i})
+			if _, err := st.Append([]wal.Entry{{Sequence: uint64(i), Data: raw}}); errors.Is(err, ErrRestoreFull) {
+				break
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			accepted++
+		}
+		plan, err := st.BuildRestore(Point{})
+		if err != nil {
+			t.Fatalf("restore first %v: %d more entries accepted, then the restore cannot be built: %v", restoreFirst, accepted, err)
+		}
+		if accepted < 15 || accepted > 25 || plan.Entries != 40+accepted {
+			t.Fatalf("restore first %v: %d more entries accepted after the restart, restore of %d", restoreFirst, accepted, plan.Entries)
+		}
+		st.Close()
+	}
+}
