@@ -139,6 +139,9 @@ type Book struct {
 	gen       int
 	liveBytes int64
 	closed    bool
+	// resultBytes: the answers' data held (MaxResultBytes).
+	resultBytes int64
+	full        bool // the agent's queue refused a request: retried at the next tick
 
 	wake chan struct{}
 	stop chan struct{}
@@ -242,11 +245,17 @@ func (b *Book) addLocked(r *Request) {
 	if r.Key != "" {
 		b.keys[r.Key] = r
 	}
+	if r.Status == StatusAnswered {
+		b.resultBytes += int64(len(r.Data))
+	}
 	b.liveBytes += r.size
 }
 
 func (b *Book) removeLocked(r *Request) {
 	delete(b.reqs, r.ID)
+	if r.Status == StatusAnswered {
+		b.resultBytes -= int64(len(r.Data))
+	}
 	if r.Key != "" && b.keys[r.Key] == r {
 		delete(b.keys, r.Key)
 	}
@@ -371,6 +380,7 @@ func (b *Book) AgentUp(a Agent) {
 	defer b.mu.Unlock()
 	b.gen++
 	b.agent = a
+	b.full = false
 	for _, r := range b.order {
 		r.inflight = 0
 	}
@@ -466,6 +476,9 @@ func (b *Book) Answer(id string, data json.RawMessage, rerr *ErrorBody) (outcome
 	}
 	now := b.cfg.Now()
 	took = now.Sub(r.Accepted)
+	if r.Status == StatusPending && !now.Before(r.Deadline) {
+		b.expireLocked(r, now) // its time was up before the sweep saw it
+	}
 	switch r.Status {
 	case StatusAnswered:
 		b.cfg.Metrics.duplicates.Inc()
@@ -507,13 +520,48 @@ func (b *Book) answerLocked(r *Request, data json.RawMessage, rerr *ErrorBody, n
 	r.Finished = now
 	b.liveBytes += int64(len(data))
 	r.size += int64(len(data))
-	close(r.done)
+	if r.done != nil {
+		close(r.done)
+	}
 	if rerr != nil {
 		r.Status, r.Error = StatusFailed, rerr
 		return OutcomeFailed
 	}
 	r.Status, r.Data = StatusAnswered, data
+	b.resultBytes += int64(len(data))
+	for b.resultBytes > MaxResultBytes && b.dropOldestResultLocked(r) {
+	}
 	return OutcomeAnswered
+}
+
+// MaxResultBytes bounds the answers' data held (in memory and in the
+// compacted journal); over it the oldest answers' data are dropped (status
+// dropped, error RESULT_DROPPED): results are part of the supervisor's
+// memory promise (docs/operations.md). A pending request is never dropped.
+const MaxResultBytes = 16 << 20
+
+// StatusDropped: answered, but the data was dropped to keep the results
+// within MaxResultBytes.
+const StatusDropped = "dropped"
+
+// dropOldestResultLocked drops the data of the oldest answer other than
+// keep; false when there is none.
+func (b *Book) dropOldestResultLocked(keep *Request) bool {
+	for _, r := range b.order {
+		if r == keep || r.Status != StatusAnswered || r.Data == nil || b.reqs[r.ID] != r {
+			continue
+		}
+		n := int64(len(r.Data))
+		r.Error = &ErrorBody{Code: "RESULT_DROPPED", Message: fmt.Sprintf(
+			"the agent answered (%d bytes), but the result was dropped: the supervisor holds at most %d bytes of results, newest first. Fetch results sooner, or wait for them with POST ?wait=",
+			n, MaxResultBytes)}
+		r.Status, r.Data = StatusDropped, nil
+		b.resultBytes -= n
+		b.liveBytes -= n
+		r.size -= n
+		return true
+	}
+	return false
 }
 
 // Cancel cancels a pending request, durably: a request not yet delivered is
@@ -561,12 +609,12 @@ func (b *Book) kickLocked() {
 	}
 }
 
-// deliverLocked sends what is due to the agent: while suspects wait, the
-// oldest one alone; otherwise every pending request not in flight, in
-// acceptance order, until the agent's queue is full.
-func (b *Book) deliverLocked() (full bool) {
+// dueLocked picks what is due to the agent, at most n: while suspects
+// wait, the oldest one alone (once nothing else is in flight); otherwise
+// the pending requests not in flight, in acceptance order.
+func (b *Book) dueLocked(n int) []*Request {
 	if b.agent == nil {
-		return false
+		return nil
 	}
 	var suspect *Request
 	busy := false
@@ -582,26 +630,78 @@ func (b *Book) deliverLocked() (full bool) {
 		}
 	}
 	if suspect != nil {
-		if busy || suspect.inflight == b.gen {
-			return false
+		if busy {
+			return nil
 		}
-		return !b.sendLocked(suspect)
+		return []*Request{suspect}
 	}
+	var due []*Request
 	for _, r := range b.order {
-		if r.Final() || r.inflight == b.gen {
-			continue
+		if len(due) == n {
+			break
 		}
-		if !b.sendLocked(r) {
-			return true
+		if !r.Final() && r.inflight != b.gen {
+			due = append(due, r)
 		}
 	}
-	return false
+	return due
 }
 
-func (b *Book) sendLocked(r *Request) bool {
+// deliver sends what is due, encoding outside the lock (a request's body
+// never changes), in rounds, until nothing is due or the agent's queue is
+// full (then retried at the next tick, not at every kick).
+func (b *Book) deliver(tick bool) {
+	b.mu.Lock()
+	if b.full && !tick {
+		b.mu.Unlock()
+		return
+	}
+	b.full = false
+	for {
+		due := b.dueLocked(64)
+		if len(due) == 0 {
+			b.mu.Unlock()
+			return
+		}
+		gen := b.gen
+		b.mu.Unlock()
+		frames := make([][]byte, len(due))
+		for i, r := range due {
+			frames[i] = b.frame(r)
+		}
+		b.mu.Lock()
+		for i, r := range due {
+			if b.gen != gen || b.agent == nil {
+				break // the agent changed meanwhile: pick again
+			}
+			if r.Final() || r.inflight == gen || frames[i] == nil {
+				continue
+			}
+			if r.Suspect != due[0].Suspect {
+				break
+			}
+			if !b.agent.SendRequest(frames[i]) {
+				b.full = true
+				b.mu.Unlock()
+				return
+			}
+			r.Attempts++
+			r.inflight = gen
+			b.j.Append(&Record{Kind: KindDelivered, ID: r.ID, Attempt: r.Attempts})
+			b.cfg.Metrics.delivered.Inc()
+		}
+	}
+}
+
+// frame encodes r's next delivery, without the book's lock held (only
+// deliver, on the book's goroutine, changes Attempts).
+func (b *Book) frame(r *Request) []byte {
 	var body Body
-	_ = json.Unmarshal(r.Body, &body)
-	msg := &schema.ProcessRequest{RequestID: r.ID, Attempt: uint64(r.Attempts + 1),
+	if err := json.Unmarshal(r.Body, &body); err != nil {
+		b.cfg.Log.Error("cannot decode a journaled request; it is not delivered", "request_id", r.ID, "err", err)
+		return nil
+	}
+	msg := &schema.ProcessRequest{RequestID: r.ID, Attempt: uint64(b.attempts(r) + 1),
 		Data: schema.RequestData{Message: body.Message, UserID: body.UserID}}
 	if body.Context != nil {
 		if raw, err := msgpackMarshal(body.Context); err == nil {
@@ -610,17 +710,16 @@ func (b *Book) sendLocked(r *Request) bool {
 	}
 	frame, err := b.cfg.Encode(msg)
 	if err != nil {
-		b.cfg.Log.Error("cannot encode a journaled request for the agent", "request_id", r.ID, "err", err)
-		return true
+		b.cfg.Log.Error("cannot encode a journaled request for the agent; it is not delivered", "request_id", r.ID, "err", err)
+		return nil
 	}
-	if !b.agent.SendRequest(frame) {
-		return false
-	}
-	r.Attempts++
-	r.inflight = b.gen
-	b.j.Append(&Record{Kind: KindDelivered, ID: r.ID, Attempt: r.Attempts})
-	b.cfg.Metrics.delivered.Inc()
-	return true
+	return frame
+}
+
+func (b *Book) attempts(r *Request) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return r.Attempts
 }
 
 // run delivers, retries a full queue, expires and forgets, and compacts.
@@ -634,17 +733,33 @@ func (b *Book) run() {
 		case <-b.stop:
 			return
 		case <-b.wake:
+			b.deliver(false)
+			continue
 		case <-tick.C:
 		}
+		b.deliver(true)
 		b.mu.Lock()
-		b.deliverLocked()
 		now := b.cfg.Now()
-		if now.Sub(lastSweep) >= min(time.Second, max(b.cfg.Retention/4, 10*time.Millisecond)) {
+		if now.Sub(lastSweep) >= min(time.Second, max(min(b.cfg.Retention, b.cfg.Timeout)/4, 10*time.Millisecond)) {
 			lastSweep = now
 			b.sweepLocked(now)
 		}
 		b.mu.Unlock()
 	}
+}
+
+// expireLocked expires a pending request whose --request-timeout is up.
+func (b *Book) expireLocked(r *Request, now time.Time) {
+	r.Status, r.Finished, r.Suspect = StatusExpired, now, false
+	r.Error = &ErrorBody{Code: CodeExpired, Message: fmt.Sprintf("the agent did not answer within --request-timeout (%s); the request is no longer delivered", b.cfg.Timeout)}
+	b.j.Append(&Record{Kind: KindExpired, ID: r.ID, At: now.UnixNano(), Error: r.Error})
+	close(r.done)
+	if r.inflight == b.gen && b.agent != nil && b.agent.AcceptsCancel() {
+		b.agent.SendMsg(&schema.CancelRequest{RequestID: r.ID})
+	}
+	r.inflight = 0
+	b.cfg.Metrics.expired.Inc()
+	b.cfg.Audit(AuditExpired, map[string]any{"request_id": r.ID, "attempts": r.Attempts, "timeout": b.cfg.Timeout.String()})
 }
 
 // sweepLocked expires what is due, forgets finished requests after the
@@ -657,16 +772,7 @@ func (b *Book) sweepLocked(now time.Time) {
 	keep := b.order[:0]
 	for _, r := range b.order {
 		if r.Status == StatusPending && !now.Before(r.Deadline) {
-			r.Status, r.Finished, r.Suspect = StatusExpired, now, false
-			r.Error = &ErrorBody{Code: CodeExpired, Message: fmt.Sprintf("the agent did not answer within --request-timeout (%s); the request is no longer delivered", b.cfg.Timeout)}
-			b.j.Append(&Record{Kind: KindExpired, ID: r.ID, At: now.UnixNano(), Error: r.Error})
-			close(r.done)
-			if r.inflight == b.gen && b.agent != nil && b.agent.AcceptsCancel() {
-				b.agent.SendMsg(&schema.CancelRequest{RequestID: r.ID})
-			}
-			r.inflight = 0
-			b.cfg.Metrics.expired.Inc()
-			b.cfg.Audit(AuditExpired, map[string]any{"request_id": r.ID, "attempts": r.Attempts, "timeout": b.cfg.Timeout.String()})
+			b.expireLocked(r, now)
 		}
 		if r.Final() && now.Sub(r.Finished) >= b.cfg.Retention {
 			b.removeLocked(r)
