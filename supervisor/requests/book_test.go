@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -63,10 +64,14 @@ func TestResultsBounded(t *testing.T) {
 	}
 }
 
+// TestResultsBoundedConcurrent: with answers racing, the results held stay
+// within MaxResultBytes and the answer recorded last is always kept.
 func TestResultsBoundedConcurrent(t *testing.T) {
 	b := testBook(t, t.TempDir(), Config{MaxBytes: 64 << 20})
 	data, _ := json.Marshal(strings.Repeat("r", 1000000))
 	done := make(chan struct{})
+	var mu sync.Mutex
+	last := ""
 	for c := range 8 {
 		go func() {
 			defer func() { done <- struct{}{} }()
@@ -76,16 +81,22 @@ func TestResultsBoundedConcurrent(t *testing.T) {
 					t.Error(err)
 					return
 				}
+				mu.Lock()
 				if _, _, err := b.Answer(id, data, nil); err != nil {
 					t.Error(err)
 				}
+				last = id
+				mu.Unlock()
 			}
 		}()
 	}
 	for range 8 {
 		<-done
 	}
-	if v, _ := b.Get("r199"); v.Status != StatusAnswered {
-		t.Errorf("newest answer: %s; result bytes %d", v.Status, b.resultBytes)
+	if v, _ := b.Get(last); v.Status != StatusAnswered {
+		t.Errorf("the last answer: %s", v.Status)
+	}
+	if b.resultBytes > MaxResultBytes {
+		t.Errorf("result bytes %d over %d", b.resultBytes, MaxResultBytes)
 	}
 }
