@@ -223,7 +223,7 @@ func (b *Book) apply(rec *Record) {
 	case KindDeath:
 		if !slices.ContainsFunc(r.Deaths, func(d Death) bool { return d.At.Equal(at) }) {
 			r.Deaths = append(r.Deaths, Death{At: at, Reason: rec.Reason, Alone: rec.Attempt == 1})
-			r.Suspect = r.Status == StatusPending && rec.Attempt != 1
+			r.Suspect = r.Status == StatusPending
 		}
 	case KindAnswered:
 		b.answerLocked(r, rec.Data, rec.Error, at)
@@ -428,12 +428,11 @@ func (b *Book) AgentGone(reason string) {
 			flag = 1
 		}
 		b.j.Append(&Record{Kind: KindDeath, ID: r.ID, At: now.UnixNano(), Reason: reason, Attempt: flag})
-		if !alone {
-			r.Suspect = true
-			continue
-		}
-		r.Suspect = false
-		if len(r.Deaths) >= b.cfg.MaxAttempts {
+		// A suspect is delivered alone from now on, until it is answered
+		// (cleared) or set aside: a request that died alone is the
+		// culprit, one that died with others may be.
+		r.Suspect = true
+		if alone && len(r.Deaths) >= b.cfg.MaxAttempts {
 			b.poisonLocked(r, now)
 		}
 	}
