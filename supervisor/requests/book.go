@@ -798,6 +798,7 @@ func (b *Book) sweepLocked(now time.Time) {
 	m.pending.Set(float64(pending))
 	m.inflight.Set(float64(inflight))
 	m.stored.Set(float64(len(b.order)))
+	m.resultBytes.Set(float64(b.resultBytes))
 	if oldest.IsZero() {
 		m.oldest.Set(0)
 	} else {
