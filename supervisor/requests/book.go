@@ -427,7 +427,7 @@ func (b *Book) AgentGone(reason string) {
 		if alone {
 			flag = 1
 		}
-		b.j.Append(&Record{Kind: KindDeath, ID: r.ID, At: now.UnixNano(), Reason: reason, Attempt: flag})
+		b.j.AppendLazy(&Record{Kind: KindDeath, ID: r.ID, At: now.UnixNano(), Reason: reason, Attempt: flag})
 		// A suspect is delivered alone from now on, until it is answered
 		// (cleared) or set aside: a request that died alone is the
 		// culprit, one that died with others may be.
@@ -448,7 +448,7 @@ func (b *Book) poisonLocked(r *Request, now time.Time) {
 		"the agent died %d times with this request in flight (%s); it is set aside and never delivered again (--request-max-attempts %d)",
 		len(r.Deaths), strings.Join(reasons, ", "), b.cfg.MaxAttempts),
 		Details: map[string]any{"deaths": len(r.Deaths), "reasons": reasons, "attempts": r.Attempts}}
-	b.j.Append(&Record{Kind: KindFailed, ID: r.ID, At: now.UnixNano(), Error: r.Error})
+	b.j.AppendLazy(&Record{Kind: KindFailed, ID: r.ID, At: now.UnixNano(), Error: r.Error})
 	close(r.done)
 	b.cfg.Metrics.poison.Inc()
 	b.cfg.Log.Error("request set aside as poison: the agent died every time it had it", "request_id", r.ID,
@@ -496,7 +496,7 @@ func (b *Book) Answer(id string, data json.RawMessage, rerr *ErrorBody) (outcome
 			return "", took, ErrDuplicate
 		}
 	}
-	b.j.Append(&Record{Kind: KindAnswered, ID: id, At: now.UnixNano(), Data: data, Error: rerr})
+	b.j.AppendLazy(&Record{Kind: KindAnswered, ID: id, At: now.UnixNano(), Data: data, Error: rerr})
 	outcome = b.answerLocked(r, data, rerr, now)
 	b.kickLocked()
 	return outcome, took, nil
@@ -686,7 +686,7 @@ func (b *Book) deliver(tick bool) {
 			}
 			r.Attempts++
 			r.inflight = gen
-			b.j.Append(&Record{Kind: KindDelivered, ID: r.ID, Attempt: r.Attempts})
+			b.j.AppendLazy(&Record{Kind: KindDelivered, ID: r.ID, Attempt: r.Attempts})
 			b.cfg.Metrics.delivered.Inc()
 		}
 	}
@@ -751,7 +751,7 @@ func (b *Book) run() {
 func (b *Book) expireLocked(r *Request, now time.Time) {
 	r.Status, r.Finished, r.Suspect = StatusExpired, now, false
 	r.Error = &ErrorBody{Code: CodeExpired, Message: fmt.Sprintf("the agent did not answer within --request-timeout (%s); the request is no longer delivered", b.cfg.Timeout)}
-	b.j.Append(&Record{Kind: KindExpired, ID: r.ID, At: now.UnixNano(), Error: r.Error})
+	b.j.AppendLazy(&Record{Kind: KindExpired, ID: r.ID, At: now.UnixNano(), Error: r.Error})
 	close(r.done)
 	if r.inflight == b.gen && b.agent != nil && b.agent.AcceptsCancel() {
 		b.agent.SendMsg(&schema.CancelRequest{RequestID: r.ID})

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -147,13 +148,15 @@ type Journal struct {
 
 	mu      sync.Mutex
 	pending [][]byte // encoded records waiting for the writer
-	tickets []*Ticket
-	wake    chan struct{}
-	closed  bool
-	size    int64 // bytes on disk (what was written and synced)
-	queued  int64
-	compact func() []*Record // set by the Book: the records a compaction writes
-	want    bool             // a compaction is asked for
+	// lazyTimer wakes the writer for lazy records (AppendLazy).
+	lazyTimer *time.Timer
+	tickets   []*Ticket
+	wake      chan struct{}
+	closed    bool
+	size      int64 // bytes on disk (what was written and synced)
+	queued    int64
+	compact   func() []*Record // set by the Book: the records a compaction writes
+	want      bool             // a compaction is asked for
 
 	stopped chan struct{}
 	onSync  func(bytes int64, err error)
@@ -310,8 +313,21 @@ func (j *Journal) Start(compact func() []*Record, onSync func(bytes int64, err e
 	}
 }
 
-// Append queues records; the ticket completes at their fsync.
-func (j *Journal) Append(recs ...*Record) *Ticket {
+// lazyDelay is how long records nobody waits for (AppendLazy) may wait for
+// a write that carries them.
+const lazyDelay = 10 * time.Millisecond
+
+// Append queues records and wakes the writer; the ticket completes at their
+// fsync.
+func (j *Journal) Append(recs ...*Record) *Ticket { return j.append(true, recs) }
+
+// AppendLazy queues records nobody waits for (a delivery, an answer, an
+// expiry: losing them to a crash means at most a redelivery). They go out
+// with the next write, or within lazyDelay: they do not cost an fsync of
+// their own while requests are being accepted.
+func (j *Journal) AppendLazy(recs ...*Record) *Ticket { return j.append(false, recs) }
+
+func (j *Journal) append(urgent bool, recs []*Record) *Ticket {
 	t := &Ticket{done: make(chan struct{})}
 	hint := 0
 	for _, r := range recs {
@@ -336,7 +352,17 @@ func (j *Journal) Append(recs ...*Record) *Ticket {
 	j.pending = append(j.pending, chunk)
 	j.queued += int64(len(chunk))
 	j.tickets = append(j.tickets, t)
-	j.kickLocked()
+	switch {
+	case urgent:
+		j.kickLocked()
+	case j.lazyTimer == nil:
+		j.lazyTimer = time.AfterFunc(lazyDelay, func() {
+			j.mu.Lock()
+			j.lazyTimer = nil
+			j.kickLocked()
+			j.mu.Unlock()
+		})
+	}
 	return t
 }
 
