@@ -109,6 +109,12 @@ type Conn struct {
 
 	durable durability // wal_ack waiters (durable.go)
 
+	// Requests (requests.go): the highest sequence sent or restored, the
+	// step table, and the requests being handled (for cancel_request).
+	lastSeq atomic.Uint64
+	steps   stepTable
+	reqs    inflight
+
 	closed    chan struct{}
 	closeOnce sync.Once
 	closeErr  error
@@ -286,6 +292,7 @@ func (c *Conn) isClosed() bool {
 func (c *Conn) readLoop() {
 	defer close(c.readerDone)
 	defer func() { c.durable.end(c.readErr) }()
+	defer func() { c.reqs.end(c.readErr) }()
 	for {
 		frame, err := c.fr.ReadFrame()
 		if err != nil {
@@ -302,6 +309,11 @@ func (c *Conn) readLoop() {
 		msg, err := c.codec.Decode(schema.ToAgent, frame)
 		if err == nil && c.durable.observe(msg) {
 			continue
+		}
+		if err == nil {
+			if rerr := c.observeRequests(msg); rerr != nil {
+				c.log.Error("the restore's step table could not be rebuilt: completed steps of requests in flight may run again", "err", rerr)
+			}
 		}
 		if !c.enqueue(received{msg: msg, err: err, size: len(frame)}) {
 			c.readErr = ErrClosed

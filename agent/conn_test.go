@@ -354,6 +354,7 @@ func (r *recorder) handlers() agent.Handlers {
 		HotReload:       func(m *schema.HotReload) error { r.add(m); return nil },
 		EvolutionResult: func(m *schema.EvolutionResult) { r.add(m) },
 		ProcessRequest:  func(m *schema.ProcessRequest) { r.add(m) },
+		CancelRequest:   func(m *schema.CancelRequest) { r.add(m) },
 		Shutdown:        func(m *schema.Shutdown) { r.add(m) },
 		Error:           func(m *schema.Error) { r.add(m) },
 	}
@@ -361,12 +362,17 @@ func (r *recorder) handlers() agent.Handlers {
 
 func everySupervisorMessage() []schema.Message {
 	walEntry := schema.RawMap(map[string]any{"operation": "memory_add", "params": map[string]any{"content": "x"}, "sequence": 3})
+	// The client's own parts of a restore (its step table), which the
+	// agent's handlers never see.
+	step := schema.RawMap(map[string]any{"operation": "request_step", "params": map[string]any{"request_id": "req-0", "index": 1, "name": "tool", "result": "r"}, "sequence": 4})
+	snapshot := schema.RawMap(map[string]any{"last_seq": 2, agent.StepsKey: map[string]any{"req-0": []any{map[string]any{"index": 0, "name": "llm", "result": []any{1, "x"}}}}})
 	return []schema.Message{
-		&schema.Restore{CheckpointID: "0190a1b2-0000-7000-8000-000000000001", Snapshot: schema.RawMap(map[string]any{"last_seq": 2}), WALEntries: []msgpack.RawMessage{walEntry}},
+		&schema.Restore{CheckpointID: "0190a1b2-0000-7000-8000-000000000001", Snapshot: snapshot, WALEntries: []msgpack.RawMessage{walEntry, step}},
 		&schema.CheckpointAck{CheckpointID: "0190a1b2-0000-7000-8000-000000000002", Size: 1234},
 		&schema.HotReload{Code: "latency_ms=3", Module: "memory", BackupCheckpointID: "0190a1b2-0000-7000-8000-000000000002"},
 		&schema.EvolutionResult{Success: true, Decision: schema.DecisionPromoted, Metrics: map[string]float64{"latency_improvement": -0.2}, Reason: "faster"},
 		&schema.ProcessRequest{RequestID: "req-1", Data: schema.RequestData{Message: "hello", UserID: "u1"}},
+		&schema.CancelRequest{RequestID: "req-1"},
 		schema.NewError(schema.CodeWALFull, "disk full", nil),
 		&schema.Shutdown{Reason: "SIGTERM", CreateCheckpoint: true},
 	}
@@ -394,7 +400,7 @@ func TestRunDispatchesEveryType(t *testing.T) {
 		t.Errorf("dispatched %v, want %v", rec.got, want)
 	}
 	r := rec.last[schema.TypeRestore].(*schema.Restore)
-	if r.CheckpointID != "0190a1b2-0000-7000-8000-000000000001" || len(r.WALEntries) != 1 || decodeMap(t, r.Snapshot)["last_seq"] != int8(2) {
+	if snap := decodeMap(t, r.Snapshot); r.CheckpointID != "0190a1b2-0000-7000-8000-000000000001" || len(r.WALEntries) != 1 || snap["last_seq"] != int8(2) || len(snap) != 1 {
 		t.Errorf("restore = %+v", r)
 	}
 	if p := rec.last[schema.TypeProcessRequest].(*schema.ProcessRequest); p.RequestID != "req-1" || p.Data.Message != "hello" || p.Data.UserID != "u1" {

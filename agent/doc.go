@@ -71,6 +71,29 @@
 //		return 0
 //	}
 //
+// # Durable requests
+//
+// A request the supervisor accepted is delivered until it is answered, again
+// after a restart of the agent ([Request].Attempt > 1). [Handlers].Handle
+// receives it as a [*Request] with a context that a cancel_request cancels
+// (heartbeats opt in to it). A step ([Step], [Request.Step]) is a unit of its
+// work whose result is logged before the handler goes on and replayed,
+// without running it again, on a redelivery:
+//
+//	Handle: func(ctx context.Context, req *agent.Request) (any, error) {
+//		answer, err := agent.Step(ctx, req, "llm", func(ctx context.Context) (string, error) {
+//			return callTheModel(ctx, req.Data.Message)
+//		})
+//		if err != nil {
+//			return nil, err
+//		}
+//		return map[string]any{"answer": answer}, nil
+//	},
+//
+// The Conn keeps the step table of unanswered requests in every checkpoint
+// sent with [Conn.SendCheckpoint] and rebuilds it from the restore, which
+// the agent's code receives without it.
+//
 // [Connect] picks the pipes from SUPERVISOR_TRANSPORT: stdin and stdout for
 // "stdio" (then stdout is not free for logs: log to stderr, which the
 // supervisor captures), fds 3 and 4 for "fd". [NewConn] takes any reader and

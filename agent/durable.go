@@ -104,6 +104,11 @@ func (c *Conn) startDurable(m schema.Message, first, last uint64) (func(context.
 		c.durable.cancel(w)
 		return nil, err
 	}
+	return c.durableWait(w), nil
+}
+
+// durableWait returns the function that waits for w's result.
+func (c *Conn) durableWait(w *durableWaiter) func(context.Context) error {
 	return func(ctx context.Context) error {
 		defer c.durable.cancel(w)
 		select {
@@ -114,7 +119,7 @@ func (c *Conn) startDurable(m schema.Message, first, last uint64) (func(context.
 		case <-c.closed:
 			return ErrClosed
 		}
-	}, nil
+	}
 }
 
 // durability matches wal_ack and WAL errors from the supervisor to the Log

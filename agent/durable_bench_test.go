@@ -49,3 +49,44 @@ func BenchmarkLogRoundTrip(b *testing.B) {
 	b.ReportMetric(float64(lat[b.N/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(lat[b.N*99/100].Microseconds()), "p99-µs")
 }
+
+// BenchmarkStepRoundTrip: Request.Step with a trivial function against the
+// same acknowledging fake supervisor: the client's own cost of a step
+// (encode the result and the entry, take the sequence, update the table,
+// two pipe hops, the reader's hand-off), to set beside BenchmarkLogRoundTrip.
+func BenchmarkStepRoundTrip(b *testing.B) {
+	conn, sup := newPair(b, defaultConfig(), agent.Options{Logger: slog.New(slog.DiscardHandler)})
+	go func() {
+		for {
+			p, err := sup.r.ReadFrame()
+			if err != nil {
+				return
+			}
+			m, err := sup.codec.Decode(schema.FromAgent, p)
+			if err != nil {
+				return
+			}
+			ack, _ := sup.codec.Encode(&schema.WALAck{Sequence: m.(*schema.WALEntry).Entry.Sequence})
+			if sup.w.WriteFrame(ack) != nil {
+				return
+			}
+		}
+	}()
+	ctx := context.Background()
+	req, rctx := conn.StartRequest(ctx, &schema.ProcessRequest{RequestID: "bench", Data: schema.RequestData{Message: "m"}})
+	trivial := func(context.Context) (any, error) { return "ok", nil }
+	lat := make([]time.Duration, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		t0 := time.Now()
+		if _, err := req.Step(rctx, "step", trivial); err != nil {
+			b.Fatal(err)
+		}
+		lat[i] = time.Since(t0)
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[b.N/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[b.N*99/100].Microseconds()), "p99-µs")
+}

@@ -32,8 +32,17 @@ type Handlers struct {
 	HotReload func(*schema.HotReload) error
 	// EvolutionResult reports the supervisor's decision on an evolution.
 	EvolutionResult func(*schema.EvolutionResult)
+	// Handle answers a user request, with durable steps and cancellation:
+	// ctx is cancelled when the supervisor sends cancel_request for the
+	// request (context.Cause is ErrRequestCancelled), when the connection
+	// ends, or when Run's ctx ends; req.Step runs a step whose result is
+	// logged and never computed twice (req.Attempt > 1 on a redelivery after
+	// a restart). The return value becomes the request_result, as for
+	// Request (see [Request.Answer] for the error codes). When set, Request
+	// and ProcessRequest are not called.
+	Handle func(ctx context.Context, req *Request) (any, error)
 	// ProcessRequest is a user request. Log what it changes in the WAL
-	// before changing it. It is not called when Request is set.
+	// before changing it. It is not called when Request or Handle is set.
 	ProcessRequest func(*schema.ProcessRequest)
 	// Request answers a user request: its return value becomes the
 	// request_result the HTTP caller receives (data must encode to a map; an
@@ -44,6 +53,9 @@ type Handlers struct {
 	// checkpoint and wait for its ack (SendCheckpoint, AwaitCheckpointAck)
 	// before returning. After it returns, Run returns ErrShutdown.
 	Shutdown func(*schema.Shutdown)
+	// CancelRequest reports a cancel_request (the request's context is
+	// already cancelled when it is called; most agents need not set it).
+	CancelRequest func(*schema.CancelRequest)
 	// Error is an error the supervisor reports: WAL_FULL, WAL_FAILED,
 	// CHECKPOINT_FAILED, INVALID_MESSAGE (a message the agent sent was
 	// rejected; details say which field and why).
@@ -73,13 +85,13 @@ func (c *Conn) Run(ctx context.Context, h Handlers) error {
 		if err != nil {
 			return err
 		}
-		if err := c.dispatch(m, h); err != nil {
+		if err := c.dispatch(ctx, m, h); err != nil {
 			return err
 		}
 	}
 }
 
-func (c *Conn) dispatch(m schema.Message, h Handlers) error {
+func (c *Conn) dispatch(ctx context.Context, m schema.Message, h Handlers) error {
 	switch m := m.(type) {
 	case *schema.Restore:
 		if h.Restore == nil {
@@ -115,6 +127,14 @@ func (c *Conn) dispatch(m schema.Message, h Handlers) error {
 			return nil
 		}
 	case *schema.ProcessRequest:
+		if h.Handle != nil {
+			req, rctx := c.StartRequest(ctx, m)
+			data, err := h.Handle(rctx, req)
+			if serr := req.Answer(data, err); serr != nil {
+				c.log.Warn("could not send the request result", "request_id", m.RequestID, "err", serr)
+			}
+			return nil
+		}
 		if h.Request != nil {
 			c.answer(m, h.Request) // durable.go
 			return nil
@@ -131,6 +151,11 @@ func (c *Conn) dispatch(m schema.Message, h Handlers) error {
 			return fmt.Errorf("%w: %s", ErrShutdown, m.Reason)
 		}
 		return ErrShutdown
+	case *schema.CancelRequest:
+		if h.CancelRequest != nil {
+			h.CancelRequest(m)
+			return nil
+		}
 	case *schema.Error:
 		if h.Error != nil {
 			h.Error(m)

@@ -20,22 +20,35 @@ type WALOp struct {
 // left zero: the header's Version (the Conn's version, when 2 or more) and
 // Timestamp (now). Safe for concurrent use.
 func (c *Conn) Send(m schema.Message) error {
-	if h := m.Head(); h.Version == 0 && c.version >= 2 {
-		h.Version = c.version
-	}
-	payload, err := c.codec.Encode(m)
+	payload, err := c.encode(m)
 	if err != nil {
 		return fmt.Errorf("agent: encode %s: %w", m.MessageType(), err)
 	}
 	if err := c.writeFrame(payload); err != nil {
 		return fmt.Errorf("agent: send %s: %w", m.MessageType(), err)
 	}
+	c.sentSequences(m)
 	return nil
 }
 
-// SendHeartbeat sends one heartbeat.
+// encode fills in the header's version and encodes m.
+func (c *Conn) encode(m schema.Message) ([]byte, error) {
+	if h := m.Head(); h.Version == 0 && c.version >= 2 {
+		h.Version = c.version
+	}
+	return c.codec.Encode(m)
+}
+
+// heartbeatAccepts is what every heartbeat says the agent handles: the
+// Conn turns cancel_request into a cancelled context for the request's
+// handler (see [Conn.StartRequest]).
+var heartbeatAccepts = []string{schema.TypeCancelRequest}
+
+// SendHeartbeat sends one heartbeat. It carries accepts: ["cancel_request"],
+// the opt-in to cancellation (an agent that handles requests some other way
+// receives the cancel_request messages and may ignore them).
 func (c *Conn) SendHeartbeat() error {
-	return c.Send(&schema.Heartbeat{})
+	return c.Send(&schema.Heartbeat{Accepts: heartbeatAccepts})
 }
 
 // SendWAL logs one operation in the supervisor's write-ahead log. Send it
@@ -91,9 +104,18 @@ func walRecord(op string, params any, seq uint64) (schema.WALRecord, error) {
 // schema.CompressThreshold is sent zstd-compressed. The supervisor answers
 // with checkpoint_ack (see [Conn.AwaitCheckpointAck]) or an error
 // CHECKPOINT_FAILED.
+//
+// While requests with logged steps are unanswered, their step table is added
+// to the data under [StepsKey] (restores remove it again before the agent's
+// code sees the snapshot), so that a checkpoint never loses a step.
 func (c *Conn) SendCheckpoint(data any) error {
 	raw, err := encodeMap(data, "checkpoint data")
 	if err != nil {
+		return err
+	}
+	c.steps.mu.Lock()
+	defer c.steps.mu.Unlock()
+	if raw, err = c.steps.checkpointDataLocked(raw); err != nil {
 		return err
 	}
 	return c.Send(&schema.Checkpoint{

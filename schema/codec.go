@@ -27,8 +27,9 @@ type Codec struct {
 // and duplicate extra WAL operations are ignored.
 func NewCodec(opts Options) *Codec {
 	c := &Codec{limits: opts.Limits.withDefaults(), stream: opts.StreamCheckpoints}
-	c.ops = map[string]string{OpMemoryAdd: OpMemoryAdd, OpToolRegister: OpToolRegister, OpStateUpdate: OpStateUpdate}
-	names := []string{OpMemoryAdd, OpToolRegister, OpStateUpdate}
+	c.ops = map[string]string{OpMemoryAdd: OpMemoryAdd, OpToolRegister: OpToolRegister, OpStateUpdate: OpStateUpdate,
+		OpRequestStep: OpRequestStep, OpRequestDone: OpRequestDone}
+	names := []string{OpMemoryAdd, OpToolRegister, OpStateUpdate, OpRequestStep, OpRequestDone}
 	extras := slices.Clone(opts.ExtraWALOperations)
 	sort.Strings(extras)
 	for _, op := range extras {
@@ -74,16 +75,16 @@ func Decode(dir Direction, payload []byte) (Message, error) { return defaultCode
 // Limits returns the codec's limits, defaults filled in.
 func (c *Codec) Limits() Limits { return c.limits }
 
-// WALOperations returns the accepted WAL operations: the three built-in ones,
-// then the extras in sorted order.
+// WALOperations returns the accepted WAL operations: the built-in ones (the
+// seed's three, then request_step and request_done), then the extras in
+// sorted order.
 func (c *Codec) WALOperations() []string {
 	out := make([]string, 0, len(c.ops))
-	for _, n := range []string{OpMemoryAdd, OpToolRegister, OpStateUpdate} {
-		out = append(out, n)
-	}
+	builtin := []string{OpMemoryAdd, OpToolRegister, OpStateUpdate, OpRequestStep, OpRequestDone}
+	out = append(out, builtin...)
 	var extras []string
 	for op := range c.ops {
-		if op != OpMemoryAdd && op != OpToolRegister && op != OpStateUpdate {
+		if !slices.Contains(builtin, op) {
 			extras = append(extras, op)
 		}
 	}

@@ -156,7 +156,7 @@ func TestDecodeExtraWALOperations(t *testing.T) {
 	if op := m.(*schema.WALEntry).Entry.Operation; op != "file_write" {
 		t.Fatalf("operation %q", op)
 	}
-	if got := c.WALOperations(); !reflect.DeepEqual(got, []string{"memory_add", "tool_register", "state_update", "file_write"}) {
+	if got := c.WALOperations(); !reflect.DeepEqual(got, []string{"memory_add", "tool_register", "state_update", "request_step", "request_done", "file_write"}) {
 		t.Fatalf("WALOperations = %v", got)
 	}
 }

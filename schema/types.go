@@ -68,6 +68,11 @@ const (
 	OpMemoryAdd    = "memory_add"
 	OpToolRegister = "tool_register"
 	OpStateUpdate  = "state_update"
+	// The durable-requests extension's operations (docs/protocol.md,
+	// "Steps"): a step's logged result, params {request_id, index, name,
+	// result}, and the end of a request's steps, params {request_id}.
+	OpRequestStep = "request_step"
+	OpRequestDone = "request_done"
 )
 
 // Checkpoint data.agent_state.status values.

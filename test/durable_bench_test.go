@@ -97,6 +97,23 @@ func BenchmarkWALAck(b *testing.B) {
 	}
 }
 
+// BenchmarkStep: the Go client's Request.Step with a trivial function —
+// its result logged as a request_step entry with ack: true, acknowledged,
+// returned — through the real binary under the default --wal-sync batch,
+// one step at a time, beside the machine's fdatasync (one probe after each
+// step, as in BenchmarkWALAck/single). Issue target: p50 within 1.3× of the
+// fdatasync p50. One op is one step; use -benchtime=2000x.
+func BenchmarkStep(b *testing.B) {
+	fig, _ := runAckAgent(b, []string{"--wal-sync", "batch"}, "ACKBENCH_MODE=step", "ACKBENCH_N="+strconv.Itoa(b.N), "ACKBENCH_SYNCDIR="+b.TempDir())
+	b.ReportMetric(fig["mean_ns"], "ns/op")
+	b.ReportMetric(fig["p50_ns"]/1e3, "step-p50-µs")
+	b.ReportMetric(fig["p99_ns"]/1e3, "step-p99-µs")
+	b.ReportMetric(fig["fdatasync_p50_ns"]/1e3, "fdatasync-p50-µs")
+	b.ReportMetric(fig["fdatasync_p99_ns"]/1e3, "fdatasync-p99-µs")
+	b.ReportMetric(fig["p50_ns"]/fig["fdatasync_p50_ns"], "p50-ratio")
+	b.ReportMetric(fig["p99_ns"]/fig["fdatasync_p99_ns"], "p99-ratio")
+}
+
 // BenchmarkRequestWait: POST /v1/requests?wait=10s over loopback → the
 // agent (test/ackagent, answering at once) → request_result → 200, one
 // request at a time; p50/p99 of the HTTP round trip.

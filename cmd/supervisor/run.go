@@ -58,7 +58,7 @@ func runFlags(e env, cfg *supervisor.Config) (f *flagSet, restart, ops, logForma
 	f.StringVar(&cfg.WALSync, "wal-sync", cfg.WALSync, "WAL durability: always (fsync each append), batch (group commit) or none")
 	f.duration(&cfg.WALSyncInterval, "wal-sync-interval", cfg.WALSyncInterval, "longest time between WAL fsyncs under a steady flood (batch policy)")
 	f.Int64Var(&cfg.WALSegmentSize, "wal-segment-size", cfg.WALSegmentSize, "WAL segment size in bytes; segments are pre-allocated and zero-filled, so the WAL uses at least two")
-	ops = f.String("wal-operations", "", "comma-separated WAL operation names accepted besides memory_add, tool_register, state_update")
+	ops = f.String("wal-operations", "", "comma-separated WAL operation names accepted besides memory_add, tool_register, state_update, request_step, request_done")
 	f.IntVar(&cfg.CheckpointRetain, "checkpoint-retain", cfg.CheckpointRetain, "how many newest checkpoints to keep (plus pinned evolution backups)")
 	f.IntVar(&cfg.CheckpointLevel, "checkpoint-level", cfg.CheckpointLevel, "zstd level for checkpoints: 1 fastest .. 4 best compression (0: store default)")
 	f.IntVar(&cfg.MaxFrameSize, "max-frame-size", cfg.MaxFrameSize, "largest frame accepted from the agent, in bytes")

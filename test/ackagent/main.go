@@ -5,6 +5,7 @@
 //
 //	ACKBENCH_MODE=latency  ACKBENCH_N=n                 n Logs one after another
 //	ACKBENCH_MODE=inflight ACKBENCH_N=n ACKBENCH_K=k    n Logs, k in flight at a time
+//	ACKBENCH_MODE=step     ACKBENCH_N=n                 n steps of one request one after another
 //	ACKBENCH_MODE=serve                                 answer every request at once
 //	ACKBENCH_OUT=FILE                                   where the figures go
 package main
@@ -73,6 +74,37 @@ func run() error {
 		for seq := uint64(1); seq <= uint64(n); seq++ {
 			t0 := time.Now()
 			if err := conn.Log(ctx, schema.OpMemoryAdd, params, seq); err != nil {
+				return err
+			}
+			lat = append(lat, time.Since(t0))
+			d, err := sync.once()
+			if err != nil {
+				return err
+			}
+			raw = append(raw, d)
+		}
+		slices.Sort(lat)
+		slices.Sort(raw)
+		if err := report(map[string]any{"n": n, "p50_ns": pct(lat, 0.50), "p99_ns": pct(lat, 0.99), "mean_ns": mean(lat),
+			"fdatasync_p50_ns": pct(raw, 0.50), "fdatasync_p99_ns": pct(raw, 0.99)}); err != nil {
+			return err
+		}
+	case "step":
+		// A step with a trivial function: its result logged (request_step,
+		// ack: true), acknowledged, returned; each followed by one raw
+		// fdatasync probe, as in latency mode.
+		sync, err := newSyncProbe(os.Getenv("ACKBENCH_SYNCDIR"))
+		if err != nil {
+			return err
+		}
+		defer sync.close()
+		req, rctx := conn.StartRequest(ctx, &schema.ProcessRequest{RequestID: "bench-steps", Data: schema.RequestData{Message: "bench"}})
+		trivial := func(context.Context) (any, error) { return "ok", nil }
+		lat := make([]time.Duration, 0, n)
+		raw := make([]time.Duration, 0, n)
+		for i := range n {
+			t0 := time.Now()
+			if _, err := req.Step(rctx, "s"+strconv.Itoa(i), trivial); err != nil {
 				return err
 			}
 			lat = append(lat, time.Since(t0))
