@@ -77,7 +77,10 @@ type Request struct {
 	ticket   *Ticket
 	done     chan struct{}
 	inflight int // the agent generation it is in flight to; 0: none
-	size     int64
+	// sentAttempt: the highest attempt actually sent (Attempts may be one
+	// higher: journaled, then refused by a full queue).
+	sentAttempt int
+	size        int64
 }
 
 // Final reports whether the request's status can no longer change.
@@ -174,6 +177,7 @@ func OpenBook(dataDir string, cfg Config) (*Book, *Replay, error) {
 	for _, r := range b.reqs {
 		r.durable = true
 		r.inflight = 0
+		r.sentAttempt = r.Attempts // a restart delivers the next one
 		b.order = append(b.order, r)
 	}
 	sort.Slice(b.order, func(i, k int) bool { return b.order[i].seq < b.order[k].seq })
@@ -663,10 +667,36 @@ func (b *Book) deliver(tick bool) {
 			return
 		}
 		gen := b.gen
+		// A delivery's attempt is journaled before the agent sees it; one
+		// journaled but never sent (the queue was full) is sent with the
+		// same number.
+		attempts := make([]int, len(due))
+		var recs []*Record
+		for i, r := range due {
+			attempts[i] = r.Attempts
+			if r.sentAttempt >= r.Attempts {
+				attempts[i] = r.Attempts + 1
+				r.Attempts = attempts[i]
+				recs = append(recs, &Record{Kind: KindDelivered, ID: r.ID, Attempt: attempts[i]})
+			}
+		}
+		var t *Ticket
+		if len(recs) > 0 {
+			t = b.j.Append(recs...)
+		}
 		b.mu.Unlock()
 		frames := make([][]byte, len(due))
 		for i, r := range due {
-			frames[i] = b.frame(r)
+			frames[i] = b.frame(r, attempts[i])
+		}
+		if t != nil {
+			if err := t.Wait(); err != nil {
+				b.cfg.Log.Error("cannot journal request deliveries; retrying", "err", err)
+				b.mu.Lock()
+				b.full = true // retried at the next tick
+				b.mu.Unlock()
+				return
+			}
 		}
 		b.mu.Lock()
 		for i, r := range due {
@@ -684,23 +714,22 @@ func (b *Book) deliver(tick bool) {
 				b.mu.Unlock()
 				return
 			}
-			r.Attempts++
+			r.sentAttempt = attempts[i]
 			r.inflight = gen
-			b.j.AppendLazy(&Record{Kind: KindDelivered, ID: r.ID, Attempt: r.Attempts})
 			b.cfg.Metrics.delivered.Inc()
 		}
 	}
 }
 
-// frame encodes r's next delivery, without the book's lock held (only
-// deliver, on the book's goroutine, changes Attempts).
-func (b *Book) frame(r *Request) []byte {
+// frame encodes a delivery of r, without the book's lock held (the body
+// never changes).
+func (b *Book) frame(r *Request, attempt int) []byte {
 	var body Body
 	if err := json.Unmarshal(r.Body, &body); err != nil {
 		b.cfg.Log.Error("cannot decode a journaled request; it is not delivered", "request_id", r.ID, "err", err)
 		return nil
 	}
-	msg := &schema.ProcessRequest{RequestID: r.ID, Attempt: uint64(b.attempts(r) + 1),
+	msg := &schema.ProcessRequest{RequestID: r.ID, Attempt: uint64(attempt),
 		Data: schema.RequestData{Message: body.Message, UserID: body.UserID}}
 	if body.Context != nil {
 		if raw, err := msgpackMarshal(body.Context); err == nil {
@@ -713,12 +742,6 @@ func (b *Book) frame(r *Request) []byte {
 		return nil
 	}
 	return frame
-}
-
-func (b *Book) attempts(r *Request) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return r.Attempts
 }
 
 // run delivers, retries a full queue, expires and forgets, and compacts.
