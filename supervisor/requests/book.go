@@ -177,6 +177,9 @@ func OpenBook(dataDir string, cfg Config) (*Book, *Replay, error) {
 	for _, r := range b.reqs {
 		r.durable = true
 		r.inflight = 0
+		if r.Status == StatusPending && r.Attempts == 0 {
+			r.Attempts = 1 // the accepted record stands for the first delivery
+		}
 		r.sentAttempt = r.Attempts // a restart delivers the next one
 		b.order = append(b.order, r)
 	}
@@ -674,7 +677,11 @@ func (b *Book) deliver(tick bool) {
 		var recs []*Record
 		for i, r := range due {
 			attempts[i] = r.Attempts
-			if r.sentAttempt >= r.Attempts {
+			if r.Attempts == 0 {
+				// The first delivery needs no record: the accepted record
+				// stands for it (a replay counts it as made).
+				attempts[i], r.Attempts = 1, 1
+			} else if r.sentAttempt >= r.Attempts {
 				attempts[i] = r.Attempts + 1
 				r.Attempts = attempts[i]
 				recs = append(recs, &Record{Kind: KindDelivered, ID: r.ID, Attempt: attempts[i]})
