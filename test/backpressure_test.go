@@ -34,7 +34,9 @@ func floodDuration(t *testing.T) time.Duration {
 // "unresponsive" within a second, losing the requests it had accepted.)
 func TestRequestFloodIsBackPressure(t *testing.T) {
 	s := startSup(t, supOpts{noEvents: true,
-		flags: []string{"--heartbeat-timeout", "2s", "--start-timeout", "10s"},
+		// Requests are journaled: the back-pressure is the journal's bound
+		// (429), small here so that the flood reaches it.
+		flags: []string{"--heartbeat-timeout", "2s", "--start-timeout", "10s", "--request-journal-bytes", "4194304"},
 		agent: []string{"--heartbeat-interval", "100ms", "--behaviour", "latency_ms=10", "--answer"}})
 	waitFor(t, 30*time.Second, "the agent to be up", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 1 })
 	_, ready := s.get("/readyz")

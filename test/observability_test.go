@@ -72,9 +72,15 @@ func TestRequestAPI(t *testing.T) {
 func TestRequestAPIWhenAgentNotReady(t *testing.T) {
 	s := startSup(t, supOpts{flags: append(fastFlags, "--shutdown-timeout", "500ms"), agent: []string{"--start-delay", "1h"}})
 	waitFor(t, 10*time.Second, "listener", func() bool { c, _ := s.get("/healthz"); return c == 200 })
+	// A request is journaled and waits for the agent (issue 29): 202, and
+	// GET shows it pending, never delivered yet.
 	code, body := s.post("/v1/requests", `{"message":"hi"}`)
-	if code != 503 || !strings.Contains(body, "first heartbeat") {
-		t.Fatalf("%d %s, want 503 naming the reason", code, body)
+	if code != 202 {
+		t.Fatalf("%d %s, want 202: the request waits for the agent", code, body)
+	}
+	id := jsonField(t, body, "request_id")
+	if code, body := s.get("/v1/requests/" + id); code != 200 || !strings.Contains(body, `"status":"pending"`) {
+		t.Errorf("GET: %d %s, want pending", code, body)
 	}
 }
 

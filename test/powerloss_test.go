@@ -23,7 +23,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,6 +39,7 @@ import (
 
 	"github.com/agent-sidecar/supervisor/internal/crashfs"
 	"github.com/agent-sidecar/supervisor/replica/miniotest"
+	"github.com/agent-sidecar/supervisor/supervisor/requests"
 )
 
 const (
@@ -82,6 +85,9 @@ type plVariant struct {
 	// replica: the supervisor replicates to a MinIO bucket (started for the
 	// variant, off the crashing disk), so replica.json is written too.
 	replica bool
+	// requests: HTTP on, a client POSTs requests all round; every request
+	// answered 202 before the cut must be in the image's request journal.
+	requests bool
 }
 
 // dataRel is the data directory's path on the mount, as crashfs names it.
@@ -97,6 +103,7 @@ var fileKinds = map[string]func(c crashfs.Fsync) bool{
 	"data-dir":        func(c crashfs.Fsync) bool { return c.Dir && c.Path == dataRel },
 	"audit":           func(c crashfs.Fsync) bool { return strings.Contains(c.Path, "audit.jsonl") },
 	"replica-state":   func(c crashfs.Fsync) bool { return strings.Contains(c.Path, "replica.json") },
+	"request-journal": func(c crashfs.Fsync) bool { return strings.Contains(c.Path, "/requests") },
 	// An evolution's pinned backup and the ledger of promotions.
 	"evolution": func(c crashfs.Fsync) bool {
 		return strings.Contains(c.Path, ".pin") || strings.Contains(c.Path, "evolution.json")
@@ -170,6 +177,10 @@ func plVariants() []plVariant {
 		// Replicating to MinIO: the replica's state file (replica.json)
 		// is written beside the WAL, and its fsyncs fail here too.
 		{name: "replicating", sync: "batch", replica: true, rounds: 2},
+		// Requests journaled while the WAL floods: a 202 is an
+		// acknowledgement too (SPEC §4, §7).
+		{name: "requests-journaled", sync: "batch", requests: true, rounds: 3},
+		{name: "requests-journaled-torn", sync: "batch", env: flood, torn: crashfs.TornSubset, requests: true, rounds: 2},
 		{name: "eio-replica-state", sync: "batch", replica: true, fault: failKind("replica-state", 1, 0.5), kind: "replica-state", rounds: 2},
 	}
 	// Kinds fsynced often fail after a random number of their fsyncs, so
@@ -375,7 +386,7 @@ func (pl *plRun) start() *sup {
 		flags = append(flags, replicaFlags(pl.minio, "state", "powerloss")...)
 		env = append(env, pl.minio.Env()...)
 	}
-	return startSup(pl.t, supOpts{dataDir: pl.dataDir, flags: flags, command: []string{pl.agent}, noHTTP: true,
+	return startSup(pl.t, supOpts{dataDir: pl.dataDir, flags: flags, command: []string{pl.agent}, noHTTP: !pl.v.requests,
 		events: pl.record, env: env})
 }
 
@@ -410,6 +421,11 @@ func (pl *plRun) round(r int, seed uint64) {
 		started := pl.waitStart(s, startsBefore, 120*time.Second)
 		cutAt = started.Add(300*time.Millisecond + time.Duration(rng.IntN(1500))*time.Millisecond)
 	}
+	var posted <-chan []plAccepted
+	stopPosting := make(chan struct{})
+	if pl.v.requests {
+		posted = postUntil(s, stopPosting)
+	}
 	time.Sleep(time.Until(cutAt))
 	// Half the cuts (all of them when pages may tear) land right after a
 	// write, while written data is not yet synced.
@@ -425,6 +441,10 @@ func (pl *plRun) round(r int, seed uint64) {
 	pl.cuts = append(pl.cuts, [2]int64{cut.UnixNano(), time.Now().UnixNano()})
 	if err := fsys.PowerOff(pl.disk); err != nil {
 		t.Logf("round %d: power-off: %v", r, err)
+	}
+	if posted != nil {
+		close(stopPosting)
+		pl.checkRequests(r, cut, <-posted)
 	}
 	st := fsys.Stats()
 	pl.rounds++
@@ -812,4 +832,72 @@ func reportsCorruption(out string) bool {
 		}
 	}
 	return false
+}
+
+// plAccepted is a request answered 202, and when the answer came.
+type plAccepted struct {
+	id string
+	at time.Time
+}
+
+// postUntil POSTs requests to s until stop, and sends the ones answered 202.
+func postUntil(s *sup, stop <-chan struct{}) <-chan []plAccepted {
+	out := make(chan []plAccepted, 1)
+	url := s.url("/v1/requests")
+	go func() {
+		var got []plAccepted
+		defer func() { out <- got }()
+		client := &http.Client{Timeout: 2 * time.Second}
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			resp, err := client.Post(url, "application/json", strings.NewReader(fmt.Sprintf(`{"message":"pl %d"}`, i)))
+			if err != nil {
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusAccepted {
+				var r struct {
+					ID string `json:"request_id"`
+				}
+				if json.Unmarshal(b, &r) == nil {
+					got = append(got, plAccepted{r.ID, time.Now()})
+				}
+			}
+		}
+	}()
+	return out
+}
+
+// checkRequests: every request answered 202 before the cut is in the
+// crashed image's request journal.
+func (pl *plRun) checkRequests(r int, cut time.Time, accepted []plAccepted) {
+	views, rp, err := requests.Load(filepath.Join(pl.disk, dataRel))
+	if err != nil {
+		pl.t.Errorf("round %d: the request journal on the image: %v", r, err)
+		return
+	}
+	have := map[string]bool{}
+	for _, v := range views {
+		have[v.ID] = true
+	}
+	n, lost := 0, 0
+	for _, a := range accepted {
+		if !a.at.Before(cut) {
+			continue
+		}
+		n++
+		if !have[a.id] {
+			lost++
+			if lost <= 5 {
+				pl.t.Errorf("round %d: request %s was answered 202 %s before the power cut and is not in the request journal", r, a.id, cut.Sub(a.at))
+			}
+		}
+	}
+	pl.t.Logf("round %d: %d requests answered 202 before the cut, %d in the journal (torn tail %d bytes), %d lost", r, n, len(views), rp.TruncatedBytes, lost)
 }

@@ -11,6 +11,7 @@ package test
 //	REQAGENT_ACCEPTS_CANCEL=1     heartbeats carry accepts: ["cancel_request"]
 //	REQAGENT_POISON_EXIT=MSG      exit 1 at once on a request whose message is MSG
 //	REQAGENT_POISON_HANG=MSG      stop heartbeating and reading on it (hang)
+//	REQAGENT_EXIT_FIRST=MSG       exit 1 on MSG's first delivery (attempt 1) only
 
 import (
 	"encoding/json"
@@ -97,6 +98,9 @@ func runReqAgent() int {
 			msg := m.Data.Message
 			emit(map[string]any{"ev": "request", "id": m.RequestID, "attempt": m.Attempt, "msg": msg})
 			if v := os.Getenv("REQAGENT_POISON_EXIT"); v != "" && msg == v {
+				os.Exit(1)
+			}
+			if v := os.Getenv("REQAGENT_EXIT_FIRST"); v != "" && msg == v && m.Attempt <= 1 {
 				os.Exit(1)
 			}
 			if v := os.Getenv("REQAGENT_POISON_HANG"); v != "" && msg == v {

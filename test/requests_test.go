@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -348,4 +349,191 @@ func TestRequestJournalDamage(t *testing.T) {
 	if code, v := getRequest(t, s, ids[2]); code != 200 || v.Status != "pending" {
 		t.Errorf("after a second restart: %d %+v", code, v)
 	}
+}
+
+// TestCancelRequest: DELETE (and `supervisor requests cancel`) cancels a
+// request: one not yet delivered (POSTed while the agent restarts) is never
+// delivered; one in flight is sent cancel_request (the agent opted in);
+// cancelling an answered request is 409, an unknown one 404; the
+// cancellation is journaled (it holds across a supervisor restart).
+func TestCancelRequest(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	log := filepath.Join(t.TempDir(), "agent.jsonl")
+	env := []string{"REQAGENT_HOLD=hold", "REQAGENT_ACCEPTS_CANCEL=1", "REQAGENT_EXIT_FIRST=die"}
+	s := reqSup(t, dir, log, env, "--backoff-initial", "3s")
+	waitFor(t, 30*time.Second, "the agent up", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 1 })
+
+	// In flight: the agent gets cancel_request.
+	inflight := postRequest(t, s, "hold in flight")
+	waitFor(t, 30*time.Second, "its delivery", func() bool { return len(deliveries(log, inflight)) == 1 })
+	code, body, _ := do(t, "DELETE", s.url("/v1/requests/"+inflight), "")
+	if code != 200 || !strings.Contains(body, `"status":"cancelled"`) {
+		t.Fatalf("DELETE in flight: %d %s", code, body)
+	}
+	waitFor(t, 30*time.Second, "cancel_request at the agent", func() bool {
+		for _, e := range agentEvents(log) {
+			if e.str("ev") == "cancel" && e.str("id") == inflight {
+				return true
+			}
+		}
+		return false
+	})
+
+	// Not yet delivered: POSTed while the agent is backing off after it
+	// died on "die"; cancelled with the CLI; never delivered.
+	die := postRequest(t, s, "die")
+	waitFor(t, 30*time.Second, "the agent down", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 0 })
+	never := postRequest(t, s, "hold never delivered")
+	if c, out, errOut := cli(t, "requests", "cancel", never, "--data-dir", dir); c != 0 {
+		t.Fatalf("requests cancel: %d %s %s", c, out, errOut)
+	}
+	waitStatus(t, s, die, "answered", 60*time.Second) // the agent is back and past it
+	after := postRequest(t, s, "after")
+	waitStatus(t, s, after, "answered", 30*time.Second)
+	if got := deliveries(log, never); len(got) != 0 {
+		t.Errorf("a request cancelled before delivery was delivered: %v", got)
+	}
+	if got := deliveries(log, inflight); len(got) != 1 {
+		t.Errorf("the cancelled in-flight request was delivered again after the restart: %v", got)
+	}
+
+	// Answered: 409. Unknown: 404.
+	if code, body, _ := do(t, "DELETE", s.url("/v1/requests/"+after), ""); code != http.StatusConflict {
+		t.Errorf("DELETE answered: %d %s, want 409", code, body)
+	}
+	if code, body, _ := do(t, "DELETE", s.url("/v1/requests/no-such-id"), ""); code != http.StatusNotFound {
+		t.Errorf("DELETE unknown: %d %s, want 404", code, body)
+	}
+
+	// Across a supervisor restart: still cancelled, never redelivered.
+	killSup(t, s)
+	s = reqSup(t, dir, log, env)
+	sentinel := postRequest(t, s, "sentinel")
+	waitStatus(t, s, sentinel, "answered", 30*time.Second)
+	for _, id := range []string{inflight, never} {
+		if _, v := getRequest(t, s, id); v.Status != "cancelled" {
+			t.Errorf("%s after a restart: %+v, want cancelled", id, v)
+		}
+	}
+	if got := deliveries(log, inflight); len(got) != 1 {
+		t.Errorf("a cancelled request was delivered after the supervisor's restart: %v", got)
+	}
+}
+
+// poisonRun posts 50 requests with the poison among them while several are
+// in flight, and checks the outcome: the poison set aside as REQUEST_POISON
+// after exactly --request-max-attempts deliveries, every other request
+// answered, the agent up, the supervisor still running.
+func poisonRun(t *testing.T, env []string, flags ...string) {
+	dir := filepath.Join(t.TempDir(), "data")
+	log := filepath.Join(t.TempDir(), "agent.jsonl")
+	s := reqSup(t, dir, log, append([]string{"REQAGENT_DELAY=300ms"}, env...), flags...)
+	waitFor(t, 30*time.Second, "the agent up", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 1 })
+	var ids []string
+	poison := ""
+	for i := range 50 {
+		msg := fmt.Sprintf("ordinary %d", i)
+		if i == 10 {
+			msg = "poison"
+		}
+		id := postRequest(t, s, msg)
+		if i == 10 {
+			poison = id
+		} else {
+			ids = append(ids, id)
+		}
+	}
+	v := waitStatus(t, s, poison, "failed", 3*time.Minute)
+	if v.Error == nil || v.Error.Code != "REQUEST_POISON" {
+		t.Errorf("poison: %+v, want REQUEST_POISON", v)
+	} else {
+		t.Logf("poison: %s", v.Error.Message)
+	}
+	for _, id := range ids {
+		if v := waitStatus(t, s, id, "answered", 3*time.Minute); v.Status != "answered" {
+			t.Errorf("bystander %s: %+v", id, v)
+		}
+	}
+	if got := deliveries(log, poison); len(got) != 3 {
+		t.Errorf("the poison was delivered %d times (attempts %v), want exactly --request-max-attempts (3)", len(got), got)
+	}
+	waitFor(t, 30*time.Second, "the agent up at the end", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 1 })
+	select {
+	case <-s.done:
+		t.Fatalf("the supervisor exited (code %d): it gave up", s.code)
+	default:
+	}
+	if code, _ := s.get("/healthz"); code != 200 {
+		t.Errorf("healthz %d: the supervisor gave up", code)
+	}
+	if n := s.metric("supervisor_requests_poison_total"); n != 1 {
+		t.Errorf("poison metric %v, want 1", n)
+	}
+	if c, out, _ := cli(t, "requests", "show", poison, "--data-dir", dir); c != 0 || !strings.Contains(out, "death 3:") {
+		t.Errorf("requests show: %d %s", c, out)
+	}
+}
+
+// TestPoisonRequestExits: an agent that exits on one message.
+func TestPoisonRequestExits(t *testing.T) {
+	poisonRun(t, []string{"REQAGENT_POISON_EXIT=poison"})
+}
+
+// TestPoisonRequestHangs: an agent that hangs (no heartbeat, no reads) on
+// one message.
+func TestPoisonRequestHangs(t *testing.T) {
+	poisonRun(t, []string{"REQAGENT_POISON_HANG=poison"}, "--heartbeat-timeout", "1s")
+}
+
+// TestRequestDiskFull: with the data directory's filesystem full, POST
+// answers 507 and nothing is accepted (GET knows no such request); once
+// there is room again, requests are accepted. Needs root (a size-limited
+// tmpfs).
+func TestRequestDiskFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a size-limited tmpfs")
+	}
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
+	dir := filepath.Join(mnt, "data")
+	log := filepath.Join(t.TempDir(), "agent.jsonl")
+	s := reqSup(t, dir, log, nil)
+	waitFor(t, 30*time.Second, "the agent up", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 1 })
+	ok := postRequest(t, s, "before the disk fills")
+	waitStatus(t, s, ok, "answered", 30*time.Second)
+
+	// Fill the filesystem.
+	filler, err := os.Create(filepath.Join(mnt, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 64<<10)
+	for {
+		if _, err := filler.Write(chunk); err != nil {
+			break
+		}
+	}
+	filler.Close()
+	body := fmt.Sprintf(`{"message":%q}`, strings.Repeat("x", 200<<10))
+	code, resp, _ := do(t, "POST", s.url("/v1/requests"), body)
+	if code != http.StatusInsufficientStorage {
+		t.Fatalf("POST on a full disk: %d %s, want 507", code, resp)
+	}
+	if n := s.metric("supervisor_requests_rejected_total", `reason="disk_full"`); n != 1 {
+		t.Errorf("disk_full rejections %v, want 1", n)
+	}
+	c, out, _ := cli(t, "requests", "list", "--data-dir", dir, "--json")
+	if c != 0 || strings.Count(out, `"request_id"`) != 1 {
+		t.Errorf("the journal after a 507 holds: %d %s; want the one request accepted before", c, out)
+	}
+
+	// Room again: accepted.
+	if err := os.Remove(filepath.Join(mnt, "filler")); err != nil {
+		t.Fatal(err)
+	}
+	id := postRequest(t, s, "after the disk has room again")
+	waitStatus(t, s, id, "answered", 30*time.Second)
 }

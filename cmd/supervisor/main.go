@@ -37,6 +37,8 @@ Usage:
   supervisor status [--data-dir DIR] [--json]
   supervisor wal dump [--data-dir DIR] [--from SEQ] [--json]
   supervisor audit [--data-dir DIR] [--since D] [--json]
+  supervisor requests list|show ID [--data-dir DIR] [--json]
+  supervisor requests cancel ID [--data-dir DIR]
   supervisor replica restore --replica URL --data-dir DIR [--to-sequence N | --to-time T]
   supervisor replica list --replica URL [--json]
   supervisor version [--json]

@@ -110,8 +110,10 @@ func (s *Server) journalRequest(w http.ResponseWriter, r *http.Request, key, dig
 	case <-r.Context().Done():
 		return http.StatusAccepted, accepted
 	}
-	if v, ok := b.Get(v.ID); ok {
+	if v, ok := b.Get(v.ID); ok && (v.Status == requests.StatusAnswered || v.Status == requests.StatusFailed) {
 		return viewAnswer(v, false)
+	} else if ok {
+		accepted["status"] = v.Status // expired or cancelled while waiting
 	}
 	return http.StatusAccepted, accepted
 }

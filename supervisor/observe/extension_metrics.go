@@ -19,8 +19,6 @@ type ExtensionMetrics struct {
 	WALAcks         prometheus.Counter
 	RequestLatency  *prometheus.HistogramVec
 	RequestOutcomes *prometheus.CounterVec
-	RequestsStored  prometheus.Gauge
-	RequestBytes    prometheus.Gauge
 }
 
 func newExtensionMetrics(reg prometheus.Registerer) ExtensionMetrics {
@@ -34,14 +32,8 @@ func newExtensionMetrics(reg prometheus.Registerer) ExtensionMetrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 20), // 0.5ms .. ~4.4min
 		}, []string{"outcome"}),
 		RequestOutcomes: a.NewCounterVec(prometheus.CounterOpts{
-			Name: "supervisor_request_results_total", Help: "Requests by outcome: answered, failed, expired (no result within --request-retention), late (a result after expiry, dropped).",
+			Name: "supervisor_request_results_total", Help: "Requests by outcome: answered, failed, expired (no result within --request-timeout; counted by supervisor_requests_expired_total), late (a result after expiry, cancellation or poison, kept beside it).",
 		}, []string{"outcome"}),
-		RequestsStored: a.NewGauge(prometheus.GaugeOpts{
-			Name: "supervisor_requests_retained", Help: "Requests held for GET /v1/requests/ID (pending and finished).",
-		}),
-		RequestBytes: a.NewGauge(prometheus.GaugeOpts{
-			Name: "supervisor_request_results_retained_bytes", Help: "Bytes of request results held for GET /v1/requests/ID.",
-		}),
 	}
 	for _, o := range []string{OutcomeAnswered, OutcomeFailed, OutcomeExpired, OutcomeLate} {
 		m.RequestOutcomes.WithLabelValues(o)

@@ -77,7 +77,10 @@ type Request struct {
 	ticket   *Ticket
 	done     chan struct{}
 	inflight int // the agent generation it is in flight to; 0: none
-	size     int64
+	// sentAttempt: the highest attempt actually sent (Attempts may be one
+	// higher: journaled, then refused by a full queue).
+	sentAttempt int
+	size        int64
 }
 
 // Final reports whether the request's status can no longer change.
@@ -139,6 +142,9 @@ type Book struct {
 	gen       int
 	liveBytes int64
 	closed    bool
+	// resultBytes: the answers' data held (MaxResultBytes).
+	resultBytes int64
+	full        bool // the agent's queue refused a request: retried at the next tick
 
 	wake chan struct{}
 	stop chan struct{}
@@ -171,6 +177,10 @@ func OpenBook(dataDir string, cfg Config) (*Book, *Replay, error) {
 	for _, r := range b.reqs {
 		r.durable = true
 		r.inflight = 0
+		if r.Status == StatusPending && r.Attempts == 0 {
+			r.Attempts = 1 // the accepted record stands for the first delivery
+		}
+		r.sentAttempt = r.Attempts // a restart delivers the next one
 		b.order = append(b.order, r)
 	}
 	sort.Slice(b.order, func(i, k int) bool { return b.order[i].seq < b.order[k].seq })
@@ -220,7 +230,7 @@ func (b *Book) apply(rec *Record) {
 	case KindDeath:
 		if !slices.ContainsFunc(r.Deaths, func(d Death) bool { return d.At.Equal(at) }) {
 			r.Deaths = append(r.Deaths, Death{At: at, Reason: rec.Reason, Alone: rec.Attempt == 1})
-			r.Suspect = r.Status == StatusPending && rec.Attempt != 1
+			r.Suspect = r.Status == StatusPending
 		}
 	case KindAnswered:
 		b.answerLocked(r, rec.Data, rec.Error, at)
@@ -242,11 +252,17 @@ func (b *Book) addLocked(r *Request) {
 	if r.Key != "" {
 		b.keys[r.Key] = r
 	}
+	if r.Status == StatusAnswered {
+		b.resultBytes += int64(len(r.Data))
+	}
 	b.liveBytes += r.size
 }
 
 func (b *Book) removeLocked(r *Request) {
 	delete(b.reqs, r.ID)
+	if r.Status == StatusAnswered {
+		b.resultBytes -= int64(len(r.Data))
+	}
 	if r.Key != "" && b.keys[r.Key] == r {
 		delete(b.keys, r.Key)
 	}
@@ -371,6 +387,7 @@ func (b *Book) AgentUp(a Agent) {
 	defer b.mu.Unlock()
 	b.gen++
 	b.agent = a
+	b.full = false
 	for _, r := range b.order {
 		r.inflight = 0
 	}
@@ -417,13 +434,12 @@ func (b *Book) AgentGone(reason string) {
 		if alone {
 			flag = 1
 		}
-		b.j.Append(&Record{Kind: KindDeath, ID: r.ID, At: now.UnixNano(), Reason: reason, Attempt: flag})
-		if !alone {
-			r.Suspect = true
-			continue
-		}
-		r.Suspect = false
-		if len(r.Deaths) >= b.cfg.MaxAttempts {
+		b.j.AppendLazy(&Record{Kind: KindDeath, ID: r.ID, At: now.UnixNano(), Reason: reason, Attempt: flag})
+		// A suspect is delivered alone from now on, until it is answered
+		// (cleared) or set aside: a request that died alone is the
+		// culprit, one that died with others may be.
+		r.Suspect = true
+		if alone && len(r.Deaths) >= b.cfg.MaxAttempts {
 			b.poisonLocked(r, now)
 		}
 	}
@@ -439,7 +455,7 @@ func (b *Book) poisonLocked(r *Request, now time.Time) {
 		"the agent died %d times with this request in flight (%s); it is set aside and never delivered again (--request-max-attempts %d)",
 		len(r.Deaths), strings.Join(reasons, ", "), b.cfg.MaxAttempts),
 		Details: map[string]any{"deaths": len(r.Deaths), "reasons": reasons, "attempts": r.Attempts}}
-	b.j.Append(&Record{Kind: KindFailed, ID: r.ID, At: now.UnixNano(), Error: r.Error})
+	b.j.AppendLazy(&Record{Kind: KindFailed, ID: r.ID, At: now.UnixNano(), Error: r.Error})
 	close(r.done)
 	b.cfg.Metrics.poison.Inc()
 	b.cfg.Log.Error("request set aside as poison: the agent died every time it had it", "request_id", r.ID,
@@ -466,6 +482,9 @@ func (b *Book) Answer(id string, data json.RawMessage, rerr *ErrorBody) (outcome
 	}
 	now := b.cfg.Now()
 	took = now.Sub(r.Accepted)
+	if r.Status == StatusPending && !now.Before(r.Deadline) {
+		b.expireLocked(r, now) // its time was up before the sweep saw it
+	}
 	switch r.Status {
 	case StatusAnswered:
 		b.cfg.Metrics.duplicates.Inc()
@@ -484,7 +503,7 @@ func (b *Book) Answer(id string, data json.RawMessage, rerr *ErrorBody) (outcome
 			return "", took, ErrDuplicate
 		}
 	}
-	b.j.Append(&Record{Kind: KindAnswered, ID: id, At: now.UnixNano(), Data: data, Error: rerr})
+	b.j.AppendLazy(&Record{Kind: KindAnswered, ID: id, At: now.UnixNano(), Data: data, Error: rerr})
 	outcome = b.answerLocked(r, data, rerr, now)
 	b.kickLocked()
 	return outcome, took, nil
@@ -507,13 +526,48 @@ func (b *Book) answerLocked(r *Request, data json.RawMessage, rerr *ErrorBody, n
 	r.Finished = now
 	b.liveBytes += int64(len(data))
 	r.size += int64(len(data))
-	close(r.done)
+	if r.done != nil {
+		close(r.done)
+	}
 	if rerr != nil {
 		r.Status, r.Error = StatusFailed, rerr
 		return OutcomeFailed
 	}
 	r.Status, r.Data = StatusAnswered, data
+	b.resultBytes += int64(len(data))
+	for b.resultBytes > MaxResultBytes && b.dropOldestResultLocked(r) {
+	}
 	return OutcomeAnswered
+}
+
+// MaxResultBytes bounds the answers' data held (in memory and in the
+// compacted journal); over it the oldest answers' data are dropped (status
+// dropped, error RESULT_DROPPED): results are part of the supervisor's
+// memory promise (docs/operations.md). A pending request is never dropped.
+const MaxResultBytes = 16 << 20
+
+// StatusDropped: answered, but the data was dropped to keep the results
+// within MaxResultBytes.
+const StatusDropped = "dropped"
+
+// dropOldestResultLocked drops the data of the oldest answer other than
+// keep; false when there is none.
+func (b *Book) dropOldestResultLocked(keep *Request) bool {
+	for _, r := range b.order {
+		if r == keep || r.Status != StatusAnswered || r.Data == nil || b.reqs[r.ID] != r {
+			continue
+		}
+		n := int64(len(r.Data))
+		r.Error = &ErrorBody{Code: "RESULT_DROPPED", Message: fmt.Sprintf(
+			"the agent answered (%d bytes), but the result was dropped: the supervisor holds at most %d bytes of results, newest first. Fetch results sooner, or wait for them with POST ?wait=",
+			n, MaxResultBytes)}
+		r.Status, r.Data = StatusDropped, nil
+		b.resultBytes -= n
+		b.liveBytes -= n
+		r.size -= n
+		return true
+	}
+	return false
 }
 
 // Cancel cancels a pending request, durably: a request not yet delivered is
@@ -561,12 +615,12 @@ func (b *Book) kickLocked() {
 	}
 }
 
-// deliverLocked sends what is due to the agent: while suspects wait, the
-// oldest one alone; otherwise every pending request not in flight, in
-// acceptance order, until the agent's queue is full.
-func (b *Book) deliverLocked() (full bool) {
+// dueLocked picks what is due to the agent, at most n: while suspects
+// wait, the oldest one alone (once nothing else is in flight); otherwise
+// the pending requests not in flight, in acceptance order.
+func (b *Book) dueLocked(n int) []*Request {
 	if b.agent == nil {
-		return false
+		return nil
 	}
 	var suspect *Request
 	busy := false
@@ -582,26 +636,107 @@ func (b *Book) deliverLocked() (full bool) {
 		}
 	}
 	if suspect != nil {
-		if busy || suspect.inflight == b.gen {
-			return false
+		if busy {
+			return nil
 		}
-		return !b.sendLocked(suspect)
+		return []*Request{suspect}
 	}
+	var due []*Request
 	for _, r := range b.order {
-		if r.Final() || r.inflight == b.gen {
-			continue
+		if len(due) == n {
+			break
 		}
-		if !b.sendLocked(r) {
-			return true
+		if !r.Final() && r.inflight != b.gen {
+			due = append(due, r)
 		}
 	}
-	return false
+	return due
 }
 
-func (b *Book) sendLocked(r *Request) bool {
+// deliver sends what is due, encoding outside the lock (a request's body
+// never changes), in rounds, until nothing is due or the agent's queue is
+// full (then retried at the next tick, not at every kick).
+func (b *Book) deliver(tick bool) {
+	b.mu.Lock()
+	if b.full && !tick {
+		b.mu.Unlock()
+		return
+	}
+	b.full = false
+	for {
+		due := b.dueLocked(64)
+		if len(due) == 0 {
+			b.mu.Unlock()
+			return
+		}
+		gen := b.gen
+		// A delivery's attempt is journaled before the agent sees it; one
+		// journaled but never sent (the queue was full) is sent with the
+		// same number.
+		attempts := make([]int, len(due))
+		var recs []*Record
+		for i, r := range due {
+			attempts[i] = r.Attempts
+			if r.Attempts == 0 {
+				// The first delivery needs no record: the accepted record
+				// stands for it (a replay counts it as made).
+				attempts[i], r.Attempts = 1, 1
+			} else if r.sentAttempt >= r.Attempts {
+				attempts[i] = r.Attempts + 1
+				r.Attempts = attempts[i]
+				recs = append(recs, &Record{Kind: KindDelivered, ID: r.ID, Attempt: attempts[i]})
+			}
+		}
+		var t *Ticket
+		if len(recs) > 0 {
+			t = b.j.Append(recs...)
+		}
+		b.mu.Unlock()
+		frames := make([][]byte, len(due))
+		for i, r := range due {
+			frames[i] = b.frame(r, attempts[i])
+		}
+		if t != nil {
+			if err := t.Wait(); err != nil {
+				b.cfg.Log.Error("cannot journal request deliveries; retrying", "err", err)
+				b.mu.Lock()
+				b.full = true // retried at the next tick
+				b.mu.Unlock()
+				return
+			}
+		}
+		b.mu.Lock()
+		for i, r := range due {
+			if b.gen != gen || b.agent == nil {
+				break // the agent changed meanwhile: pick again
+			}
+			if r.Final() || r.inflight == gen || frames[i] == nil {
+				continue
+			}
+			if r.Suspect != due[0].Suspect {
+				break
+			}
+			if !b.agent.SendRequest(frames[i]) {
+				b.full = true
+				b.mu.Unlock()
+				return
+			}
+			r.sentAttempt = attempts[i]
+			r.inflight = gen
+			b.cfg.Metrics.delivered.Inc()
+		}
+	}
+}
+
+// frame encodes a delivery of r, without the book's lock held (the body
+// never changes).
+func (b *Book) frame(r *Request, attempt int) []byte {
 	var body Body
-	_ = json.Unmarshal(r.Body, &body)
-	msg := &schema.ProcessRequest{RequestID: r.ID, Attempt: uint64(r.Attempts + 1),
+	if err := json.Unmarshal(r.Body, &body); err != nil {
+		b.cfg.Log.Error("cannot decode a journaled request; it is not delivered", "request_id", r.ID, "err", err)
+		return nil
+	}
+	msg := &schema.ProcessRequest{RequestID: r.ID, Attempt: uint64(attempt),
 		Data: schema.RequestData{Message: body.Message, UserID: body.UserID}}
 	if body.Context != nil {
 		if raw, err := msgpackMarshal(body.Context); err == nil {
@@ -610,17 +745,10 @@ func (b *Book) sendLocked(r *Request) bool {
 	}
 	frame, err := b.cfg.Encode(msg)
 	if err != nil {
-		b.cfg.Log.Error("cannot encode a journaled request for the agent", "request_id", r.ID, "err", err)
-		return true
+		b.cfg.Log.Error("cannot encode a journaled request for the agent; it is not delivered", "request_id", r.ID, "err", err)
+		return nil
 	}
-	if !b.agent.SendRequest(frame) {
-		return false
-	}
-	r.Attempts++
-	r.inflight = b.gen
-	b.j.Append(&Record{Kind: KindDelivered, ID: r.ID, Attempt: r.Attempts})
-	b.cfg.Metrics.delivered.Inc()
-	return true
+	return frame
 }
 
 // run delivers, retries a full queue, expires and forgets, and compacts.
@@ -634,17 +762,33 @@ func (b *Book) run() {
 		case <-b.stop:
 			return
 		case <-b.wake:
+			b.deliver(false)
+			continue
 		case <-tick.C:
 		}
+		b.deliver(true)
 		b.mu.Lock()
-		b.deliverLocked()
 		now := b.cfg.Now()
-		if now.Sub(lastSweep) >= min(time.Second, max(b.cfg.Retention/4, 10*time.Millisecond)) {
+		if now.Sub(lastSweep) >= min(time.Second, max(min(b.cfg.Retention, b.cfg.Timeout)/4, 10*time.Millisecond)) {
 			lastSweep = now
 			b.sweepLocked(now)
 		}
 		b.mu.Unlock()
 	}
+}
+
+// expireLocked expires a pending request whose --request-timeout is up.
+func (b *Book) expireLocked(r *Request, now time.Time) {
+	r.Status, r.Finished, r.Suspect = StatusExpired, now, false
+	r.Error = &ErrorBody{Code: CodeExpired, Message: fmt.Sprintf("the agent did not answer within --request-timeout (%s); the request is no longer delivered", b.cfg.Timeout)}
+	b.j.AppendLazy(&Record{Kind: KindExpired, ID: r.ID, At: now.UnixNano(), Error: r.Error})
+	close(r.done)
+	if r.inflight == b.gen && b.agent != nil && b.agent.AcceptsCancel() {
+		b.agent.SendMsg(&schema.CancelRequest{RequestID: r.ID})
+	}
+	r.inflight = 0
+	b.cfg.Metrics.expired.Inc()
+	b.cfg.Audit(AuditExpired, map[string]any{"request_id": r.ID, "attempts": r.Attempts, "timeout": b.cfg.Timeout.String()})
 }
 
 // sweepLocked expires what is due, forgets finished requests after the
@@ -657,16 +801,7 @@ func (b *Book) sweepLocked(now time.Time) {
 	keep := b.order[:0]
 	for _, r := range b.order {
 		if r.Status == StatusPending && !now.Before(r.Deadline) {
-			r.Status, r.Finished, r.Suspect = StatusExpired, now, false
-			r.Error = &ErrorBody{Code: CodeExpired, Message: fmt.Sprintf("the agent did not answer within --request-timeout (%s); the request is no longer delivered", b.cfg.Timeout)}
-			b.j.Append(&Record{Kind: KindExpired, ID: r.ID, At: now.UnixNano(), Error: r.Error})
-			close(r.done)
-			if r.inflight == b.gen && b.agent != nil && b.agent.AcceptsCancel() {
-				b.agent.SendMsg(&schema.CancelRequest{RequestID: r.ID})
-			}
-			r.inflight = 0
-			b.cfg.Metrics.expired.Inc()
-			b.cfg.Audit(AuditExpired, map[string]any{"request_id": r.ID, "attempts": r.Attempts, "timeout": b.cfg.Timeout.String()})
+			b.expireLocked(r, now)
 		}
 		if r.Final() && now.Sub(r.Finished) >= b.cfg.Retention {
 			b.removeLocked(r)
@@ -693,6 +828,7 @@ func (b *Book) sweepLocked(now time.Time) {
 	m.pending.Set(float64(pending))
 	m.inflight.Set(float64(inflight))
 	m.stored.Set(float64(len(b.order)))
+	m.resultBytes.Set(float64(b.resultBytes))
 	if oldest.IsZero() {
 		m.oldest.Set(0)
 	} else {

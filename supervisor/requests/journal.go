@@ -8,6 +8,7 @@
 package requests
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
@@ -19,6 +20,7 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -77,6 +79,8 @@ type Record struct {
 	Reason string `json:"reason,omitempty"`
 	// state
 	State *Request `json:"state,omitempty"`
+	// Blob names the field stored after the JSON line ("body", "data").
+	Blob string `json:"blob,omitempty"`
 }
 
 // ErrorBody is a request's error as GET shows it.
@@ -87,18 +91,36 @@ type ErrorBody struct {
 }
 
 func encodeRecord(buf *bytes.Buffer, r *Record) (int, error) {
-	p, err := json.Marshal(r)
-	if err != nil {
+	start := buf.Len()
+	var h [headerSize]byte
+	buf.Write(h[:])
+	// The payload is the record as one JSON line, then (blob) a request's
+	// body or an answer's data as they are: a large body or answer is
+	// neither re-encoded nor copied twice.
+	var blob []byte
+	switch {
+	case r.Kind == KindAccepted && r.Body != nil:
+		rr := *r
+		blob, rr.Body, rr.Blob = r.Body, nil, "body"
+		r = &rr
+	case r.Kind == KindAnswered && r.Data != nil:
+		rr := *r
+		blob, rr.Data, rr.Blob = r.Data, nil, "data"
+		r = &rr
+	}
+	if err := json.NewEncoder(buf).Encode(r); err != nil {
+		buf.Truncate(start)
 		return 0, err
 	}
+	buf.Write(blob)
+	p := buf.Bytes()[start+headerSize:]
 	if len(p) > maxRecord {
+		buf.Truncate(start)
 		return 0, fmt.Errorf("request journal record of %d bytes, limit %d", len(p), maxRecord)
 	}
-	var h [headerSize]byte
-	binary.LittleEndian.PutUint32(h[0:4], uint32(len(p)))
-	binary.LittleEndian.PutUint32(h[4:8], crc32.Checksum(p, castagnoli))
-	buf.Write(h[:])
-	buf.Write(p)
+	hb := buf.Bytes()[start : start+headerSize]
+	binary.LittleEndian.PutUint32(hb[0:4], uint32(len(p)))
+	binary.LittleEndian.PutUint32(hb[4:8], crc32.Checksum(p, castagnoli))
 	return headerSize + len(p), nil
 }
 
@@ -125,14 +147,16 @@ type Journal struct {
 	sync func(*os.File) error
 
 	mu      sync.Mutex
-	buf     bytes.Buffer
-	tickets []*Ticket
-	wake    chan struct{}
-	closed  bool
-	size    int64 // bytes on disk (what was written and synced)
-	queued  int64
-	compact func() []*Record // set by the Book: the records a compaction writes
-	want    bool             // a compaction is asked for
+	pending [][]byte // encoded records waiting for the writer
+	// lazyTimer wakes the writer for lazy records (AppendLazy).
+	lazyTimer *time.Timer
+	tickets   []*Ticket
+	wake      chan struct{}
+	closed    bool
+	size      int64 // bytes on disk (what was written and synced)
+	queued    int64
+	compact   func() []*Record // set by the Book: the records a compaction writes
+	want      bool             // a compaction is asked for
 
 	stopped chan struct{}
 	onSync  func(bytes int64, err error)
@@ -261,10 +285,18 @@ func parseAt(b []byte, off int) (*Record, int, bool) {
 	if crc32.Checksum(p, castagnoli) != binary.LittleEndian.Uint32(b[off+4:off+8]) {
 		return nil, 0, false
 	}
+	line, blob, _ := bytes.Cut(p, []byte{'\n'})
 	var r Record
-	if err := json.Unmarshal(p, &r); err != nil || r.Kind == "" {
+	if err := json.Unmarshal(line, &r); err != nil || r.Kind == "" {
 		return nil, 0, false
 	}
+	switch r.Blob {
+	case "body":
+		r.Body = bytes.Clone(blob)
+	case "data":
+		r.Data = bytes.Clone(blob)
+	}
+	r.Blob = ""
 	return &r, headerSize + n, true
 }
 
@@ -281,9 +313,35 @@ func (j *Journal) Start(compact func() []*Record, onSync func(bytes int64, err e
 	}
 }
 
-// Append queues records; the ticket completes at their fsync.
-func (j *Journal) Append(recs ...*Record) *Ticket {
+// lazyDelay is how long records nobody waits for (AppendLazy) may wait for
+// a write that carries them.
+const lazyDelay = 10 * time.Millisecond
+
+// Append queues records and wakes the writer; the ticket completes at their
+// fsync.
+func (j *Journal) Append(recs ...*Record) *Ticket { return j.append(true, recs) }
+
+// AppendLazy queues records nobody waits for (a delivery, an answer, an
+// expiry: losing them to a crash means at most a redelivery). They go out
+// with the next write, or within lazyDelay: they do not cost an fsync of
+// their own while requests are being accepted.
+func (j *Journal) AppendLazy(recs ...*Record) *Ticket { return j.append(false, recs) }
+
+func (j *Journal) append(urgent bool, recs []*Record) *Ticket {
 	t := &Ticket{done: make(chan struct{})}
+	hint := 0
+	for _, r := range recs {
+		hint += len(r.Body) + len(r.Data) + 512
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, hint))
+	for _, r := range recs {
+		if _, err := encodeRecord(buf, r); err != nil {
+			t.err = err
+			close(t.done)
+			return t
+		}
+	}
+	chunk := buf.Bytes()
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
@@ -291,19 +349,20 @@ func (j *Journal) Append(recs ...*Record) *Ticket {
 		close(t.done)
 		return t
 	}
-	mark := j.buf.Len()
-	for _, r := range recs {
-		n, err := encodeRecord(&j.buf, r)
-		if err != nil {
-			j.buf.Truncate(mark)
-			t.err = err
-			close(t.done)
-			return t
-		}
-		j.queued += int64(n)
-	}
+	j.pending = append(j.pending, chunk)
+	j.queued += int64(len(chunk))
 	j.tickets = append(j.tickets, t)
-	j.kickLocked()
+	switch {
+	case urgent:
+		j.kickLocked()
+	case j.lazyTimer == nil:
+		j.lazyTimer = time.AfterFunc(lazyDelay, func() {
+			j.mu.Lock()
+			j.lazyTimer = nil
+			j.kickLocked()
+			j.mu.Unlock()
+		})
+	}
 	return t
 }
 
@@ -319,7 +378,7 @@ func (j *Journal) Compact() {
 func (j *Journal) Size() int64 {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.size + int64(j.buf.Len())
+	return j.size + j.queued
 }
 
 func (j *Journal) kick() {
@@ -357,7 +416,7 @@ func (j *Journal) run() {
 	for range j.wake {
 		for {
 			j.mu.Lock()
-			if j.buf.Len() == 0 {
+			if len(j.pending) == 0 {
 				want, closed := j.want, j.closed
 				j.want = false
 				j.mu.Unlock()
@@ -370,8 +429,9 @@ func (j *Journal) run() {
 				}
 				break
 			}
-			data := bytes.Clone(j.buf.Bytes())
-			j.buf.Reset()
+			data := j.pending
+			j.pending = nil
+			n := j.queued
 			tickets := j.tickets
 			j.tickets = nil
 			j.queued = 0
@@ -381,7 +441,7 @@ func (j *Journal) run() {
 			err := j.write(off, data)
 			j.mu.Lock()
 			if err == nil {
-				j.size = off + int64(len(data))
+				j.size = off + n
 			}
 			onSync := j.onSync
 			j.mu.Unlock()
@@ -390,16 +450,23 @@ func (j *Journal) run() {
 				close(t.done)
 			}
 			if onSync != nil {
-				onSync(int64(len(data)), err)
+				onSync(n, err)
 			}
 		}
 	}
 }
 
-// write writes data at off and fsyncs; on failure it cuts the file back to
+// write writes the chunks at off and fsyncs; on failure it cuts the file back to
 // off, so what was not acknowledged is not replayed.
-func (j *Journal) write(off int64, data []byte) error {
-	_, err := j.f.WriteAt(data, off)
+func (j *Journal) write(off int64, data [][]byte) error {
+	var err error
+	at := off
+	for _, c := range data {
+		if _, err = j.f.WriteAt(c, at); err != nil {
+			break
+		}
+		at += int64(len(c))
+	}
 	if err == nil {
 		err = j.sync(j.f)
 	}
@@ -420,16 +487,25 @@ func (j *Journal) write(off int64, data []byte) error {
 // harmless).
 func (j *Journal) rewrite() {
 	recs := j.compact()
-	var buf bytes.Buffer
-	for _, r := range recs {
-		if _, err := encodeRecord(&buf, r); err != nil {
-			return
-		}
-	}
 	path := filepath.Join(j.dir, FileName)
+	// Streamed one record at a time: a compaction costs one record's
+	// memory, not the journal's.
+	var size int64
 	_, err := atomicfile.Write(j.dir, FileName, func(f *os.File) error {
-		_, err := f.Write(buf.Bytes())
-		return err
+		bw := bufio.NewWriterSize(f, 256<<10)
+		var rb bytes.Buffer
+		for _, r := range recs {
+			rb.Reset()
+			n, err := encodeRecord(&rb, r)
+			if err != nil {
+				return err
+			}
+			if _, err := bw.Write(rb.Bytes()); err != nil {
+				return err
+			}
+			size += int64(n)
+		}
+		return bw.Flush()
 	})
 	if err != nil && !errors.Is(err, atomicfile.ErrNotDurable) {
 		return // the old journal stays; compaction is tried again later
@@ -441,7 +517,7 @@ func (j *Journal) rewrite() {
 	j.mu.Lock()
 	old := j.f
 	j.f = f
-	j.size = int64(buf.Len())
+	j.size = size
 	j.mu.Unlock()
 	old.Close()
 }

@@ -14,10 +14,10 @@ const (
 
 // Metrics are the book's Prometheus metrics (docs/operations.md).
 type Metrics struct {
-	pending, inflight, stored, oldest, journalBytes prometheus.Gauge
-	accepted, delivered, expired, cancelled, poison prometheus.Counter
-	duplicates                                      prometheus.Counter
-	rejectedVec                                     *prometheus.CounterVec
+	pending, inflight, stored, oldest, journalBytes, resultBytes prometheus.Gauge
+	accepted, delivered, expired, cancelled, poison              prometheus.Counter
+	duplicates                                                   prometheus.Counter
+	rejectedVec                                                  *prometheus.CounterVec
 }
 
 // NewMetrics registers the book's metrics on reg.
@@ -32,7 +32,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		pending:      g("supervisor_requests_pending", "Requests accepted (journaled) and not yet answered, expired, cancelled or set aside, in flight or waiting."),
 		inflight:     g("supervisor_requests_in_flight", "Pending requests delivered to the current agent and not answered yet."),
-		stored:       g("supervisor_requests_journaled", "Requests the journal holds: pending, and finished ones kept for --request-retention."),
+		stored:       g("supervisor_requests_retained", "Requests the journal holds for GET /v1/requests/ID: pending, and finished ones kept for --request-retention."),
+		resultBytes:  g("supervisor_request_results_retained_bytes", "Bytes of answers' data held for GET /v1/requests/ID (at most 16 MiB; over it the oldest are dropped)."),
 		oldest:       g("supervisor_requests_oldest_pending_age_seconds", "Age of the oldest pending request (0: none); the RequestsStuck alert watches it."),
 		journalBytes: g("supervisor_request_journal_bytes", "Size of the request journal file (DATA_DIR/requests/journal), bounded by --request-journal-bytes."),
 		accepted:     c("supervisor_requests_accepted_total", "Requests journaled (fsynced) and answered 202."),

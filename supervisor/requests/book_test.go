@@ -1,0 +1,102 @@
+package requests
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/agent-sidecar/supervisor/schema"
+)
+
+func testBook(t *testing.T, dir string, cfg Config) *Book {
+	t.Helper()
+	if cfg.Retention == 0 {
+		cfg.Retention = time.Minute
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = time.Minute
+	}
+	cfg.Metrics = NewMetrics(prometheus.NewRegistry())
+	codec := schema.NewCodec(schema.Options{})
+	cfg.Encode = codec.Encode
+	b, _, err := OpenBook(dir, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// TestResultsBounded: answers beyond MaxResultBytes drop the oldest
+// answers' data, never the newest, never a pending request.
+func TestResultsBounded(t *testing.T) {
+	b := testBook(t, t.TempDir(), Config{MaxBytes: 1 << 30})
+	data, _ := json.Marshal(strings.Repeat("r", 1<<20))
+	var ids []string
+	for i := range 40 {
+		id := fmt.Sprintf("r%02d", i)
+		if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	for _, id := range ids[:39] {
+		if _, _, err := b.Answer(id, data, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v, _ := b.Get(ids[38]); v.Status != StatusAnswered {
+		t.Errorf("newest answer: %s", v.Status)
+	}
+	if v, _ := b.Get(ids[0]); v.Status != StatusDropped {
+		t.Errorf("oldest answer: %s", v.Status)
+	}
+	if v, _ := b.Get(ids[39]); v.Status != StatusPending {
+		t.Errorf("pending: %s", v.Status)
+	}
+	if b.resultBytes > MaxResultBytes {
+		t.Errorf("result bytes %d", b.resultBytes)
+	}
+}
+
+// TestResultsBoundedConcurrent: with answers racing, the results held stay
+// within MaxResultBytes and the answer recorded last is always kept.
+func TestResultsBoundedConcurrent(t *testing.T) {
+	b := testBook(t, t.TempDir(), Config{MaxBytes: 64 << 20})
+	data, _ := json.Marshal(strings.Repeat("r", 1000000))
+	done := make(chan struct{})
+	var mu sync.Mutex
+	last := ""
+	for c := range 8 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := c; i < 200; i += 8 {
+				id := fmt.Sprintf("r%03d", i)
+				if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), id); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				if _, _, err := b.Answer(id, data, nil); err != nil {
+					t.Error(err)
+				}
+				last = id
+				mu.Unlock()
+			}
+		}()
+	}
+	for range 8 {
+		<-done
+	}
+	if v, _ := b.Get(last); v.Status != StatusAnswered {
+		t.Errorf("the last answer: %s", v.Status)
+	}
+	if b.resultBytes > MaxResultBytes {
+		t.Errorf("result bytes %d over %d", b.resultBytes, MaxResultBytes)
+	}
+}
