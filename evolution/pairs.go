@@ -105,9 +105,10 @@ func (p *Pairer) roles() []Role {
 	return []Role{RolePrimary, RoleCandidate}
 }
 
-// Mirrored registers a request sent to every agent of the trial, with the
-// time each got it (sent[RoleControl] is ignored without a control).
-func (p *Pairer) Mirrored(id string, sent [3]time.Time) {
+// Expect registers a request about to be sent to the primary (at
+// primarySent) and mirrored to the shadows: call it before the primary's
+// send, so that no answer can come before it, then Sending for each shadow.
+func (p *Pairer) Expect(id string, primarySent time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, ok := p.pending[id]; ok {
@@ -131,10 +132,33 @@ func (p *Pairer) Mirrored(id string, sent [3]time.Time) {
 		p.order = kept
 	}
 	pp := &pendingPair{}
-	copy(pp.sent[:], sent[:])
+	for r := range pp.sent {
+		pp.sent[r] = primarySent
+	}
 	p.pending[id] = pp
 	p.order = append(p.order, id)
 	p.stats.Mirrored++
+}
+
+// Sending records when the request is handed to role's agent; call it
+// before the send.
+func (p *Pairer) Sending(id string, role Role, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pp := p.pending[id]; pp != nil && role >= 0 && role < numRoles {
+		pp.sent[role] = at
+	}
+}
+
+// Cancel forgets an expected request that could not be sent to every agent
+// (an input queue was full): it will make no pair.
+func (p *Pairer) Cancel(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.pending[id]; ok {
+		delete(p.pending, id)
+		p.stats.Mirrored--
+	}
 }
 
 // Answered records role's answer to request id, read at at. It returns the

@@ -12,7 +12,8 @@ func TestPairerPairsAllAnswers(t *testing.T) {
 	same := AnswerOf(nil, true, "E") // any fixed answer
 	other := AnswerOf(nil, true, "F")
 	p := NewPairer(true, 4)
-	p.Mirrored("a", [3]time.Time{t0, t0, t0.Add(time.Millisecond)})
+	p.Expect("a", t0)
+	p.Sending("a", RoleControl, t0.Add(time.Millisecond))
 	if _, ok, err := p.Answered("a", RoleCandidate, t0.Add(10*time.Millisecond), other); ok || err != nil {
 		t.Fatal("pair complete with one answer")
 	}
@@ -42,7 +43,7 @@ func TestPairerPairsAllAnswers(t *testing.T) {
 	}
 	// Bounded: the oldest unanswered requests are dropped.
 	for i := range 100 {
-		p.Mirrored(fmt.Sprint(i), [3]time.Time{t0, t0, t0})
+		p.Expect(fmt.Sprint(i), t0)
 	}
 	st := p.Stats()
 	if st.Pending != 4 || st.Dropped != 96 || st.Pairs != 1 || st.Duplicates != 1 || st.Unknown != 2 || st.Mirrored != 101 {
@@ -56,7 +57,7 @@ func TestPairerPairsAllAnswers(t *testing.T) {
 func TestPairerWithoutControlComparesWithPrimary(t *testing.T) {
 	t0 := time.Unix(0, 0)
 	p := NewPairer(false, 0)
-	p.Mirrored("a", [3]time.Time{t0, t0, t0})
+	p.Expect("a", t0)
 	ok1 := AnswerOf(nil, false, "")
 	if _, _, err := p.Answered("a", RoleControl, t0, ok1); !errors.Is(err, ErrUnknownAnswer) {
 		t.Fatal("control answer accepted without a control")

@@ -32,8 +32,8 @@ const busyRetryAfter = 1
 // forwardRequest sends msg to the primary (and its shadow during a trial)
 // and, with wait > 0, waits for the answer: 200 with the result when it
 // comes in time, else 202 {request_id}.
-func (s *Server) forwardRequest(w http.ResponseWriter, r *http.Request, in, shadow Agent, trial, id string, frame []byte, wait time.Duration) (int, map[string]any) {
-	if shadow == nil {
+func (s *Server) forwardRequest(w http.ResponseWriter, r *http.Request, in Agent, mirror Mirror, trial, id string, frame []byte, wait time.Duration) (int, map[string]any) {
+	if mirror == nil {
 		trial = ""
 	}
 	req, err := s.requests.add(id, trial)
@@ -42,13 +42,19 @@ func (s *Server) forwardRequest(w http.ResponseWriter, r *http.Request, in, shad
 		return http.StatusTooManyRequests, map[string]any{"error": fmt.Sprintf("%v (%d, none answered yet); not accepted, retry after %ds", err, s.requests.maxCount, busyRetryAfter)}
 	}
 	// Registered before it is sent, so an instant answer is never missed.
+	if trial != "" {
+		mirror.Expect(id, req.sent)
+	}
 	if !in.SendRequest(frame) {
 		s.requests.forget(id)
+		if trial != "" {
+			mirror.Cancel(id)
+		}
 		w.Header().Set("Retry-After", strconv.Itoa(busyRetryAfter))
 		return http.StatusServiceUnavailable, map[string]any{"error": "the agent's input queue is full (it is reading slower than requests arrive); not accepted, retry after " + strconv.Itoa(busyRetryAfter) + "s"}
 	}
 	if trial != "" {
-		shadow.SendRequest(frame) // during an evolution trial the shadow gets the same traffic
+		mirror.Send(id, frame) // during an evolution trial the shadows get the same traffic
 	}
 	accepted := map[string]any{"request_id": id}
 	if wait <= 0 {

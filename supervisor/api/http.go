@@ -127,7 +127,7 @@ func (s *Server) acceptRequest(w http.ResponseWriter, r *http.Request) (int, map
 	if d := jsonDepth(req.Context, maxContextDepth+1); d > maxContextDepth {
 		return http.StatusBadRequest, map[string]any{"error": fmt.Sprintf("context is nested more than %d levels deep; the agent protocol does not carry it", maxContextDepth)}
 	}
-	in, shadow, trial := s.owner.Target()
+	in, mirror, trial := s.owner.Target()
 	if ready, reason, _ := s.owner.Readiness(); !ready || in == nil {
 		return http.StatusServiceUnavailable, map[string]any{"error": "no agent is ready: " + reason}
 	}
@@ -151,7 +151,7 @@ func (s *Server) acceptRequest(w http.ResponseWriter, r *http.Request) (int, map
 		}
 		return code, map[string]any{"error": "the request cannot be sent to the agent: " + err.Error()}
 	}
-	return s.forwardRequest(w, r, in, shadow, trial, id, frame, wait) // requests.go
+	return s.forwardRequest(w, r, in, mirror, trial, id, frame, wait) // requests.go
 }
 
 // maxContextDepth is the deepest nesting of a request's context that fits a

@@ -40,10 +40,9 @@ type request struct {
 	size     int             // bytes of data counted against the budget
 	done     chan struct{}   // closed when it stops being pending
 
-	// During an evolution trial the request is mirrored to the shadow:
-	// trial is that trial's id, shadowAnswered set once the shadow answered.
-	trial          string
-	shadowAnswered bool
+	// During an evolution trial the request is mirrored to the shadows:
+	// trial is that trial's id (the trial pairs the answers).
+	trial string
 }
 
 // requestView is what GET /v1/requests/ID answers.
@@ -143,23 +142,6 @@ func (t *RequestTable) finish(id string, data json.RawMessage, rerr *resultError
 	}
 	t.gaugesLocked()
 	return outcome, now.Sub(r.sent), r.trial, nil
-}
-
-// shadowAnswered records the shadow's answer to a request mirrored to trial.
-// It returns how long after sending it came, or errRequestUnknown /
-// errRequestAnswered.
-func (t *RequestTable) shadowAnswer(id, trial string) (time.Duration, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	r := t.recs[id]
-	if r == nil || r.trial == "" || r.trial != trial {
-		return 0, errRequestUnknown
-	}
-	if r.shadowAnswered {
-		return 0, errRequestAnswered
-	}
-	r.shadowAnswered = true
-	return t.now().Sub(r.sent), nil
 }
 
 // view returns the request's state, or false when the table does not hold it.

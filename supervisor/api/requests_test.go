@@ -145,31 +145,3 @@ func TestMsgpackToJSON(t *testing.T) {
 		t.Errorf("got %s, %v", got, err)
 	}
 }
-
-// TestShadowAnswers: the shadow may answer only requests mirrored to its
-// trial, once each; its answers never complete the primary's request.
-func TestShadowAnswers(t *testing.T) {
-	tb, clk := newTestTable(time.Minute)
-	tb.add("mirrored", "trial-1")
-	tb.add("primary-only", "")
-	clk.advance(30 * time.Millisecond)
-	if _, err := tb.shadowAnswer("mirrored", "trial-2"); !errors.Is(err, errRequestUnknown) {
-		t.Errorf("another trial's shadow: %v, want errRequestUnknown", err)
-	}
-	if _, err := tb.shadowAnswer("primary-only", "trial-1"); !errors.Is(err, errRequestUnknown) {
-		t.Errorf("a request not mirrored: %v, want errRequestUnknown", err)
-	}
-	took, err := tb.shadowAnswer("mirrored", "trial-1")
-	if err != nil || took != 30*time.Millisecond {
-		t.Errorf("shadow answer: %v, %v", took, err)
-	}
-	if _, err := tb.shadowAnswer("mirrored", "trial-1"); !errors.Is(err, errRequestAnswered) {
-		t.Errorf("second shadow answer: %v, want errRequestAnswered", err)
-	}
-	if v, _ := tb.view("mirrored"); v.Status != statusPending {
-		t.Errorf("the shadow's answer completed the request: %+v", v)
-	}
-	if _, _, trial, err := tb.finish("mirrored", json.RawMessage(`{}`), nil); err != nil || trial != "trial-1" {
-		t.Errorf("primary answer: trial %q, %v", trial, err)
-	}
-}
