@@ -310,13 +310,10 @@ func (s *Supervisor) checkTrial() {
 		}
 		return
 	}
-	if v := t.verdictNow(); v.Decision != verdictContinue {
+	if v := t.verdictNow(); v.Decision != evolution.VerdictContinue {
 		s.concludeTrial()
 	}
 }
-
-// verdictContinue is the judge's "not decided yet".
-const verdictContinue = "continue"
 
 // shadowHeartbeatFailure says why a shadow's heartbeat disqualifies it, or
 // "". During the trial a shadow gets --start-timeout for its first

@@ -58,11 +58,10 @@ type trial struct {
 	// decide; the owner loop then concludes the trial.
 	verdict chan struct{}
 
-	mu       sync.Mutex
-	judge    *evolution.Judge
-	memCand  meanOf
-	memRef   meanOf
-	lastSeen evolution.Verdict
+	mu      sync.Mutex
+	judge   *evolution.Judge
+	memCand meanOf
+	memRef  meanOf
 }
 
 // shadow is one of a trial's shadow agents with its scratch stores.
@@ -154,10 +153,8 @@ func (t *trial) answered(role evolution.Role, m *schema.RequestResult, at time.T
 	t.mu.Lock()
 	t.judge.Add(pair)
 	v := t.judge.Verdict(time.Since(t.started))
-	t.lastSeen = v
 	t.mu.Unlock()
-	t.publishEvidence(v.Evidence)
-	if v.Decision != verdictContinue {
+	if v.Decision != evolution.VerdictContinue {
 		select {
 		case t.verdict <- struct{}{}:
 		default:
@@ -166,11 +163,15 @@ func (t *trial) answered(role evolution.Role, m *schema.RequestResult, at time.T
 	return nil
 }
 
-// verdictNow asks the judge (owner loop, on its tick and at the end).
+// verdictNow asks the judge (owner loop, on its tick and at the end), and
+// publishes the evidence to the gauges. A verdict to continue carries the
+// evidence so far.
 func (t *trial) verdictNow() evolution.Verdict {
 	t.mu.Lock()
 	v := t.judge.Verdict(time.Since(t.started))
-	t.lastSeen = v
+	if v.Decision == evolution.VerdictContinue {
+		v.Evidence = t.judge.Evidence()
+	}
 	t.mu.Unlock()
 	t.publishEvidence(v.Evidence)
 	return v

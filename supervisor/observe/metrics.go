@@ -54,7 +54,7 @@ type Metrics struct {
 	EvolutionSamples  prometheus.Gauge
 	EvolutionIgnored  *prometheus.CounterVec
 	EvolutionEvidence *prometheus.GaugeVec
-	Requests         *prometheus.CounterVec
+	Requests          *prometheus.CounterVec
 
 	AgentLatency  *prometheus.GaugeVec
 	AgentErrRate  *prometheus.GaugeVec
