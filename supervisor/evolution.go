@@ -302,6 +302,10 @@ func (s *Supervisor) checkTrial() {
 		}
 	}
 	elapsed := time.Since(t.started)
+	if !t.mirroring.Load() && t.shadowsUp() {
+		t.mirroring.Store(true)
+		s.log.Info("evolution trial: the shadows are up; mirroring requests", "trial", t.id, "after", elapsed.Round(time.Millisecond))
+	}
 	if t.pairs.Stats().Mirrored == 0 {
 		// No mirrored request yet: the agents' own figures decide at the
 		// minimum trial time (trialDecision).

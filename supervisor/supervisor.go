@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -180,7 +181,7 @@ func New(cfg Config) (*Supervisor, error) {
 	s.met = observe.NewMetrics(s.heartbeatAgeSeconds, s.walLastSequence, newBuildInfoGauge(Build()))
 	s.bmet = observe.NewBoundsMetrics(s.met.Reg, cfg.LogDropped)
 	srv, err := api.New(api.Options{Log: log, Metrics: s.met, Bounds: s.bmet, Codec: s.codec,
-		TokenFile: cfg.HTTPTokenFile, Retention: cfg.RequestRetention}, apiOwner{s})
+		TokenFile: cfg.HTTPTokenFile, Retention: cfg.RequestRetention, AuditPath: filepath.Join(cfg.DataDir, "audit.jsonl")}, apiOwner{s})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}

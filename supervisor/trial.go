@@ -52,6 +52,12 @@ type trial struct {
 	stopMem   context.CancelFunc
 	memDone   chan struct{}
 
+	// mirroring is set (by the owner) once every shadow is up: it has
+	// heartbeated and taken its restore (and the candidate its code) off
+	// the queue. Requests sent before are not mirrored: a shadow still
+	// restoring would answer late for reasons that say nothing of the code.
+	mirroring atomic.Bool
+
 	cfg evolution.JudgeConfig
 	met *observe.Metrics
 	// verdict is signalled (never blocking) when a pair made the judge
@@ -88,6 +94,17 @@ type meanOf struct {
 
 func (m *meanOf) add(x float64) { m.n++; m.mean += (x - m.mean) / float64(m.n) }
 
+// shadowsUp says whether every shadow has heartbeated and its queue holds
+// nothing more (its restore and the candidate's code are written).
+func (t *trial) shadowsUp() bool {
+	for _, sh := range t.shadows {
+		if sh.agent.FirstHeartbeatAt().IsZero() || sh.agent.OutQueued() > 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // candidate is the shadow running the proposed code.
 func (t *trial) candidate() *shadow { return t.shadows[0] }
 
@@ -104,7 +121,11 @@ func (t *trial) shadowOf(in *conn.Instance) *shadow {
 var _ api.Mirror = (*trial)(nil)
 
 // Expect registers a request about to go to the primary (api.Mirror).
-func (t *trial) Expect(id string, sent time.Time) { t.pairs.Expect(id, sent) }
+func (t *trial) Expect(id string, sent time.Time) {
+	if t.mirroring.Load() {
+		t.pairs.Expect(id, sent)
+	}
+}
 
 // Cancel forgets a request the primary could not be sent (api.Mirror).
 func (t *trial) Cancel(id string) { t.pairs.Cancel(id) }
@@ -112,6 +133,9 @@ func (t *trial) Cancel(id string) { t.pairs.Cancel(id) }
 // Send mirrors a request to the shadows in random order (api.Mirror); one
 // whose input queue is full misses it, and the request makes no pair.
 func (t *trial) Send(id string, frame []byte) {
+	if !t.mirroring.Load() {
+		return
+	}
 	order := t.shadows
 	if len(order) == 2 && rand.IntN(2) == 1 {
 		order = []*shadow{t.shadows[1], t.shadows[0]}

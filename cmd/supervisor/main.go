@@ -37,6 +37,8 @@ Usage:
   supervisor status [--data-dir DIR] [--json]
   supervisor wal dump [--data-dir DIR] [--from SEQ] [--json]
   supervisor audit [--data-dir DIR] [--since D] [--json]
+  supervisor evolutions list [--data-dir DIR] [--json]
+  supervisor evolutions show ID [--data-dir DIR] [--json]
   supervisor replica restore --replica URL --data-dir DIR [--to-sequence N | --to-time T]
   supervisor replica list --replica URL [--json]
   supervisor version [--json]
@@ -105,6 +107,7 @@ func commands(e env) map[string]command {
 		"status":      &statusCmd{env: e},
 		"wal":         &walCmd{env: e},
 		"audit":       &auditCmd{env: e},
+		"evolutions":  &evolutionsCmd{env: e},
 		"replica":     &replicaCmd{env: e},
 		"version":     &versionCmd{env: e},
 		"demo-agent":  demoAgent{},

@@ -125,6 +125,7 @@ type Options struct {
 	Codec     *schema.Codec
 	TokenFile string        // --http-token-file; "": no token
 	Retention time.Duration // --request-retention
+	AuditPath string        // the audit log, read by GET /v1/evolutions ("": none)
 }
 
 // Server is the supervisor's API: the HTTP handlers, the request table and
