@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"sync"
@@ -235,11 +236,17 @@ func (t *trial) sampleMemory(ctx context.Context, every time.Duration) {
 			refPG = pg(t.shadows[1])
 		}
 		ref, okR := agentproc.GroupRSS(refPG)
-		if okC && okR {
+		// Sampled once mirroring began (the shadows are up and serving the
+		// same traffic); the judge gets the means once minMemorySamples
+		// are in, so that one sample at a garbage collector's peak decides
+		// nothing.
+		if okC && okR && t.mirroring.Load() {
 			t.mu.Lock()
 			t.memCand.add(float64(cand))
 			t.memRef.add(float64(ref))
-			t.judge.SetMemory(t.memCand.mean, t.memRef.mean)
+			if t.memCand.n >= minMemorySamples {
+				t.judge.SetMemory(t.memCand.mean, t.memRef.mean)
+			}
 			t.mu.Unlock()
 		}
 		select {
@@ -249,6 +256,10 @@ func (t *trial) sampleMemory(ctx context.Context, every time.Duration) {
 		}
 	}
 }
+
+// minMemorySamples is how many memory samples of each shadow the judge
+// needs before it compares memory (at memorySampleInterval: 2.5 s).
+const minMemorySamples = 5
 
 // stopSampling stops the memory sampler and waits for it (owner only).
 func (t *trial) stopSampling() {
@@ -273,7 +284,7 @@ func (t *trial) close() {
 // `supervisor evolutions show` (docs/evolution.md).
 func (t *trial) record(v evolution.Verdict) map[string]any {
 	t.mu.Lock()
-	path := thin(t.judge.Path(), maxPathPoints)
+	path := pathRecord(thin(t.judge.Path(), maxPathPoints))
 	memC, memR := t.memCand.mean, t.memRef.mean
 	t.mu.Unlock()
 	rec := map[string]any{
@@ -294,8 +305,23 @@ func (t *trial) record(v evolution.Verdict) map[string]any {
 	return rec
 }
 
-// maxPathPoints bounds the bounds' path kept in an audit record.
-const maxPathPoints = 200
+// maxPathPoints bounds the bounds' path kept in an audit record (a record
+// is at most 16 KiB: observe.maxAuditRecord).
+const maxPathPoints = 32
+
+// pathRecord is the path as the audit record keeps it: figures rounded to
+// 4 decimals.
+func pathRecord(path []evolution.PathPoint) []map[string]float64 {
+	r := func(x float64) float64 { return math.Round(x*1e4) / 1e4 }
+	out := make([]map[string]float64, 0, len(path))
+	for _, p := range path {
+		out = append(out, map[string]float64{"pairs": float64(p.Pairs), "latency_ratio": r(p.LatencyRatio),
+			"latency_ratio_low": r(p.LatencyRatioLow), "latency_ratio_high": r(p.LatencyRatioHigh),
+			"error_rate_change_low": r(p.ErrorRateChangeLow), "error_rate_change_high": r(p.ErrorRateChangeHigh),
+			"disagreement_excess": r(p.DisagreementExcess), "disagreement_excess_high": r(p.DisagreementExcessHigh)})
+	}
+	return out
+}
 
 // thin keeps at most n points of s, evenly spaced, always the last.
 func thin[T any](s []T, n int) []T {

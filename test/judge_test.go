@@ -1,14 +1,15 @@
 package test
 
 import (
-	"encoding/json"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -164,3 +165,136 @@ func evolutionRecord(t *testing.T, s *sup) map[string]any {
 	})
 	return rec
 }
+
+// An operator sees why: the running trial's gauges, the figures in
+// evolution_result, the whole evidence in the audit record, and the same
+// through `supervisor evolutions` (with the supervisor stopped) and
+// GET /v1/evolutions.
+func TestEvolutionEvidenceShown(t *testing.T) {
+	s := startSup(t, supOpts{flags: append(append([]string{}, judgeFlags...), "--shadow-duration", "5s"), agent: judgeAgent("latency_ms=20")})
+	stop := sendRequests(s)
+	defer stop()
+	waitFor(t, 60*time.Second, "the running trial's gauges", func() bool {
+		return s.metric("supervisor_evolution_samples") >= 10 && s.metric("supervisor_evolution_bound", `figure="latency_ratio_high"`) > 0
+	})
+	res := waitResultWithin(t, s, 90*time.Second)
+	stop()
+	if res.str("decision") != "promoted" {
+		t.Fatalf("an equal candidate: %s: %s", res.str("decision"), res.str("reason"))
+	}
+	for _, k := range []string{"latency_improvement", "error_rate_change", "memory_increase", "samples", "latency_ratio", "latency_ratio_low",
+		"latency_ratio_high", "error_rate_change_low", "error_rate_change_high", "disagreement_excess", "disagreement_excess_high", "confidence", "control"} {
+		if _, ok := resultMetric(res, k); !ok {
+			t.Errorf("evolution_result.metrics lacks %s: %v", k, res["metrics"])
+		}
+	}
+	if hi, _ := resultMetric(res, "latency_ratio_high"); hi > 1.1 {
+		t.Errorf("promoted with latency_ratio_high %v above the +10%% tolerance", hi)
+	}
+	waitFor(t, 10*time.Second, "the gauges cleared after the decision", func() bool {
+		return s.metric("supervisor_evolution_samples") == 0
+	})
+	rec := evolutionRecord(t, s)
+	id, _ := rec["trial"].(string)
+	if path, _ := rec["path"].([]any); id == "" || len(path) < 2 || rec["evidence"] == nil || rec["pairs"] == nil {
+		t.Fatalf("audit record lacks the evidence: %v", rec)
+	}
+
+	code, body := s.get("/v1/evolutions")
+	if code != 200 || !strings.Contains(body, id) {
+		t.Fatalf("GET /v1/evolutions: %d %s", code, body)
+	}
+	code, body = s.get("/v1/evolutions/" + id)
+	if code != 200 || !strings.Contains(body, `"path"`) || !strings.Contains(body, `"latency_ratio_high"`) {
+		t.Fatalf("GET /v1/evolutions/ID: %d %s", code, tail(body, 500))
+	}
+	if code, _ := s.get("/v1/evolutions/01234567-0000-0000-0000-000000000000"); code != 404 {
+		t.Fatalf("GET of an unknown evolution: %d, want 404", code)
+	}
+
+	s.signal(syscall.SIGTERM)
+	s.wait(30 * time.Second)
+	code, out, errOut := cli(t, "evolutions", "list", "--data-dir", s.dataDir)
+	if code != 0 || !strings.Contains(out, id) || !strings.Contains(out, "promoted") {
+		t.Fatalf("evolutions list: %d %s %s", code, out, errOut)
+	}
+	code, out, errOut = cli(t, "evolutions", "show", id, "--data-dir", s.dataDir)
+	if code != 0 || !strings.Contains(out, "bounds over time") || !strings.Contains(out, "latency proven") {
+		t.Fatalf("evolutions show: %d %s %s", code, out, errOut)
+	}
+	code, out, _ = cli(t, "evolutions", "show", id, "--json", "--data-dir", s.dataDir)
+	var e struct {
+		ID     string         `json:"id"`
+		Record map[string]any `json:"record"`
+	}
+	if err := json.Unmarshal([]byte(out), &e); code != 0 || err != nil || e.ID != id || e.Record["path"] == nil {
+		t.Fatalf("evolutions show --json: %d %v %s", code, err, tail(out, 300))
+	}
+}
+
+// Without a control the candidate is compared with the primary, and the
+// result says so.
+func TestEvolutionWithoutControl(t *testing.T) {
+	res, s := judgeRun(t, []string{"--evolution-control=false"}, "latency_ms=20")
+	if c, ok := resultMetric(res, "control"); !ok || c != 0 {
+		t.Fatalf("metrics.control = %v, want 0: %v", c, res["metrics"])
+	}
+	if smp, _ := resultMetric(res, "samples"); smp == 0 {
+		t.Fatalf("no pairs judged: %v", res)
+	}
+	if res.str("decision") == "promoted" && !strings.Contains(res.str("reason"), "no control shadow") {
+		t.Fatalf("reason does not say the comparison had no control: %s", res.str("reason"))
+	}
+	if n := len(roleEvents(s, "start", "shadow")); n != 1 {
+		t.Fatalf("%d shadows started, want the candidate alone", n)
+	}
+}
+
+// Agents that answer twice and flood answers to ids never sent: counted,
+// ignored, and the trial is still decided on the real pairs.
+func TestEvolutionBadAnswersCounted(t *testing.T) {
+	res, s := judgeRun(t, nil, "latency_ms=20", "--answer-twice", "--answer-unknown", "5")
+	if d := res.str("decision"); d != "promoted" && d != "rejected" {
+		t.Fatalf("no decision: %v", res)
+	}
+	if n := s.metric("supervisor_evolution_answers_ignored_total", `reason="duplicate"`); n < 1 {
+		t.Errorf("duplicate answers counted %v", n)
+	}
+	if n := s.metric("supervisor_evolution_answers_ignored_total", `reason="unknown"`); n < 5 {
+		t.Errorf("answers to unknown ids counted %v", n)
+	}
+	rec := evolutionRecord(t, s)
+	p, _ := rec["pairs"].(map[string]any)
+	if f64(p["duplicates"]) < 1 || f64(p["unknown"]) < 5 || f64(p["pairs"]) > f64(p["mirrored"]) {
+		t.Errorf("audit record's pair counts %v", p)
+	}
+	// Never skewed: the second answers (identical, or garbage ids) changed
+	// no pair: both sides agree with the primary and never failed.
+	e, _ := rec["evidence"].(map[string]any)
+	for _, k := range []string{"candidate_only_disagreements", "control_only_disagreements", "candidate_only_failures", "control_only_failures"} {
+		if v, ok := e[k].(float64); !ok || v != 0 {
+			t.Errorf("evidence %s = %v, want 0: %v", k, e[k], rec)
+		}
+	}
+	if c, _ := s.get("/readyz"); c != 200 {
+		t.Fatalf("readyz %d after the flood", c)
+	}
+}
+
+// Shadows that never answer: no pair is ever complete, and the trial ends
+// at --evolution-max-duration as inconclusive, not on half the answers.
+func TestEvolutionOneSidedAnswersInconclusive(t *testing.T) {
+	res, s := judgeRun(t, []string{"--evolution-max-duration", "4s"}, "latency_ms=20", "--shadow-silent")
+	if res.str("decision") != "rejected" || !strings.Contains(res.str("reason"), "inconclusive") {
+		t.Fatalf("result %s: %s", res.str("decision"), res.str("reason"))
+	}
+	if smp, _ := resultMetric(res, "samples"); smp != 0 {
+		t.Fatalf("%v pairs judged from one side's answers", smp)
+	}
+	p, _ := evolutionRecord(t, s)["pairs"].(map[string]any)
+	if f64(p["mirrored"]) == 0 || f64(p["pairs"]) != 0 {
+		t.Fatalf("pair counts %v", p)
+	}
+}
+
+func f64(v any) float64 { f, _ := v.(float64); return f }
