@@ -37,7 +37,11 @@ func evolutionTrials(t *testing.T) int {
 }
 
 // sendRequests posts requests one at a time, each waiting for the primary's
-// answer, until the returned stop is called.
+// answer and then as long again, until the returned stop is called. The
+// pause keeps the agents about half busy: a request sent the moment the
+// primary answers would keep each shadow saturated, and whichever fell
+// behind first would stay behind, its answers waiting in its queue — a
+// real difference, but of the load, not of the code.
 func sendRequests(s *sup) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -54,9 +58,7 @@ func sendRequests(s *sup) (stop func()) {
 				continue
 			}
 			resp.Body.Close()
-			if resp.StatusCode != 200 {
-				time.Sleep(20 * time.Millisecond)
-			}
+			time.Sleep(25 * time.Millisecond)
 		}
 	})
 	return func() { cancel(); wg.Wait() }
