@@ -162,7 +162,7 @@ func (p pairedSign) lower(logThreshold float64) float64 {
 		} else {
 			hi = mid
 		}
-		if hi-lo < 1e-9 {
+		if hi-lo < 1e-7 {
 			break
 		}
 	}

@@ -46,6 +46,19 @@
 // without a key is not a zero. Keys other than avg_latency, error_rate and
 // memory_usage do not take part.
 //
+// # The sequential judge
+//
+// A trial with mirrored requests is judged by a [Judge] instead: fed one
+// [Pair] per request answered by the candidate and the control shadow, asked
+// for a [Verdict] after every pair, valid at every look (confidence
+// sequences and e-values, one error budget 1 − --evolution-confidence; the
+// Judge's doc comment says how it is split). It keeps constant memory, an
+// update costs well under a microsecond, and its [Evidence] (estimates and
+// bounds, and [Judge.Path] of them over the trial) is what
+// evolution_result.metrics and the audit log show. [Decide] remains for a
+// trial without any mirrored request, on the agents' own reports.
+// sim_test.go simulates it; docs/evolution.md has the figures.
+//
 // # The ledger
 //
 // [Ledger] is a small JSON file, by convention DATA_DIR/evolution.json,
