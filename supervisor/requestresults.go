@@ -47,10 +47,11 @@ func (s *Supervisor) shadowResult(in *conn.Instance, t *trial, sh *shadow, m *sc
 	if err == nil {
 		return
 	}
-	why := "no request with this request_id was mirrored to this shadow and awaits its answer"
+	why, reason := "no request with this request_id was mirrored to this shadow and awaits its answer", "unknown"
 	if errors.Is(err, evolution.ErrDuplicateAnswer) {
-		why = "this request was already answered; send one request_result per request"
+		why, reason = "this request was already answered; send one request_result per request", "duplicate"
 	}
+	s.met.EvolutionIgnored.WithLabelValues(reason).Inc()
 	s.invalidMessage(in, &schema.ValidationError{Type: schema.TypeRequestResult, Field: "request_id", Rule: schema.RuleFieldValue,
 		Reason: fmt.Sprintf("%q: %s", clip.String(m.RequestID, 64), why)})
 }

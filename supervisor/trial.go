@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -156,24 +155,18 @@ func (t *trial) Send(id string, frame []byte) {
 
 // answered takes role's request_result for the pairing (any reader
 // goroutine). A completed pair goes to the judge; when the judge decides,
-// the owner loop is woken. err is the INVALID_MESSAGE for an answer the
-// trial was not waiting for (a shadow's; the primary's are checked by the
-// request table).
+// the owner loop is woken. err (evolution.ErrUnknownAnswer,
+// evolution.ErrDuplicateAnswer) is an answer the trial was not waiting for:
+// for a shadow's, an INVALID_MESSAGE; for the primary's (checked by the
+// request table), one to a request sent before mirroring began.
 func (t *trial) answered(role evolution.Role, m *schema.RequestResult, at time.Time) error {
 	code := ""
 	if m.Error != nil {
 		code = m.Error.Code
 	}
 	pair, done, err := t.pairs.Answered(m.RequestID, role, at, evolution.AnswerOf(m.Data, m.Error != nil, code))
-	switch {
-	case errors.Is(err, evolution.ErrDuplicateAnswer):
-		t.met.EvolutionIgnored.WithLabelValues("duplicate").Inc()
+	if err != nil || !done {
 		return err
-	case err != nil:
-		t.met.EvolutionIgnored.WithLabelValues("unknown").Inc()
-		return err
-	case !done:
-		return nil
 	}
 	t.mu.Lock()
 	t.judge.Add(pair)
