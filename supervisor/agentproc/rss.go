@@ -10,6 +10,9 @@ import (
 // group pgid, read from /proc (0 and false when none is found: the group
 // is gone or /proc is not readable). An agent's group is its own pid.
 func GroupRSS(pgid int) (int64, bool) {
+	if pgid <= 0 {
+		return 0, false // 0 is the kernel's threads, not an agent
+	}
 	d, err := os.Open("/proc")
 	if err != nil {
 		return 0, false
