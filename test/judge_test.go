@@ -121,26 +121,29 @@ func TestEvolutionJudgeThroughBinary(t *testing.T) {
 			right := 0
 			var samples []float64
 			for i := range n {
-				res, s := judgeRun(t, sc.flags, sc.code, sc.extra...)
-				got := res.str("decision")
-				ok := got == sc.decision && strings.Contains(res.str("reason"), sc.reason)
-				smp, _ := resultMetric(res, "samples")
-				if c, _ := resultMetric(res, "control"); c != 1 {
-					t.Errorf("trial %d: metrics.control = %v, want 1: %v", i, c, res["metrics"])
-				}
-				samples = append(samples, smp)
-				if os.Getenv("JUDGE_DEBUG") != "" {
-					b, _ := json.Marshal(evolutionRecord(t, s))
-					t.Logf("record: %s\n%s", b, s.out.String())
-				}
-				if ok {
-					right++
-				} else {
-					t.Logf("trial %d: %s: %s", i, got, res.str("reason"))
-					if rec := evolutionRecord(t, s); rec != nil {
-						t.Logf("trial %d: bounds over time: %v", i, rec["path"])
+				// A subtest per trial: its supervisor is stopped before the next starts.
+				t.Run(strconv.Itoa(i), func(t *testing.T) {
+					res, s := judgeRun(t, sc.flags, sc.code, sc.extra...)
+					got := res.str("decision")
+					ok := got == sc.decision && strings.Contains(res.str("reason"), sc.reason)
+					smp, _ := resultMetric(res, "samples")
+					if c, _ := resultMetric(res, "control"); c != 1 {
+						t.Errorf("metrics.control = %v, want 1: %v", c, res["metrics"])
 					}
-				}
+					samples = append(samples, smp)
+					if os.Getenv("JUDGE_DEBUG") != "" {
+						b, _ := json.Marshal(evolutionRecord(t, s))
+						t.Logf("record: %s\n%s", b, s.out.String())
+					}
+					if ok {
+						right++
+						return
+					}
+					t.Logf("%s: %s", got, res.str("reason"))
+					if rec := evolutionRecord(t, s); rec != nil {
+						t.Logf("bounds over time: %v", rec["path"])
+					}
+				})
 			}
 			t.Logf("%s: %d of %d trials as expected; pairs per trial %v", sc.name, right, n, samples)
 			// One wrong decision in 20 is within the judge's 95% confidence;
