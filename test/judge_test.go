@@ -23,9 +23,12 @@ import (
 var judgeFlags = append(append([]string{}, fastFlags...), "--shadow-duration", "2s", "--evolution-max-duration", "40s",
 	"--evolution-min-reports", "1", "--max-restarts", "0")
 
-// judgeAgent answers {echo: message} after about 20 ms ±25%.
+// judgeAgent answers {echo: message} after about 20 ms ±25%. Its own work
+// is kept light (20 entries a second, a checkpoint every 500 ms) so that
+// what the judge measures is mostly the requests'.
 func judgeAgent(code string, extra ...string) []string {
-	return evoAgent(code, append([]string{"--answer", "--answer-echo", "--behaviour", "latency_ms=20 jitter=0.25"}, extra...)...)
+	return evoAgent(code, append([]string{"--answer", "--answer-echo", "--behaviour", "latency_ms=20 jitter=0.25",
+		"--wal-rate", "20", "--checkpoint-every", "0", "--checkpoint-interval", "500ms"}, extra...)...)
 }
 
 func evolutionTrials(t *testing.T) int {
