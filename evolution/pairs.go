@@ -50,7 +50,7 @@ type PairStats struct {
 	Mirrored   int `json:"mirrored"`   // requests sent to every agent of the trial
 	Pairs      int `json:"pairs"`      // requests every agent answered (fed to the judge)
 	Duplicates int `json:"duplicates"` // second answers to one request, ignored
-	Unknown    int `json:"unknown"`    // answers to requests not awaiting them, ignored
+	Unknown    int `json:"unknown"`    // shadows' answers to requests not awaiting them, ignored
 	Dropped    int `json:"dropped"`    // requests forgotten unanswered to stay within bounds
 	Pending    int `json:"pending"`    // requests still awaiting an answer
 }
@@ -164,13 +164,20 @@ func (p *Pairer) Cancel(id string) {
 // Answered records role's answer to request id, read at at. It returns the
 // completed pair when this was the last answer it needed. An answer to a
 // request not awaiting it is [ErrUnknownAnswer], a second one
-// [ErrDuplicateAnswer]; both are counted and change nothing.
+// [ErrDuplicateAnswer]; both change nothing, and are counted (an unknown
+// id only for a shadow: the primary's answers are checked by the request
+// table, and one to a request sent before mirroring began is expected).
 func (p *Pairer) Answered(id string, role Role, at time.Time, a Answer) (Pair, bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pp := p.pending[id]
 	if pp == nil || role < 0 || role >= numRoles || (role == RoleControl && !p.control) {
-		p.stats.Unknown++
+		if role != RolePrimary {
+			// The primary's answers are checked by the request table;
+			// one it has for the trial but the pairer does not was sent
+			// before mirroring began (or was dropped), nothing wrong.
+			p.stats.Unknown++
+		}
 		return Pair{}, false, ErrUnknownAnswer
 	}
 	if pp.got[role] {

@@ -38,6 +38,9 @@ func TestPairerPairsAllAnswers(t *testing.T) {
 	if _, _, err := p.Answered("a", RolePrimary, t0, same); !errors.Is(err, ErrUnknownAnswer) {
 		t.Fatalf("answer after the pair: %v", err)
 	}
+	if _, _, err := p.Answered("a", RoleCandidate, t0, same); !errors.Is(err, ErrUnknownAnswer) {
+		t.Fatalf("candidate's answer after the pair: %v", err)
+	}
 	if d := p.Differing(); len(d) != 1 || d[0].RequestID != "a" {
 		t.Fatalf("differing %+v", d)
 	}
@@ -46,7 +49,7 @@ func TestPairerPairsAllAnswers(t *testing.T) {
 		p.Expect(fmt.Sprint(i), t0)
 	}
 	st := p.Stats()
-	if st.Pending != 4 || st.Dropped != 96 || st.Pairs != 1 || st.Duplicates != 1 || st.Unknown != 2 || st.Mirrored != 101 {
+	if st.Pending != 4 || st.Dropped != 96 || st.Pairs != 1 || st.Duplicates != 1 || st.Unknown != 2 /* the control's to zz, the candidate's after the pair; not the primary's */ || st.Mirrored != 101 {
 		t.Fatalf("stats %+v", st)
 	}
 	if len(p.order) > 2*4+1 {
