@@ -16,4 +16,5 @@ type agent struct {
 	stopReason string // why we stopped it, if we did
 	stopping   bool
 	draining   bool // exited; being drained and reaped (drainInstance)
+	finished   bool // a shadow: drained and reaped (its trial may end)
 }

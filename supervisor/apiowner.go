@@ -53,17 +53,15 @@ func (o apiOwner) Health(now time.Time) (givenUp, stalled bool, age, limit time.
 
 func (o apiOwner) Readiness() (bool, string, api.Status) { return o.s.readiness() }
 
-func (o apiOwner) Target() (primary, shadow api.Agent, trial string) {
+func (o apiOwner) Target() (primary api.Agent, mirror api.Mirror, trial string) {
 	v := o.s.current()
 	if v.cur != nil {
 		primary = v.cur
 	}
 	if t := v.trial; t != nil {
-		if sc := t.shadowConn.Load(); sc != nil {
-			shadow, trial = sc, t.id
-		}
+		mirror, trial = t, t.id
 	}
-	return primary, shadow, trial
+	return primary, mirror, trial
 }
 
 func (o apiOwner) CheckpointMeta(id string) (checkpoint.Meta, error) {

@@ -94,9 +94,12 @@ type Config struct {
 	CheckpointLevel  int // zstd level 1..4 (klauspost's fastest..best); 0 = store default
 	MaxFrameSize     int // 128 MiB
 
-	ShadowDuration time.Duration // 30s
-	// EvolutionThresholds are the promotion limits (SPEC §6).
-	EvolutionThresholds evolution.Thresholds
+	ShadowDuration time.Duration // 30s: the minimum trial time
+	// Judge is the evolution judge's configuration (SPEC §6): its tolerances
+	// and confidence, whether a control shadow runs (Control), and the
+	// longest trial (MaxDuration; 0: 4× ShadowDuration). MinDuration is
+	// ShadowDuration, whatever it holds.
+	Judge evolution.JudgeConfig
 	// EvolutionMinReports is the minimum number of metrics reports from each
 	// of the primary and the shadow during a trial. 1.
 	EvolutionMinReports int
@@ -149,7 +152,7 @@ func DefaultConfig() Config {
 
 		ReplicaSyncInterval: time.Second,
 
-		EvolutionThresholds: evolution.DefaultThresholds(),
+		Judge:               defaultJudge(),
 		EvolutionMinReports: 1,
 	}
 }
@@ -211,7 +214,16 @@ func (c *Config) Validate() error {
 	if _, err := c.walSyncPolicy(); err != nil {
 		return err
 	}
-	if err := c.EvolutionThresholds.Validate(); err != nil {
+	if c.Judge.MaxDuration == 0 {
+		c.Judge.MaxDuration = 4 * c.ShadowDuration
+	}
+	if c.Judge.MaxDuration < c.ShadowDuration {
+		return bad("--evolution-max-duration (%s) must not be below --shadow-duration (%s), the minimum trial time", c.Judge.MaxDuration, c.ShadowDuration)
+	}
+	if err := c.judgeConfig().Validate(); err != nil {
+		return bad("evolution judge: %v", err)
+	}
+	if err := c.fallbackThresholds().Validate(); err != nil {
 		return bad("evolution thresholds: %v", err)
 	}
 	if c.EvolutionMinReports < 1 {
@@ -264,4 +276,30 @@ func (c *Config) Validate() error {
 		return bad("--wal-segment-size must be at least 4096 bytes, got %d", c.WALSegmentSize)
 	}
 	return nil
+}
+
+// defaultJudge is the judge's configuration by default: the judge's own
+// defaults, durations from --shadow-duration.
+func defaultJudge() evolution.JudgeConfig {
+	j := evolution.DefaultJudgeConfig()
+	j.MinDuration, j.MaxDuration, j.Control = 0, 0, true
+	return j
+}
+
+// judgeConfig is the judge's configuration for a trial: the minimum trial
+// time is --shadow-duration.
+func (c *Config) judgeConfig() evolution.JudgeConfig {
+	j := c.Judge
+	j.MinDuration = c.ShadowDuration
+	if j.MaxDuration == 0 {
+		j.MaxDuration = 4 * c.ShadowDuration
+	}
+	return j
+}
+
+// fallbackThresholds are the limits on the agents' own reported figures,
+// used when a trial saw no mirrored request (evolution.Decide).
+func (c *Config) fallbackThresholds() evolution.Thresholds {
+	return evolution.Thresholds{MaxLatencyIncrease: c.Judge.MaxLatencyIncrease,
+		MaxErrorRateIncrease: c.Judge.MaxErrorRateIncrease, MaxMemoryIncrease: c.Judge.MaxMemoryIncrease}
 }

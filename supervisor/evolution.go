@@ -1,13 +1,13 @@
 package supervisor
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,27 +20,6 @@ import (
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wal"
 )
-
-// trial is one evolution under test: a shadow agent restored from a pinned
-// backup, hot-reloaded with the proposed code, compared with the primary for
-// --shadow-duration. The owner goroutine alone changes it.
-type trial struct {
-	id     string
-	intent schema.Hypothesis
-	backup checkpoint.Meta
-	dir    string // scratch data directory of the shadow
-	wal    *wal.Log
-	store  *checkpoint.Store
-	shadow *agent
-	// shadowConn is the shadow's connection for the API's goroutines
-	// (mirrored requests); set once, when the shadow starts.
-	shadowConn atomic.Pointer[conn.Instance]
-	collector  *evolution.Collector
-	started    time.Time
-	timer      *time.Timer
-	failure    string // why the shadow failed, "" while healthy
-	decided    bool
-}
 
 // evolutionIntent handles an evolution_intent from the primary (owner only).
 func (s *Supervisor) evolutionIntent(in *agent, m *schema.EvolutionIntent) {
@@ -77,8 +56,7 @@ func (s *Supervisor) evolutionIntent(in *agent, m *schema.EvolutionIntent) {
 type trialPrep struct {
 	intent  schema.Hypothesis
 	primary *agent // the primary that proposed it
-	t       *trial // scratch stores open, backup pinned; nil on failure
-	plan    *durable.Plan
+	t       *trial // scratch stores open, restores built, backup pinned; nil on failure
 	reject  string // why the evolution cannot be tried ("" = ready)
 }
 
@@ -96,18 +74,18 @@ func (s *Supervisor) prepareTrial(p *trialPrep) {
 		p.reject = "cannot pin a backup checkpoint: " + err.Error()
 		return
 	}
-	t, plan, err := s.openTrial(p.intent, backup)
+	t, err := s.openTrial(p.intent, backup)
 	if err != nil {
 		s.unpinNow(backup.ID)
 		p.primary.Log().Error("cannot prepare the shadow agent", "err", err)
 		p.reject = "the shadow agent could not be started: " + err.Error()
 		return
 	}
-	p.t, p.plan = t, plan
+	p.t = t
 }
 
-// trialPrepared starts the shadow of a prepared trial (owner only): its
-// process is spawned off the loop and taken by shadowSpawned.
+// trialPrepared starts the shadows of a prepared trial (owner only): their
+// processes are spawned off the loop and taken by shadowSpawned.
 func (s *Supervisor) trialPrepared(p *trialPrep) {
 	switch {
 	case p.reject != "":
@@ -118,40 +96,63 @@ func (s *Supervisor) trialPrepared(p *trialPrep) {
 		return
 	}
 	// Still preparing (s.lc.trialPrep) until shadowSpawned takes the process.
-	s.spawnAsync(agentproc.Spec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RoleShadow, p.plan != nil), Stdio: s.cfg.Stdio},
+	s.spawnAsync(agentproc.Spec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RoleShadow, p.t.candidate().plan != nil), Stdio: s.cfg.Stdio},
 		spawnResult{trial: p})
 }
 
-// shadowSpawned makes a spawned process the trial's shadow, sends it its
-// restore and the code under test, and starts the trial (owner only).
+// shadowSpawned makes the spawned processes the trial's shadows, sends
+// each its restore (and the candidate the code under test), and starts the
+// trial (owner only).
 func (s *Supervisor) shadowSpawned(r spawnResult) {
 	p := r.trial
 	if r.err != nil {
-		p.primary.Log().Error("cannot start the shadow agent", "err", r.err)
+		p.primary.Log().Error("cannot start the shadow agents", "err", r.err)
 		s.rejectTrial(p, "the shadow agent could not be started: "+r.err.Error())
 		return
 	}
 	if s.lc.shutting || p.primary != s.lc.cur || p.primary.stopping {
 		go agentproc.Discard(r.proc)
+		if r.ctrl != nil {
+			go agentproc.Discard(r.ctrl)
+		}
 		s.rejectTrial(p, "the primary agent restarted or is stopping; propose the evolution again")
 		return
 	}
 	s.lc.trialPrep = false
-	t, proc := p.t, r.proc
-	t.shadow = &agent{Instance: conn.Start(conn.Config{N: s.lc.incarnation, Role: RoleShadow, Proc: proc, Codec: s.codec,
-		MaxFrame: s.cfg.MaxFrameSize, Sink: s.shadowSinks(t), Events: s.inbox.events, Metrics: s.met, Log: s.log.With("trial", t.id)})}
-	t.shadowConn.Store(t.shadow.Instance)
-	if p.plan != nil {
-		s.sendRestore(t.shadow.Instance, p.plan, "shadow")
+	t := p.t
+	procs := []agentproc.Proc{r.proc, r.ctrl}
+	for i, sh := range t.shadows {
+		sh.agent = &agent{Instance: conn.Start(conn.Config{N: s.lc.incarnation, Role: RoleShadow, Proc: procs[i], Codec: s.codec,
+			MaxFrame: s.cfg.MaxFrameSize, Sink: s.shadowSinks(t, sh), Events: s.inbox.events, Metrics: s.met,
+			Log: s.log.With("trial", t.id, "shadow", sh.name())})}
+		sh.conn.Store(sh.agent.Instance)
+		if sh.plan != nil {
+			s.sendRestore(sh.agent.Instance, sh.plan, "shadow")
+			sh.plan = nil
+		}
+		if sh.role == evolution.RoleCandidate {
+			sh.agent.SendMsg(&schema.HotReload{Code: t.intent.NewCode, Module: t.intent.Target, BackupCheckpointID: t.backup.ID})
+		}
 	}
-	t.shadow.SendMsg(&schema.HotReload{Code: t.intent.NewCode, Module: t.intent.Target, BackupCheckpointID: t.backup.ID})
 	t.started = time.Now()
-	t.timer = time.NewTimer(s.cfg.ShadowDuration)
+	t.primaryPG = p.primary.Proc().ID()
+	t.judge = evolution.NewJudge(t.cfg)
+	var ctx context.Context
+	ctx, t.stopMem = context.WithCancel(context.Background())
+	t.memDone = make(chan struct{})
+	go t.sampleMemory(ctx, memorySampleInterval)
 	s.lc.trial = t
 	s.publish()
-	p.primary.Log().Info("evolution trial started", "trial", t.id, "target", t.intent.Target, "backup_checkpoint_id", t.backup.ID,
-		"shadow_pid", proc.ID(), "duration", s.cfg.ShadowDuration)
+	args := []any{"trial", t.id, "target", t.intent.Target, "backup_checkpoint_id", t.backup.ID,
+		"candidate_pid", r.proc.ID(), "min_duration", t.cfg.MinDuration, "max_duration", t.cfg.MaxDuration}
+	if r.ctrl != nil {
+		args = append(args, "control_pid", r.ctrl.ID())
+	}
+	p.primary.Log().Info("evolution trial started", args...)
 }
+
+// memorySampleInterval is how often a trial samples its shadows' memory.
+const memorySampleInterval = 500 * time.Millisecond
 
 // rejectTrial ends a trial that never started: what it holds is released
 // and the primary that proposed it, if it still runs, is told (owner only).
@@ -167,32 +168,43 @@ func (s *Supervisor) rejectTrial(p *trialPrep, reason string) {
 	s.decided(in, nil, p.intent, "", rejected(nil, reason))
 }
 
-// openTrial creates the scratch stores of a trial and assembles the
-// shadow's restore from the backup. Store worker only.
-func (s *Supervisor) openTrial(h schema.Hypothesis, backup checkpoint.Meta) (t *trial, plan *durable.Plan, err error) {
+// openTrial creates the scratch stores of a trial's shadows and assembles
+// each one's restore from the backup. Store worker only.
+func (s *Supervisor) openTrial(h schema.Hypothesis, backup checkpoint.Meta) (t *trial, err error) {
 	id := observe.NewUUID()
-	dir := filepath.Join(s.cfg.DataDir, "shadow", id)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, nil, fmt.Errorf("create shadow scratch directory: %w", err)
-	}
-	t = &trial{id: id, intent: h, backup: backup, dir: dir, collector: evolution.NewCollector(), started: time.Now()}
+	cfg := s.cfg.judgeConfig()
+	t = &trial{id: id, intent: h, backup: backup, dir: filepath.Join(s.cfg.DataDir, "shadow", id), control: cfg.Control,
+		collector: evolution.NewCollector(), pairs: evolution.NewPairer(cfg.Control, 0), started: time.Now(),
+		cfg: cfg, met: s.met, verdict: make(chan struct{}, 1)}
 	defer func() {
 		if err != nil {
 			t.close()
 		}
 	}()
-	// Scratch: never fsynced, small unpreallocated segments (a trial is short).
-	if t.wal, err = wal.Open(wal.Options{Dir: filepath.Join(dir, "wal"), Sync: wal.SyncNone, SegmentSize: 4 << 20,
-		NoPreallocate: true, Logger: s.log.With("component", "shadow-wal")}); err != nil {
-		return nil, nil, fmt.Errorf("open shadow WAL: %w", err)
+	roles := []evolution.Role{evolution.RoleCandidate}
+	if cfg.Control {
+		roles = append(roles, evolution.RoleControl)
 	}
-	if t.store, err = checkpoint.Open(filepath.Join(dir, "checkpoints"), checkpoint.Options{Retain: 2}); err != nil {
-		return nil, nil, fmt.Errorf("open shadow checkpoint store: %w", err)
+	for _, role := range roles {
+		sh := &shadow{role: role, dir: filepath.Join(t.dir, role.String())}
+		t.shadows = append(t.shadows, sh)
+		if err := os.MkdirAll(sh.dir, 0o700); err != nil {
+			return nil, fmt.Errorf("create shadow scratch directory: %w", err)
+		}
+		// Scratch: never fsynced, small unpreallocated segments (a trial is short).
+		if sh.wal, err = wal.Open(wal.Options{Dir: filepath.Join(sh.dir, "wal"), Sync: wal.SyncNone, SegmentSize: 4 << 20,
+			NoPreallocate: true, Logger: s.log.With("component", "shadow-wal", "shadow", role.String())}); err != nil {
+			return nil, fmt.Errorf("open the %s shadow's WAL: %w", role, err)
+		}
+		if sh.store, err = checkpoint.Open(filepath.Join(sh.dir, "checkpoints"), checkpoint.Options{Retain: 2}); err != nil {
+			return nil, fmt.Errorf("open the %s shadow's checkpoint store: %w", role, err)
+		}
+		// One restore each: a restore's WAL tail is streamed once.
+		if sh.plan, err = s.st.BuildRestore(durable.Point{CheckpointID: backup.ID}); err != nil {
+			return nil, fmt.Errorf("assemble the %s shadow's restore: %w", role, err)
+		}
 	}
-	if plan, err = s.st.BuildRestore(durable.Point{CheckpointID: backup.ID}); err != nil {
-		return nil, nil, fmt.Errorf("assemble the shadow's restore: %w", err)
-	}
-	return t, plan, nil
+	return t, nil
 }
 
 // dropTrial unpins a trial's backup and removes its scratch stores, on the
@@ -204,14 +216,6 @@ func (s *Supervisor) dropTrial(t *trial) {
 		s.unpinNow(t.backup.ID)
 		t.close()
 	})
-}
-
-// close releases the scratch stores and removes the scratch directory.
-func (t *trial) close() {
-	if t.wal != nil {
-		_ = t.wal.Close()
-	}
-	_ = os.RemoveAll(t.dir)
 }
 
 // unpin releases an evolution backup, on the store worker (owner only).
@@ -226,35 +230,38 @@ func (s *Supervisor) unpinNow(id string) {
 	}
 }
 
-// trialTimer returns the running trial's timer channel (nil: none).
-func (s *Supervisor) trialTimer() <-chan time.Time {
-	if s.lc.trial == nil || s.lc.trial.decided || s.lc.trial.timer == nil {
+// trialVerdict is signalled when a pair made the running trial's judge
+// decide (nil: no trial undecided).
+func (s *Supervisor) trialVerdict() <-chan struct{} {
+	if s.lc.trial == nil || s.lc.trial.decided {
 		return nil
 	}
-	return s.lc.trial.timer.C
+	return s.lc.trial.verdict
 }
 
 // shadowEvent handles events from a shadow instance (owner only).
 func (s *Supervisor) shadowEvent(ev conn.Event) {
 	t := s.lc.trial
-	if t == nil || t.shadow == nil || ev.Inst != t.shadow.Instance {
+	if t == nil {
+		return
+	}
+	sh := t.shadowOf(ev.Inst)
+	if sh == nil {
 		return
 	}
 	switch ev.Kind {
 	case conn.Exited:
-		s.drain(t.shadow)
+		s.drain(sh.agent)
 	case conn.Finished:
-		st := ev.Status
+		sh.agent.finished = true
 		if !t.decided {
-			desc, _ := st.Describe()
-			t.failure = "shadow " + desc
-			s.concludeTrial()
+			desc, _ := ev.Status.Describe()
+			s.shadowFailed(t, sh, sh.name()+" shadow "+desc)
 		}
 		s.endTrial()
 	case conn.StreamEnded:
 		if ev.Err != nil && !errors.Is(ev.Err, io.EOF) && !errors.Is(ev.Err, os.ErrClosed) && !t.decided {
-			t.failure = "shadow broke the framing: " + ev.Err.Error()
-			s.concludeTrial()
+			s.shadowFailed(t, sh, sh.name()+" shadow broke the framing: "+ev.Err.Error())
 		}
 	case conn.EvolutionIntent:
 		d := rejected(nil, "a shadow agent cannot propose evolutions")
@@ -262,61 +269,105 @@ func (s *Supervisor) shadowEvent(ev conn.Event) {
 	}
 }
 
-// checkShadowHeartbeat fails the trial when the shadow stops heartbeating,
-// or when its scratch WAL stopped.
-func (s *Supervisor) checkShadowHeartbeat() {
+// shadowFailed ends the trial on a shadow's failure: the candidate's
+// rejects it, the control's makes it inconclusive (owner only).
+func (s *Supervisor) shadowFailed(t *trial, sh *shadow, why string) {
+	if sh.role == evolution.RoleControl {
+		t.ctrlFail = why
+	} else {
+		t.failure = why
+	}
+	s.concludeTrial()
+}
+
+// checkTrial runs on the owner's trial tick: it fails the trial when a
+// shadow stopped heartbeating or its scratch WAL stopped, and otherwise
+// asks the judge (the time-driven decisions: promotion once the minimum
+// trial time has passed, inconclusive at the longest).
+func (s *Supervisor) checkTrial() {
 	t := s.lc.trial
-	if t == nil || t.decided || t.shadow == nil {
+	if t == nil || t.decided {
 		return
 	}
-	if t.failure = s.shadowHeartbeatFailure(t, false); t.failure != "" {
-		s.concludeTrial()
+	for _, sh := range t.shadows {
+		if why := s.shadowHeartbeatFailure(sh, false); why != "" {
+			s.shadowFailed(t, sh, why)
+			return
+		}
+		if fe := sh.wal.Failure(); fe != nil {
+			// The scratch WAL stopped (a failed write): what the shadow
+			// logged is no longer all there, so it cannot be trusted.
+			s.shadowFailed(t, sh, "the "+sh.name()+" shadow's scratch WAL failed: "+fe.Error())
+			return
+		}
+	}
+	elapsed := time.Since(t.started)
+	if !t.mirroring.Load() && t.shadowsUp() {
+		t.mirroring.Store(true)
+		s.log.Info("evolution trial: the shadows are up; mirroring requests", "trial", t.id, "after", elapsed.Round(time.Millisecond))
+	}
+	if t.pairs.Stats().Mirrored == 0 {
+		// No mirrored request yet: the agents' own figures decide at the
+		// minimum trial time (trialDecision).
+		if elapsed >= t.cfg.MinDuration {
+			s.concludeTrial()
+		}
 		return
 	}
-	if fe := t.wal.Failure(); fe != nil {
-		// The trial's scratch WAL stopped (a failed write): what the shadow
-		// logged is no longer all there, so its figures cannot be trusted.
-		t.failure = "the trial's scratch WAL failed: " + fe.Error()
+	if v := t.verdictNow(); v.Decision != evolution.VerdictContinue {
 		s.concludeTrial()
 	}
 }
 
-// shadowHeartbeatFailure says why the shadow's heartbeat disqualifies it, or
-// "". During the trial a shadow gets --start-timeout for its first heartbeat;
-// at the decision (final) one that never heartbeated fails outright.
-func (s *Supervisor) shadowHeartbeatFailure(t *trial, final bool) string {
-	switch b := s.heartbeat(t.shadow.Instance, time.Now()); {
+// shadowHeartbeatFailure says why a shadow's heartbeat disqualifies it, or
+// "". During the trial a shadow gets --start-timeout for its first
+// heartbeat; at the decision (final) one that never heartbeated fails
+// outright.
+func (s *Supervisor) shadowHeartbeatFailure(sh *shadow, final bool) string {
+	who := sh.name() + " shadow"
+	switch b := s.heartbeat(sh.agent.Instance, time.Now()); {
 	case !b.seen && final:
-		return "shadow never sent a heartbeat"
+		return who + " never sent a heartbeat"
 	case b.late() && !b.seen:
-		return fmt.Sprintf("shadow sent no heartbeat within --start-timeout (%s)", s.cfg.StartTimeout)
+		return fmt.Sprintf("%s sent no heartbeat within --start-timeout (%s)", who, s.cfg.StartTimeout)
 	case b.late():
-		return fmt.Sprintf("shadow hung: no heartbeat for %s", b.age.Round(time.Millisecond))
+		return fmt.Sprintf("%s hung: no heartbeat for %s", who, b.age.Round(time.Millisecond))
 	case b.unread():
-		return fmt.Sprintf("shadow stopped reading its input: a frame has waited %s for it", b.stalled.Round(time.Millisecond))
+		return fmt.Sprintf("%s stopped reading its input: a frame has waited %s for it", who, b.stalled.Round(time.Millisecond))
 	}
 	return ""
 }
 
 // concludeTrial decides, tells the primary, records the decision and stops
-// the shadow. The trial ends when the shadow has exited (endTrial).
+// the shadows. The trial ends when both shadows have exited (endTrial).
 func (s *Supervisor) concludeTrial() {
 	t := s.lc.trial
 	if t == nil || t.decided {
 		return
 	}
 	t.decided = true
-	t.timer.Stop()
-	if t.failure == "" {
-		t.failure = s.shadowHeartbeatFailure(t, true)
+	t.stopSampling()
+	if t.failure == "" && t.ctrlFail == "" {
+		for _, sh := range t.shadows {
+			if why := s.shadowHeartbeatFailure(sh, true); why != "" {
+				if sh.role == evolution.RoleControl {
+					t.ctrlFail = why
+				} else {
+					t.failure = why
+				}
+			}
+		}
 	}
-	d := evolution.Decide(t.collector.Summary(evolution.Primary), t.collector.Summary(evolution.Shadow),
-		evolution.Outcome{ShadowAlive: t.failure == "", ShadowFailure: t.failure, MinReports: s.cfg.EvolutionMinReports},
-		s.cfg.EvolutionThresholds)
+	d, v := s.trialDecision(t)
+	t.clearEvidence()
 	primary := s.lc.cur
 	if d.Promote && (primary == nil || primary.stopping) {
 		d = rejected(d.Metrics, "the primary agent restarted during the trial; propose the evolution again")
 	}
+	t.final = t.record(v)
+	p := t.pairs.Stats()
+	s.log.Info("evolution trial decided", "trial", t.id, "decision", d.Decision, "pairs", p.Pairs, "mirrored", p.Mirrored,
+		"duplicates", p.Duplicates, "unknown", p.Unknown, "dropped", p.Dropped, "reason", d.Reason)
 	if d.Promote {
 		// Recorded durably (the ledger fsyncs) before it is applied: on the
 		// store worker; promotionRecorded tells the primary.
@@ -330,10 +381,53 @@ func (s *Supervisor) concludeTrial() {
 		s.decided(primary, t, t.intent, t.backup.ID, d)
 		s.unpin(t.backup.ID)
 	}
-	if !t.shadow.stopping {
-		t.shadow.stopping = true
-		go t.shadow.Proc().StopGroup(s.cfg.KillTimeout)
+	for _, sh := range t.shadows {
+		if !sh.agent.stopping {
+			sh.agent.stopping = true
+			go sh.agent.Proc().StopGroup(s.cfg.KillTimeout)
+		}
 	}
+}
+
+// trialDecision is the decision on a trial that ended (owner only), with
+// the judge's last verdict. A failed candidate rejects; a failed control
+// leaves the trial inconclusive (rejected, saying so); a trial that saw no
+// mirrored request falls back on the agents' own reported figures; any
+// other is the judge's.
+func (s *Supervisor) trialDecision(t *trial) (evolution.Decision, evolution.Verdict) {
+	v := t.verdictNow()
+	metrics := v.Evidence.Metrics()
+	st := t.pairs.Stats()
+	switch {
+	case t.failure != "":
+		return rejected(metrics, "the candidate failed during the trial: "+t.failure+" ("+t.describe()+")"), v
+	case t.cut != "":
+		return rejected(metrics, "the trial was cut short: "+t.cut+" ("+t.describe()+")"), v
+	case t.ctrlFail != "":
+		v.Inconclusive = true
+		return rejected(metrics, "inconclusive: the control failed during the trial, so the candidate could not be compared: "+
+			t.ctrlFail+" ("+t.describe()+"); propose the evolution again"), v
+	case st.Mirrored == 0:
+		ref := "primary"
+		if t.control {
+			ref = "control"
+		}
+		d := evolution.Decide(t.collector.Summary(evolution.Primary), t.collector.Summary(evolution.Shadow),
+			evolution.Outcome{ShadowAlive: true, MinReports: s.cfg.EvolutionMinReports}, s.cfg.fallbackThresholds())
+		for k, x := range metrics {
+			if _, ok := d.Metrics[k]; !ok {
+				d.Metrics[k] = x
+			}
+		}
+		d.Reason = "no requests were mirrored during the trial, so the agents' own reported figures (candidate against " + ref + ") decided: " + d.Reason
+		return d, v
+	case v.Decision == evolution.DecisionPromoted:
+		return evolution.Decision{Decision: evolution.DecisionPromoted, Promote: true, Metrics: metrics, Reason: v.Reason}, v
+	case v.Decision == evolution.DecisionRejected:
+		return rejected(metrics, v.Reason), v
+	}
+	// Ended before the judge decided (the primary stopped or restarted).
+	return rejected(metrics, "the trial ended before the judge decided ("+t.describe()+")"), v
 }
 
 // promotion is an evolution being recorded in the ledger before it is
@@ -397,19 +491,28 @@ func (s *Supervisor) decided(primary *agent, t *trial, h schema.Hypothesis, back
 		"hypothesis_reason": h.Reason, "backup_checkpoint_id": backupID}
 	if t != nil {
 		fields["trial"] = t.id
+		fields["started"] = t.started.UTC()
 		fields["primary_reports"] = t.collector.Summary(evolution.Primary).Reports
 		fields["shadow_reports"] = t.collector.Summary(evolution.Shadow).Reports
 		fields["duration_seconds"] = time.Since(t.started).Seconds()
+		for k, v := range t.final {
+			fields[k] = v
+		}
 	}
 	s.rec.Record(observe.Occurrence{Level: slog.LevelInfo, Msg: "evolution decided", Kind: observe.AuditEvolution, Fields: fields,
 		Count: s.met.Evolutions.WithLabelValues(d.Decision)})
 }
 
-// endTrial forgets a finished trial once its shadow has exited.
+// endTrial forgets a decided trial once all its shadows have exited.
 func (s *Supervisor) endTrial() {
 	t := s.lc.trial
 	if t == nil {
 		return
+	}
+	for _, sh := range t.shadows {
+		if !sh.agent.finished {
+			return
+		}
 	}
 	s.lc.trial = nil
 	s.publish()
@@ -417,31 +520,36 @@ func (s *Supervisor) endTrial() {
 }
 
 // stopTrial ends a trial when the supervisor starts stopping, without
-// waiting: it is decided, its shadow killed and drained; shadowEvent ends it
-// when the shadow has finished (owner only).
+// waiting: it is decided, its shadows killed and drained; shadowEvent ends
+// it when they have finished (owner only).
 func (s *Supervisor) stopTrial(reason string) {
 	t := s.lc.trial
 	if t == nil {
 		return
 	}
 	if !t.decided {
-		t.failure = reason
+		t.cut = reason
 		s.concludeTrial()
 	}
-	_ = t.shadow.Proc().SignalGroup(syscall.SIGKILL)
-	s.drain(t.shadow)
+	for _, sh := range t.shadows {
+		_ = sh.agent.Proc().SignalGroup(syscall.SIGKILL)
+		s.drain(sh.agent)
+	}
 }
 
 // abortTrial ends what is left of a trial when the owner loop has returned:
-// it waits for the shadow to finish (after the loop, nothing else will),
-// so its checkpoints are queued before its scratch stores are closed.
+// it waits for the shadows to finish (after the loop, nothing else will),
+// so their checkpoints are queued before the scratch stores are closed.
 func (s *Supervisor) abortTrial(reason string) {
 	t := s.lc.trial
 	if t == nil {
 		return
 	}
 	s.stopTrial(reason)
-	t.shadow.Finish(drainTimeout) // safe beside drain's own finish: both wait for the same ends
+	for _, sh := range t.shadows {
+		sh.agent.Finish(drainTimeout) // safe beside drain's own finish: both wait for the same ends
+		sh.agent.finished = true
+	}
 	s.endTrial()
 }
 

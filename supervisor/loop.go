@@ -82,11 +82,11 @@ func (s *Supervisor) loop(ctx context.Context) error {
 		case <-s.lc.hbTimer.C:
 			s.checkHeartbeat()
 
-		case <-s.trialTimer():
+		case <-s.trialVerdict():
 			s.concludeTrial()
 
 		case <-trialTick.C:
-			s.checkShadowHeartbeat()
+			s.checkTrial()
 
 		case ev := <-s.inbox.events:
 			if ev.Inst.Role() == RoleShadow {

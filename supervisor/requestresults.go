@@ -1,6 +1,8 @@
 package supervisor
 
 import (
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/agent-sidecar/supervisor/evolution"
@@ -40,17 +42,25 @@ func (s *Supervisor) primaryResult(in *conn.Instance, m *schema.RequestResult) {
 	}
 	s.met.RequestLatency.WithLabelValues(outcome).Observe(took.Seconds())
 	if t := s.current().trial; t != nil && trial != "" && trial == t.id {
-		t.collector.AddResult(evolution.Primary, outcome == observe.OutcomeFailed, took)
+		// Checked by the table above: a first answer to a request sent.
+		_ = t.answered(evolution.RolePrimary, m, time.Now())
 	}
 }
 
-// shadowResult collects the shadow's answers to mirrored requests for the
-// evolution decision; they never reach an HTTP client.
-func (s *Supervisor) shadowResult(in *conn.Instance, t *trial, m *schema.RequestResult) {
-	took, err := s.api.Requests().ShadowAnswer(m.RequestID, t.id)
-	if err != nil {
-		s.invalidMessage(in, err)
+// shadowResult pairs a shadow's answer to a mirrored request for the trial's
+// judge; it never reaches an HTTP client. An answer the trial was not
+// waiting for (a request not mirrored to it, a second answer) is counted
+// and answered INVALID_MESSAGE, like the primary's.
+func (s *Supervisor) shadowResult(in *conn.Instance, t *trial, sh *shadow, m *schema.RequestResult) {
+	err := t.answered(sh.role, m, time.Now())
+	if err == nil {
 		return
 	}
-	t.collector.AddResult(evolution.Shadow, m.Error != nil, took)
+	why, reason := "no request with this request_id was mirrored to this shadow and awaits its answer", "unknown"
+	if errors.Is(err, evolution.ErrDuplicateAnswer) {
+		why, reason = "this request was already answered; send one request_result per request", "duplicate"
+	}
+	s.met.EvolutionIgnored.WithLabelValues(reason).Inc()
+	s.invalidMessage(in, &schema.ValidationError{Type: schema.TypeRequestResult, Field: "request_id", Rule: schema.RuleFieldValue,
+		Reason: fmt.Sprintf("%q: %s", clip.String(m.RequestID, 64), why)})
 }

@@ -25,12 +25,13 @@ import (
 // the primary's protocol version is persisted and its checkpoints audited.
 // Called on the instance's reader goroutine (a conn.Sink).
 type sinks struct {
-	s     *Supervisor
-	role  string
-	wal   *wal.Log                                    // where entries become durable (wal_ack)
-	add   func([]wal.Entry) (wal.AppendResult, error) // stores.append, or the scratch WAL's Append
-	ckpts *ckptDest                                   // where the store worker saves checkpoints
-	trial *trial                                      // a shadow's trial; nil for the primary
+	s      *Supervisor
+	role   string
+	wal    *wal.Log                                    // where entries become durable (wal_ack)
+	add    func([]wal.Entry) (wal.AppendResult, error) // stores.append, or the scratch WAL's Append
+	ckpts  *ckptDest                                   // where the store worker saves checkpoints
+	trial  *trial                                      // a shadow's trial; nil for the primary
+	shadow *shadow                                     // which of its shadows
 }
 
 // ckptDest is a checkpoint store as the store worker sees it: the primary's
@@ -57,29 +58,37 @@ func (s *Supervisor) primarySinks() *sinks {
 		store: s.st.Checkpoints(), commit: s.st.CommitCheckpoint, primary: true}}
 }
 
-func (s *Supervisor) shadowSinks(t *trial) *sinks {
-	return &sinks{s: s, role: RoleShadow, wal: t.wal, add: func(es []wal.Entry) (wal.AppendResult, error) { return t.wal.Append(es...) },
-		ckpts: &ckptDest{wal: t.wal,
-			arrived: func() (uint64, int64) { return t.wal.LastSequence(), 0 },
+func (s *Supervisor) shadowSinks(t *trial, sh *shadow) *sinks {
+	return &sinks{s: s, role: RoleShadow, wal: sh.wal, add: func(es []wal.Entry) (wal.AppendResult, error) { return sh.wal.Append(es...) },
+		ckpts: &ckptDest{wal: sh.wal,
+			arrived: func() (uint64, int64) { return sh.wal.LastSequence(), 0 },
 			save: func(data, zdata []byte, wm uint64, _ int64) (checkpoint.Meta, []string, int, error, error) {
-				meta, invalid, err := durable.SaveCheckpointTo(t.store, s.codec, data, zdata, wm)
+				meta, invalid, err := durable.SaveCheckpointTo(sh.store, s.codec, data, zdata, wm)
 				return meta, nil, 0, invalid, err
 			},
-			store: t.store,
+			store: sh.store,
 			commit: func(staged *checkpoint.Staged, wm uint64, _ int64) (checkpoint.Meta, []string, int, error) {
 				meta, err := staged.Commit(wm)
 				return meta, nil, 0, err
 			}},
-		trial: t}
+		trial: t, shadow: sh}
 }
 
 // collecting is the trial whose collector takes these reports, with the
-// side they count for; nil when no trial runs.
+// side they count for; nil when no trial runs or they do not count. The
+// candidate's reports are the Shadow side; the reference side (Primary) is
+// the control's with a control, the primary's without.
 func (k *sinks) collecting() (*trial, evolution.Side) {
 	if k.trial != nil {
-		return k.trial, evolution.Shadow
+		if k.shadow.role == evolution.RoleCandidate {
+			return k.trial, evolution.Shadow
+		}
+		return k.trial, evolution.Primary
 	}
-	return k.s.current().trial, evolution.Primary
+	if t := k.s.current().trial; t != nil && !t.control {
+		return t, evolution.Primary
+	}
+	return nil, evolution.Primary
 }
 
 func (k *sinks) AppendWAL(in *conn.Instance, recs []schema.WALRecord, ack bool) {
@@ -203,7 +212,7 @@ func (k *sinks) Invalid(in *conn.Instance, err error) { k.s.invalidMessage(in, e
 // shadow's answer to a mirrored request only feeds the trial.
 func (k *sinks) RequestResult(in *conn.Instance, m *schema.RequestResult) {
 	if k.trial != nil {
-		k.s.shadowResult(in, k.trial, m)
+		k.s.shadowResult(in, k.trial, k.shadow, m)
 		return
 	}
 	k.s.primaryResult(in, m)

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"github.com/agent-sidecar/supervisor/evolution"
 	"log/slog"
 	"testing"
 	"time"
@@ -66,14 +67,15 @@ func TestShadowAcksFromScratchWAL(t *testing.T) {
 	t.Cleanup(func() { st.Close() })
 	s.st = st
 	primary := st.WAL()
-	tr := &trial{id: "t1", wal: openTestWAL(t, wal.SyncNone)}
+	sh := &shadow{role: evolution.RoleCandidate, wal: openTestWAL(t, wal.SyncNone)}
+	tr := &trial{id: "t1", shadows: []*shadow{sh}}
 	in := ackTestInstance(t, RoleShadow)
-	s.shadowSinks(tr).AppendWAL(in, []schema.WALRecord{{Sequence: 9, Raw: []byte{0x80}}}, true)
+	s.shadowSinks(tr, sh).AppendWAL(in, []schema.WALRecord{{Sequence: 9, Raw: []byte{0x80}}}, true)
 	if ack, ok := nextToAgent(t, in).(*schema.WALAck); !ok || ack.Sequence != 9 {
 		t.Fatalf("shadow got %+v, want wal_ack 9", ack)
 	}
-	if tr.wal.LastSequence() != 9 || primary.LastSequence() != 0 {
-		t.Errorf("scratch WAL at %d, primary at %d; want 9 and 0", tr.wal.LastSequence(), primary.LastSequence())
+	if sh.wal.LastSequence() != 9 || primary.LastSequence() != 0 {
+		t.Errorf("scratch WAL at %d, primary at %d; want 9 and 0", sh.wal.LastSequence(), primary.LastSequence())
 	}
 }
 

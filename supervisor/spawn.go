@@ -13,8 +13,9 @@ import "github.com/agent-sidecar/supervisor/supervisor/agentproc"
 // was started for: one of start and trial is set.
 type spawnResult struct {
 	start *startPrep // a primary's start
-	trial *trialPrep // an evolution's shadow
+	trial *trialPrep // an evolution's shadows: proc the candidate, ctrl the control (if any)
 	proc  agentproc.Proc
+	ctrl  agentproc.Proc
 	err   error
 }
 
@@ -27,11 +28,20 @@ func (s *Supervisor) spawnAsync(spec agentproc.Spec, r spawnResult) {
 	go func() {
 		defer s.spawns.Done()
 		r.proc, r.err = s.spawn(spec)
+		if r.err == nil && r.trial != nil && r.trial.t != nil && r.trial.t.control {
+			if r.ctrl, r.err = s.spawn(spec); r.err != nil {
+				agentproc.Discard(r.proc)
+				r.proc = nil
+			}
+		}
 		select {
 		case s.inbox.spawned <- r:
 		case <-s.inbox.loopDone:
 			if r.proc != nil {
 				agentproc.Discard(r.proc)
+			}
+			if r.ctrl != nil {
+				agentproc.Discard(r.ctrl)
 			}
 			if p := r.trial; p != nil && p.t != nil {
 				s.dropTrial(p.t)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -187,7 +188,7 @@ func New(cfg Config) (*Supervisor, error) {
 	s.bmet = observe.NewBoundsMetrics(s.met.Reg, cfg.LogDropped)
 	s.rmet = requests.NewMetrics(s.met.Reg)
 	srv, err := api.New(api.Options{Log: log, Metrics: s.met, Bounds: s.bmet, Codec: s.codec,
-		TokenFile: cfg.HTTPTokenFile, Retention: cfg.RequestRetention}, apiOwner{s})
+		TokenFile: cfg.HTTPTokenFile, Retention: cfg.RequestRetention, AuditPath: filepath.Join(cfg.DataDir, "audit.jsonl")}, apiOwner{s})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}

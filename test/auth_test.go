@@ -63,3 +63,30 @@ func TestBearerSchemeAnyCase(t *testing.T) {
 		}
 	}
 }
+
+// The evolutions' evidence (hypotheses, answers) is behind the token like
+// the request API.
+func TestEvolutionsRequireToken(t *testing.T) {
+	path := writeTokenFile(t, "tok", 0o600)
+	s := startSup(t, supOpts{flags: []string{"--http-token-file", path}, noEvents: true})
+	s.waitReady()
+	for _, p := range []string{"/v1/evolutions", "/v1/evolutions/01234567-0000-0000-0000-000000000000"} {
+		for header, want := range map[string]int{"": 401, "Bearer nope": 401, "Bearer tok": 200} {
+			if p != "/v1/evolutions" && want == 200 {
+				want = 404 // none recorded
+			}
+			req, _ := http.NewRequest("GET", s.url(p), nil)
+			if header != "" {
+				req.Header.Set("Authorization", header)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != want {
+				t.Errorf("GET %s with %q: %d, want %d", p, header, resp.StatusCode, want)
+			}
+		}
+	}
+}

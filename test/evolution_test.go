@@ -103,6 +103,11 @@ func TestEvolutionSlowerCodeIsRejected(t *testing.T) {
 	if !strings.Contains(res.str("reason"), "limit") {
 		t.Fatalf("reason does not give the figures: %q", res.str("reason"))
 	}
+	// SPEC §6: with no mirrored request the agents' own figures decide,
+	// and the result says so.
+	if !strings.Contains(res.str("reason"), "no requests were mirrored") {
+		t.Fatalf("reason does not say the reported figures decided: %q", res.str("reason"))
+	}
 	if n := len(roleEvents(s, "hot_reload", "primary")); n != 0 {
 		t.Fatalf("primary got %d hot_reloads for a rejected evolution", n)
 	}

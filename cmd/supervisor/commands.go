@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"text/tabwriter"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor"
+	"github.com/agent-sidecar/supervisor/supervisor/api"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/agent-sidecar/supervisor/wal"
 )
@@ -556,3 +558,149 @@ func jsonSafe(v any) any {
 		return t
 	}
 }
+
+// evolutionsCmd is `supervisor evolutions list|show`.
+type evolutionsCmd struct{ env }
+
+const evolutionsUsage = `Usage:
+  supervisor evolutions list [--data-dir DIR] [--json]
+  supervisor evolutions show ID [--data-dir DIR] [--json]
+
+Read the evolutions recorded in the audit log, whether or not a supervisor
+runs: every trial's hypothesis, timing, pairs, evidence and decision.
+`
+
+func (c *evolutionsCmd) Run(_ context.Context, args []string) error {
+	if len(args) == 0 {
+		return &cliError{cmd: "evolutions", err: errors.New("missing subcommand: list or show"), usage: true}
+	}
+	sub, args := args[0], args[1:]
+	switch {
+	case isHelpArg(sub):
+		fmt.Fprint(c.stdout, evolutionsUsage)
+		return nil
+	case sub == "list":
+		return c.list(args)
+	case sub == "show":
+		return c.show(args)
+	}
+	return usageErr("evolutions", "unknown subcommand %q (want list or show)", truncate(sub, 40))
+}
+
+func (c *evolutionsCmd) list(args []string) error {
+	f := newFlagSet(c.env, "evolutions list", "supervisor evolutions list [--data-dir DIR] [--json]",
+		"Lists the evolutions decided, oldest first: id, time, target, decision, pairs judged, reason.")
+	dataDir := f.dataDir()
+	asJSON := f.Bool("json", false, "print JSON")
+	if err := f.parseFlagsOnly(args); err != nil {
+		return err
+	}
+	if err := statDataDir(*dataDir); err != nil {
+		return failed("evolutions list", err)
+	}
+	evs, skipped, err := api.ReadEvolutions(filepath.Join(*dataDir, "audit.jsonl"), false)
+	if err != nil {
+		return failed("evolutions list", err)
+	}
+	if skipped > 0 {
+		fmt.Fprintf(c.stderr, "supervisor evolutions: skipped %d unreadable audit line(s) (a torn last line after a crash is expected)\n", skipped)
+	}
+	if *asJSON {
+		printJSON(c.stdout, evs)
+		return nil
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tDECIDED\tTARGET\tDECISION\tPAIRS\tREASON")
+	for _, e := range evs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", e.ID, e.Time.UTC().Format(time.RFC3339), truncate(e.Target, 40), e.Decision, e.Samples, truncate(e.Reason, 120))
+	}
+	return tw.Flush()
+}
+
+func (c *evolutionsCmd) show(args []string) error {
+	f := newFlagSet(c.env, "evolutions show", "supervisor evolutions show ID [--data-dir DIR] [--json]",
+		"Shows one evolution: hypothesis, timing, pairs, each test's estimate and bounds over time, differing answers, decision and reason.")
+	dataDir := f.dataDir()
+	asJSON := f.Bool("json", false, "print JSON")
+	pos, _, _, err := f.parse(args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
+		return usageErr("evolutions show", "missing evolution ID (see `supervisor evolutions list`)")
+	}
+	if len(pos) > 1 {
+		return usageErr("evolutions show", "unexpected argument %q (show takes one evolution ID)", truncate(pos[1], 64))
+	}
+	if err := statDataDir(*dataDir); err != nil {
+		return failed("evolutions show", err)
+	}
+	e, ok, err := api.FindEvolution(filepath.Join(*dataDir, "audit.jsonl"), pos[0])
+	if err != nil {
+		return failed("evolutions show", err)
+	}
+	if !ok {
+		return failed("evolutions show", fmt.Errorf("no evolution %q in the audit log of %s (see `supervisor evolutions list`)", truncate(pos[0], 64), *dataDir))
+	}
+	if *asJSON {
+		printJSON(c.stdout, e)
+		return nil
+	}
+	return printEvolution(c.stdout, e)
+}
+
+// printEvolution writes an evolution for a person: the decision and why,
+// then the evidence, the bounds over time and the differing answers.
+func printEvolution(w io.Writer, e api.Evolution) error {
+	r := e.Record
+	str := func(k string) string { s, _ := r[k].(string); return s }
+	fmt.Fprintf(w, "evolution  %s\ndecided    %s\ntarget     %s\nhypothesis %s\ndecision   %s\nreason     %s\n",
+		e.ID, e.Time.UTC().Format(time.RFC3339), e.Target, truncate(str("hypothesis_reason"), 200), e.Decision, e.Reason)
+	if d, ok := r["duration_seconds"].(float64); ok {
+		fmt.Fprintf(w, "duration   %.1fs\n", d)
+	}
+	if c, ok := r["control"].(bool); ok {
+		fmt.Fprintf(w, "control    %v\n", c)
+	}
+	if p, ok := r["pairs"].(map[string]any); ok {
+		fmt.Fprintf(w, "requests   %v mirrored, %v paired, %v duplicate answers, %v unknown ids, %v dropped, %v unanswered\n",
+			p["mirrored"], p["pairs"], p["duplicates"], p["unknown"], p["dropped"], p["pending"])
+	}
+	if m, ok := r["metrics"].(map[string]any); ok {
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		fmt.Fprintln(w, "\nevidence")
+		for _, k := range keys {
+			fmt.Fprintf(w, "  %-26s %v\n", k, m[k])
+		}
+	}
+	if path, ok := r["path"].([]any); ok && len(path) > 0 {
+		fmt.Fprintln(w, "\nbounds over time")
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  PAIRS\tLATENCY RATIO\tLOW\tHIGH\tERROR CHANGE HIGH\tDISAGREEMENT EXCESS HIGH")
+		for _, p := range path {
+			pt, _ := p.(map[string]any)
+			fmt.Fprintf(tw, "  %v\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\n", pt["pairs"], num(pt["latency_ratio"]), num(pt["latency_ratio_low"]),
+				num(pt["latency_ratio_high"]), num(pt["error_rate_change_high"]), num(pt["disagreement_excess_high"]))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if diffs, ok := r["differing"].([]any); ok && len(diffs) > 0 {
+		fmt.Fprintln(w, "\ndiffering answers (candidate unlike the primary, control alike)")
+		for _, d := range diffs {
+			dm, _ := d.(map[string]any)
+			fmt.Fprintf(w, "  request %v\n    primary   %v\n    candidate %v\n", dm["request_id"], dm["primary"], dm["candidate"])
+			if c, ok := dm["control"]; ok {
+				fmt.Fprintf(w, "    control   %v\n", c)
+			}
+		}
+	}
+	return nil
+}
+
+func num(v any) float64 { f, _ := v.(float64); return f }

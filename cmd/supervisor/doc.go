@@ -10,6 +10,7 @@
 //	supervisor status [--data-dir DIR] [--json]
 //	supervisor wal dump [--data-dir DIR] [--from SEQ] [--json]
 //	supervisor audit [--data-dir DIR] [--since D] [--json]
+//	supervisor evolutions list|show ID [--data-dir DIR] [--json]
 //	supervisor replica restore --replica URL --data-dir DIR [--to-sequence N | --to-time T]
 //	supervisor replica list --replica URL [--json]
 //	supervisor version [--json]

@@ -39,6 +39,8 @@ Usage:
   supervisor audit [--data-dir DIR] [--since D] [--json]
   supervisor requests list|show ID [--data-dir DIR] [--json]
   supervisor requests cancel ID [--data-dir DIR]
+  supervisor evolutions list [--data-dir DIR] [--json]
+  supervisor evolutions show ID [--data-dir DIR] [--json]
   supervisor replica restore --replica URL --data-dir DIR [--to-sequence N | --to-time T]
   supervisor replica list --replica URL [--json]
   supervisor version [--json]
@@ -108,6 +110,7 @@ func commands(e env) map[string]command {
 		"wal":         &walCmd{env: e},
 		"audit":       &auditCmd{env: e},
 		"requests":    &requestsCmd{env: e},
+		"evolutions":  &evolutionsCmd{env: e},
 		"replica":     &replicaCmd{env: e},
 		"version":     &versionCmd{env: e},
 		"demo-agent":  demoAgent{},

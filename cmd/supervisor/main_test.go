@@ -120,7 +120,7 @@ func TestCLITraps(t *testing.T) {
 		{name: "bad restart policy", args: []string{"run", "--restart", "sometimes", "--", "true"}, code: 2, want: []string{"restart policy"}},
 		{name: "bad log format", args: []string{"run", "--log-format", "xml", "--", "true"}, code: 2, want: []string{"--log-format"}},
 		{name: "negative max restarts", args: []string{"run", "--max-restarts", "-1", "--", "true"}, code: 2, want: []string{"--max-restarts"}},
-		{name: "NaN threshold", args: []string{"run", "--evolution-max-latency-increase", "NaN", "--", "true"}, code: 2, want: []string{"threshold"}},
+		{name: "NaN threshold", args: []string{"run", "--evolution-max-latency-increase", "NaN", "--", "true"}, code: 2, want: []string{"--evolution-max-latency-increase is NaN"}},
 		{name: "tiny segments", args: []string{"run", "--wal-segment-size", "10", "--", "true"}, code: 2, want: []string{"--wal-segment-size"}},
 		{name: "show without ID", args: []string{"checkpoints", "show", "--data-dir", dir}, code: 2, want: []string{"missing checkpoint ID"}},
 		{name: "show a path", args: []string{"checkpoints", "show", "../../etc/passwd"}, code: 2, want: []string{"not a checkpoint id"}},

@@ -64,9 +64,13 @@ func runFlags(e env, cfg *supervisor.Config) (f *flagSet, restart, ops, logForma
 	f.IntVar(&cfg.CheckpointLevel, "checkpoint-level", cfg.CheckpointLevel, "zstd level for checkpoints: 1 fastest .. 4 best compression (0: store default)")
 	f.IntVar(&cfg.MaxFrameSize, "max-frame-size", cfg.MaxFrameSize, "largest frame accepted from the agent, in bytes")
 	f.duration(&cfg.ShadowDuration, "shadow-duration", cfg.ShadowDuration, "how long an evolution's shadow agent is compared with the primary")
-	f.Float64Var(&cfg.EvolutionThresholds.MaxLatencyIncrease, "evolution-max-latency-increase", cfg.EvolutionThresholds.MaxLatencyIncrease, "promote only if shadow avg latency ÷ primary − 1 is at most this")
-	f.Float64Var(&cfg.EvolutionThresholds.MaxErrorRateIncrease, "evolution-max-error-rate-increase", cfg.EvolutionThresholds.MaxErrorRateIncrease, "promote only if shadow error rate − primary error rate is at most this")
-	f.Float64Var(&cfg.EvolutionThresholds.MaxMemoryIncrease, "evolution-max-memory-increase", cfg.EvolutionThresholds.MaxMemoryIncrease, "promote only if shadow memory ÷ primary − 1 is at most this")
+	f.BoolVar(&cfg.Judge.Control, "evolution-control", cfg.Judge.Control, "run a control shadow (today's code) beside the candidate and compare with it; false: compare the candidate with the primary (cheaper, biased)")
+	f.Float64Var(&cfg.Judge.Confidence, "evolution-confidence", cfg.Judge.Confidence, "the evolution judge's confidence, one error budget split across its tests, valid at every look")
+	f.duration(&cfg.Judge.MaxDuration, "evolution-max-duration", cfg.Judge.MaxDuration, "longest evolution trial: latency not proven by then rejects as inconclusive (0: 4× --shadow-duration)")
+	f.Float64Var(&cfg.Judge.MaxLatencyIncrease, "evolution-max-latency-increase", cfg.Judge.MaxLatencyIncrease, "latency tolerance: reject once candidate ÷ control latency is shown above 1 + this, promote once shown at or below it")
+	f.Float64Var(&cfg.Judge.MaxErrorRateIncrease, "evolution-max-error-rate-increase", cfg.Judge.MaxErrorRateIncrease, "reject once the candidate's error rate is shown above the control's by more than this")
+	f.Float64Var(&cfg.Judge.MaxDisagreement, "evolution-max-disagreement", cfg.Judge.MaxDisagreement, "reject once the candidate is shown to answer unlike the primary more often than the control does, by more than this")
+	f.Float64Var(&cfg.Judge.MaxMemoryIncrease, "evolution-max-memory-increase", cfg.Judge.MaxMemoryIncrease, "reject when the candidate's sampled memory ÷ the control's − 1 is above this")
 	f.IntVar(&cfg.EvolutionMinReports, "evolution-min-reports", cfg.EvolutionMinReports, "metrics reports needed from each of the primary and the shadow during a trial")
 	f.StringVar(&cfg.Replica, "replica", cfg.Replica, "replicate the data directory to s3://BUCKET/PREFIX, and restore an empty one from it first (docs/replication.md)")
 	f.StringVar(&cfg.ReplicaEndpoint, "replica-endpoint", cfg.ReplicaEndpoint, "URL of an S3-compatible server for --replica (http:// for no TLS); default AWS S3")
@@ -76,7 +80,8 @@ func runFlags(e env, cfg *supervisor.Config) (f *flagSet, restart, ops, logForma
 	for name, m := range map[string]string{"data-dir": "DIR", "http-addr": "ADDR", "probe-addr": "ADDR", "http-token-file": "FILE", "restart": "POLICY", "wal-sync": "POLICY",
 		"wal-segment-size": "BYTES", "wal-operations": "LIST", "max-frame-size": "BYTES", "log-format": "FORMAT",
 		"replica": "URL", "replica-endpoint": "URL", "replica-region": "REGION",
-		"evolution-max-latency-increase": "X", "evolution-max-error-rate-increase": "X", "evolution-max-memory-increase": "X"} {
+		"evolution-max-latency-increase": "X", "evolution-max-error-rate-increase": "X", "evolution-max-memory-increase": "X",
+		"evolution-max-disagreement": "X", "evolution-confidence": "P", "evolution-max-duration": "D"} {
 		f.meta[name] = m
 	}
 	return f, restart, ops, logFormat

@@ -15,10 +15,17 @@ type Behaviour struct {
 	LatencyMS float64 // simulated work per request, milliseconds
 	ErrorRate float64 // fraction of requests that fail, 0..1
 	MemoryMB  float64 // reported memory_usage in MiB; 0 reports the real heap
+	// Jitter is the latency noise: each request takes LatencyMS × a
+	// uniform factor in [1−Jitter, 1+Jitter]. 0.2 by default.
+	Jitter float64
+	// Differ is the fraction of answers (with --answer) that carry a random
+	// "variant": answers that differ from any other agent's, as an agent
+	// built on an LLM rarely answers twice alike. 0 by default.
+	Differ float64
 }
 
 // DefaultBehaviour is the behaviour with no module loaded.
-func DefaultBehaviour() Behaviour { return Behaviour{LatencyMS: 5} }
+func DefaultBehaviour() Behaviour { return Behaviour{LatencyMS: 5, Jitter: 0.2} }
 
 // ErrCode: module code the reference agent cannot load.
 var ErrCode = errors.New("testagent: invalid module code")
@@ -30,7 +37,7 @@ const maxCodeSize = 4 << 10
 // language: settings of the form key=value separated by spaces, tabs,
 // newlines, commas or semicolons; '#' starts a comment that runs to the end
 // of the line. Keys: latency_ms (0..60000), error_rate (0..1), memory_mb
-// (0..1048576). Empty code leaves base as it is. Anything else is an error
+// (0..1048576), jitter (0..1), differ (0..1). Empty code leaves base as it is. Anything else is an error
 // wrapping [ErrCode] that names the offending setting.
 //
 //	latency_ms=5 error_rate=0.01 memory_mb=80
@@ -64,8 +71,12 @@ func ParseBehaviour(code string, base Behaviour) (Behaviour, error) {
 				dst, hi = &b.ErrorRate, 1
 			case "memory_mb":
 				dst, hi = &b.MemoryMB, 1<<20
+			case "jitter":
+				dst, hi = &b.Jitter, 1
+			case "differ":
+				dst, hi = &b.Differ, 1
 			default:
-				return base, fmt.Errorf("%w: line %d: unknown setting %q (want latency_ms, error_rate or memory_mb)", ErrCode, lineNo+1, key)
+				return base, fmt.Errorf("%w: line %d: unknown setting %q (want latency_ms, error_rate, memory_mb, jitter or differ)", ErrCode, lineNo+1, key)
 			}
 			if x < 0 || x > hi {
 				return base, fmt.Errorf("%w: line %d: %s=%v out of range 0..%v", ErrCode, lineNo+1, key, x, hi)

@@ -57,6 +57,11 @@ type Config struct {
 	StopReadingAfter time.Duration // --stop-reading-after: fault: stop reading (heartbeats go on)
 	Answer           bool          // --answer: send a request_result for every process_request
 	AnswerSize       int           // --answer-size: pad each answer's data to about this many bytes
+	AnswerEcho       bool          // --answer-echo: answer data is {echo: message}, the same from every agent
+	AnswerTwice      bool          // --answer-twice: fault: send every request_result twice
+	AnswerUnknown    int           // --answer-unknown: fault: with every answer, this many results for ids never sent
+	ShadowSilent     bool          // --shadow-silent: fault: as a shadow, answer no request
+	ControlCrash     time.Duration // --control-crash-after: as a shadow never hot-reloaded (a control), exit 1 after this long
 	Behaviour        string        // --behaviour: module code the agent starts with, under any restored module's
 	EvolveTarget     string        // --evolve-target: the intent's target (module)
 
@@ -123,6 +128,11 @@ func ParseArgs(args []string, lookup func(string) (string, bool), output io.Writ
 	fs.DurationVar(&cfg.ShadowCrash, "shadow-crash-after", cfg.ShadowCrash, "fault: when running as a shadow, exit 1 after this long (0 = never)")
 	fs.StringVar(&cfg.EvolveCode, "evolve-code", cfg.EvolveCode, "the evolution's new_code, module `CODE` such as \"latency_ms=2\"")
 	fs.BoolVar(&cfg.Answer, "answer", cfg.Answer, "answer every process_request with a request_result {seq} (or an error result when the behaviour's error_rate fails it)")
+	fs.BoolVar(&cfg.AnswerEcho, "answer-echo", cfg.AnswerEcho, "with --answer, answer {echo: message}, the same from every agent (the behaviour's differ adds a random variant to that fraction)")
+	fs.BoolVar(&cfg.AnswerTwice, "answer-twice", cfg.AnswerTwice, "fault: with --answer, send every request_result twice")
+	fs.IntVar(&cfg.AnswerUnknown, "answer-unknown", cfg.AnswerUnknown, "fault: with --answer, send `N` request_results for ids never sent with every answer")
+	fs.BoolVar(&cfg.ShadowSilent, "shadow-silent", cfg.ShadowSilent, "fault: when running as a shadow, answer no request (only the primary answers)")
+	fs.DurationVar(&cfg.ControlCrash, "control-crash-after", cfg.ControlCrash, "fault: when running as a shadow that got no hot_reload (an evolution's control), exit 1 after this long (0 = never)")
 	fs.IntVar(&cfg.AnswerSize, "answer-size", cfg.AnswerSize, "with --answer, pad each answer's data with a `bytes`-long string (0 = none)")
 	fs.StringVar(&cfg.Behaviour, "behaviour", cfg.Behaviour, "module `CODE` the agent starts with, such as \"latency_ms=50\" (restored modules' code overrides it)")
 	fs.StringVar(&cfg.EvolveTarget, "evolve-target", cfg.EvolveTarget, "the evolution's target `MODULE`")
@@ -173,7 +183,7 @@ func (c Config) validate() error {
 		{"heartbeat-interval", c.HeartbeatInterval}, {"checkpoint-interval", c.CheckpointInterval},
 		{"metrics-interval", c.MetricsInterval}, {"crash-after", c.CrashAfter}, {"hang-after", c.HangAfter},
 		{"start-delay", c.StartDelay}, {"evolve-after", c.EvolveAfter}, {"evolve-repeat", c.EvolveRepeat},
-		{"shadow-crash-after", c.ShadowCrash},
+		{"shadow-crash-after", c.ShadowCrash}, {"control-crash-after", c.ControlCrash},
 	}
 	for _, f := range durations {
 		if f.d < 0 {
@@ -185,7 +195,7 @@ func (c Config) validate() error {
 		n    int
 	}{
 		{"wal-batch", c.WALBatch}, {"wal-max", c.WALMax}, {"entry-size", c.EntrySize},
-		{"checkpoint-every", c.CheckpointEvery}, {"memory-limit", c.MemoryLimit},
+		{"checkpoint-every", c.CheckpointEvery}, {"memory-limit", c.MemoryLimit}, {"answer-unknown", c.AnswerUnknown},
 	}
 	for _, f := range counts {
 		if f.n < 0 {

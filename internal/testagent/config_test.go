@@ -90,9 +90,10 @@ func TestParseBehaviour(t *testing.T) {
 		wantErr string
 	}{
 		{"empty keeps base", "", base, ""},
-		{"all three", "latency_ms=5 error_rate=0.01 memory_mb=80", Behaviour{5, 0.01, 80}, ""},
-		{"separators and comments", "# tuned\nlatency_ms=2;error_rate=0 , memory_mb=1 # trailing\n\n", Behaviour{2, 0, 1}, ""},
-		{"partial overrides", "error_rate=1", Behaviour{base.LatencyMS, 1, 0}, ""},
+		{"all three", "latency_ms=5 error_rate=0.01 memory_mb=80", Behaviour{5, 0.01, 80, 0.2, 0}, ""},
+		{"noise and answers", "jitter=0.25 differ=0.1", Behaviour{5, 0, 0, 0.25, 0.1}, ""},
+		{"separators and comments", "# tuned\nlatency_ms=2;error_rate=0 , memory_mb=1 # trailing\n\n", Behaviour{2, 0, 1, 0.2, 0}, ""},
+		{"partial overrides", "error_rate=1", Behaviour{base.LatencyMS, 1, 0, 0.2, 0}, ""},
 		{"lisp is not config", "(def (memory-search q) ...)", base, "not key=value"},
 		{"unknown key", "latency=5", base, "unknown setting"},
 		{"not a number", "latency_ms=fast", base, "not a number"},
@@ -120,7 +121,7 @@ func TestParseBehaviour(t *testing.T) {
 
 func TestBehaviourOfModules(t *testing.T) {
 	b, err := behaviourOf(DefaultBehaviour(), map[string]string{"b_tools": "latency_ms=9", "a_memory": "latency_ms=3 memory_mb=10", "c_bad": "nonsense"})
-	if b != (Behaviour{LatencyMS: 9, MemoryMB: 10}) {
+	if b != (Behaviour{LatencyMS: 9, MemoryMB: 10, Jitter: 0.2}) {
 		t.Errorf("behaviour = %+v, want modules overlaid in name order", b)
 	}
 	if err == nil || !strings.Contains(err.Error(), "c_bad") {

@@ -128,6 +128,7 @@ type refAgent struct {
 	pausedUntil     time.Time
 	padding         string
 	stats           requestStats
+	reloaded        bool // a hot_reload arrived (a shadow that got none is a control)
 }
 
 type sentCheckpoint struct {
@@ -169,11 +170,12 @@ func (a *refAgent) run(parent context.Context) error {
 	crashC := afterOrNil(a.cfg.CrashAfter)
 	hangC := afterOrNil(a.cfg.HangAfter)
 	stopReadingC := afterOrNil(a.cfg.StopReadingAfter)
-	var evolveC, shadowCrashC <-chan time.Time
+	var evolveC, shadowCrashC, controlCrashC <-chan time.Time
 	if a.conn.Config().Role == agent.RolePrimary {
 		evolveC = afterOrNil(a.cfg.EvolveAfter)
 	} else {
 		shadowCrashC = afterOrNil(a.cfg.ShadowCrash)
+		controlCrashC = afterOrNil(a.cfg.ControlCrash)
 	}
 	checkpointC, stopCheckpoints := tickerOrNil(a.cfg.CheckpointInterval)
 	defer stopCheckpoints()
@@ -221,6 +223,11 @@ func (a *refAgent) run(parent context.Context) error {
 		case <-crashC:
 			a.emit("crash", "code", a.cfg.CrashCode)
 			return &ExitError{Code: a.cfg.CrashCode, Reason: "--crash-after " + a.cfg.CrashAfter.String()}
+		case <-controlCrashC:
+			if !a.reloaded {
+				a.emit("crash", "code", 1)
+				return &ExitError{Code: 1, Reason: "--control-crash-after " + a.cfg.ControlCrash.String()}
+			}
 		case <-shadowCrashC:
 			a.emit("crash", "code", 1)
 			return &ExitError{Code: 1, Reason: "--shadow-crash-after " + a.cfg.ShadowCrash.String()}
@@ -289,6 +296,7 @@ func (a *refAgent) handle(ctx context.Context, msg schema.Message) (stop bool, e
 	case *schema.CheckpointAck:
 		a.acked(m)
 	case *schema.HotReload:
+		a.reloaded = true
 		reject, fatal := a.hotReload(m)
 		if reject != nil {
 			a.log.Warn("hot reload failed; keeping the old code", "module", m.Module, "err", reject)
@@ -612,7 +620,7 @@ func (a *refAgent) processRequest(ctx context.Context, m *schema.ProcessRequest)
 	failed := a.beh.ErrorRate > 0 && rand.Float64() < a.beh.ErrorRate
 	latency := a.beh.LatencyMS
 	if latency > 0 {
-		latency *= 0.8 + 0.4*rand.Float64()
+		latency *= 1 - a.beh.Jitter + 2*a.beh.Jitter*rand.Float64()
 	}
 	c := requestChange(m, started.Unix(), latency, failed, len(a.st.MemoryBlocks))
 	entries, err := a.logChanges([]change{c}, false)
@@ -632,13 +640,38 @@ func (a *refAgent) processRequest(ctx context.Context, m *schema.ProcessRequest)
 	}
 	a.stats.record(latency, failed)
 	a.emit("request", "request_id", m.RequestID, "seq", entries[0].seq, "failed", failed)
-	if !a.cfg.Answer {
+	if !a.cfg.Answer || (a.cfg.ShadowSilent && a.conn.Config().Role != agent.RolePrimary) {
 		return nil
 	}
+	for i := range a.cfg.AnswerUnknown {
+		if err := a.conn.SendRequestResult(fmt.Sprintf("unknown-%s-%d", m.RequestID, i), map[string]any{"bogus": true}); err != nil {
+			return err
+		}
+	}
+	times := 1
+	if a.cfg.AnswerTwice {
+		times = 2
+	}
+	for range times {
+		if err := a.answer(m, entries[0].seq, failed); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// answer sends the request_result of a processed request.
+func (a *refAgent) answer(m *schema.ProcessRequest, seq uint64, failed bool) error {
 	if failed {
 		return a.conn.SendRequestError(m.RequestID, "SIMULATED_FAILURE", "failed as the behaviour's error_rate asked")
 	}
-	data := map[string]any{"seq": entries[0].seq}
+	data := map[string]any{"seq": seq}
+	if a.cfg.AnswerEcho {
+		data = map[string]any{"echo": m.Data.Message}
+	}
+	if a.beh.Differ > 0 && rand.Float64() < a.beh.Differ {
+		data["variant"] = rand.Int64()
+	}
 	if a.cfg.AnswerSize > 0 {
 		data["padding"] = strings.Repeat("r", a.cfg.AnswerSize)
 	}

@@ -79,11 +79,13 @@ func (s *Server) journalRequest(w http.ResponseWriter, r *http.Request, key, dig
 		return http.StatusServiceUnavailable, map[string]any{"error": "the request could not be journaled; not accepted: " + err.Error()}
 	}
 	if created {
-		if _, shadow, trial := s.owner.Target(); shadow != nil && trial != "" {
-			// During an evolution trial the shadow gets the same traffic,
-			// never journaled.
+		if _, mirror, trial := s.owner.Target(); mirror != nil && trial != "" {
+			// During an evolution trial the shadows get the same traffic,
+			// never journaled; the trial pairs their answers with the
+			// primary's (Expect before the primary can answer).
 			s.requests.addMirror(id, trial)
-			shadow.SendRequest(frame)
+			mirror.Expect(id, time.Now())
+			mirror.Send(id, frame)
 		}
 	}
 	if !created || wait <= 0 {

@@ -29,6 +29,8 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /v1/requests", s.requireToken(http.HandlerFunc(s.handleRequest)))
 	mux.Handle("GET /v1/requests/{id}", s.requireToken(http.HandlerFunc(s.handleGetRequest)))
 	mux.Handle("DELETE /v1/requests/{id}", s.requireToken(http.HandlerFunc(s.handleCancelRequest)))
+	mux.Handle("GET /v1/evolutions", s.requireToken(http.HandlerFunc(s.handleEvolutions)))
+	mux.Handle("GET /v1/evolutions/{id}", s.requireToken(http.HandlerFunc(s.handleEvolution)))
 	s.pageRoutes(mux) // GET /, /v1/status, the page's stylesheet and script (page.go)
 	// A connection in a reserve slot is answered on the probe paths only.
 	return reserveGuard(mux)

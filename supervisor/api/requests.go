@@ -15,13 +15,11 @@ var (
 	errRequestAnswered = errors.New("request already answered")
 )
 
-// mirrored is a request also sent to the shadow of an evolution trial: when
-// it was sent and whether the shadow answered. Mirrored copies are never
-// journaled.
+// mirrored is a request also sent to the shadows of an evolution trial, and
+// when. Mirrored copies are never journaled; the trial pairs the answers.
 type mirrored struct {
-	trial          string
-	sent           time.Time
-	shadowAnswered bool
+	trial string
+	sent  time.Time
 }
 
 // maxMirrored bounds the mirrored requests remembered for a trial's
@@ -72,21 +70,4 @@ func (t *RequestTable) mirrorOf(id string) string {
 		return m.trial
 	}
 	return ""
-}
-
-// shadowAnswer records the shadow's answer to a request mirrored to trial.
-// It returns how long after sending it came, or errRequestUnknown /
-// errRequestAnswered.
-func (t *RequestTable) shadowAnswer(id, trial string) (time.Duration, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	r := t.mirror[id]
-	if r == nil || r.trial == "" || r.trial != trial {
-		return 0, errRequestUnknown
-	}
-	if r.shadowAnswered {
-		return 0, errRequestAnswered
-	}
-	r.shadowAnswered = true
-	return t.now().Sub(r.sent), nil
 }

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"errors"
 	"testing"
 	"time"
 
@@ -36,29 +35,5 @@ func TestMsgpackToJSON(t *testing.T) {
 	odd := []byte{0x82, 0x01, 0xa1, 'x', 0xa1, 'e', 0xd4, 0x05, 0xff}
 	if got, err := msgpackToJSON(odd); err != nil || string(got) != `{"1":"x","e":{"data":"/w==","ext_type":5}}` {
 		t.Errorf("got %s, %v", got, err)
-	}
-}
-
-// TestShadowAnswers: the shadow may answer only requests mirrored to its
-// trial, once each; its answers never complete the primary's request.
-func TestShadowAnswers(t *testing.T) {
-	tb, clk := newTestTable(time.Minute)
-	tb.addMirror("mirrored", "trial-1")
-	clk.advance(30 * time.Millisecond)
-	if _, err := tb.shadowAnswer("mirrored", "trial-2"); !errors.Is(err, errRequestUnknown) {
-		t.Errorf("another trial's shadow: %v, want errRequestUnknown", err)
-	}
-	if _, err := tb.shadowAnswer("primary-only", "trial-1"); !errors.Is(err, errRequestUnknown) {
-		t.Errorf("a request not mirrored: %v, want errRequestUnknown", err)
-	}
-	took, err := tb.shadowAnswer("mirrored", "trial-1")
-	if err != nil || took != 30*time.Millisecond {
-		t.Errorf("shadow answer: %v, %v", took, err)
-	}
-	if _, err := tb.shadowAnswer("mirrored", "trial-1"); !errors.Is(err, errRequestAnswered) {
-		t.Errorf("second shadow answer: %v, want errRequestAnswered", err)
-	}
-	if trial := tb.mirrorOf("mirrored"); trial != "trial-1" {
-		t.Errorf("mirrorOf: %q", trial)
 	}
 }

@@ -173,13 +173,3 @@ func (t *RequestTable) Finish(m *schema.RequestResult) (outcome string, took tim
 
 // OutcomeDuplicate: a second request_result for an answered request.
 const OutcomeDuplicate = "duplicate"
-
-// ShadowAnswer records the shadow's answer to a request mirrored to trial,
-// and how long after sending it came; err is the INVALID_MESSAGE to answer.
-func (t *RequestTable) ShadowAnswer(id, trial string) (time.Duration, error) {
-	took, err := t.shadowAnswer(id, trial)
-	if err != nil {
-		return 0, unknownResult(id, err)
-	}
-	return took, nil
-}

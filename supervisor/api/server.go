@@ -80,9 +80,9 @@ type Owner interface {
 	// not.
 	Readiness() (ready bool, reason string, st Status)
 	// Target is where a request goes now: the primary (nil: none) and,
-	// during an evolution trial, the shadow that gets the same traffic and
-	// the trial's id.
-	Target() (primary, shadow Agent, trial string)
+	// during an evolution trial, the trial's mirror, which sends the same
+	// traffic to its shadows, and the trial's id.
+	Target() (primary Agent, mirror Mirror, trial string)
 	// CheckpointMeta reads a checkpoint's header (an operator's restore).
 	CheckpointMeta(id string) (checkpoint.Meta, error)
 	// CheckpointList lists the checkpoints stored, newest first (the
@@ -104,6 +104,19 @@ type Agent interface {
 	HeartbeatAge(now time.Time) (time.Duration, bool)
 }
 
+// Mirror is a running evolution trial as the API sees it: every request
+// sent to the primary is mirrored to the trial's shadows (SPEC §6).
+type Mirror interface {
+	// Expect registers request id, about to be sent to the primary at
+	// sent. Called before the primary's send, so no answer precedes it.
+	Expect(id string, sent time.Time)
+	// Send mirrors the request's frame to the shadows (in random order),
+	// after the primary got it.
+	Send(id string, frame []byte)
+	// Cancel forgets an expected request the primary could not be sent.
+	Cancel(id string)
+}
+
 // Options configure a Server; they are fixed at New.
 type Options struct {
 	Log       *slog.Logger
@@ -112,6 +125,7 @@ type Options struct {
 	Codec     *schema.Codec
 	TokenFile string        // --http-token-file; "": no token
 	Retention time.Duration // --request-retention
+	AuditPath string        // the audit log, read by GET /v1/evolutions ("": none)
 }
 
 // Server is the supervisor's API: the HTTP handlers, the request table and

@@ -31,7 +31,7 @@ func (pageOwner) Health(time.Time) (bool, bool, time.Duration, time.Duration) {
 	return false, false, 0, 0
 }
 func (o pageOwner) Readiness() (bool, string, Status)            { return true, "", o.Status() }
-func (pageOwner) Target() (Agent, Agent, string)                 { return nil, nil, "" }
+func (pageOwner) Target() (Agent, Mirror, string)                { return nil, nil, "" }
 func (pageOwner) CheckpointMeta(string) (checkpoint.Meta, error) { return checkpoint.Meta{}, nil }
 func (pageOwner) CheckpointList() ([]checkpoint.Meta, error) {
 	return []checkpoint.Meta{{ID: "01a21f93-5b65-74e2-9c72-e74bf5602ce1", Watermark: 123000, Size: 80 << 10, StoredSize: 20 << 10, Created: time.Now()}}, nil

@@ -48,7 +48,13 @@ type Metrics struct {
 	Restores         *prometheus.CounterVec
 	RestoreEntries   prometheus.Counter
 	Evolutions       *prometheus.CounterVec
-	Requests         *prometheus.CounterVec
+	// A running evolution trial's evidence (0 between trials): pairs
+	// judged, answers ignored (duplicate, unknown id), and each test's
+	// estimate and bounds (docs/evolution.md).
+	EvolutionSamples  prometheus.Gauge
+	EvolutionIgnored  *prometheus.CounterVec
+	EvolutionEvidence *prometheus.GaugeVec
+	Requests          *prometheus.CounterVec
 
 	AgentLatency  *prometheus.GaugeVec
 	AgentErrRate  *prometheus.GaugeVec
@@ -155,6 +161,15 @@ func NewMetrics(heartbeatAge, walLastSeq func() float64, extra ...prometheus.Col
 	m.Evolutions = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_evolutions_total", Help: "Evolution decisions, by decision.",
 	}, []string{"decision"})
+	m.EvolutionSamples = a.NewGauge(prometheus.GaugeOpts{
+		Name: "supervisor_evolution_samples", Help: "Pairs of answers judged in the running evolution trial (0: none running).",
+	})
+	m.EvolutionIgnored = a.NewCounterVec(prometheus.CounterOpts{
+		Name: "supervisor_evolution_answers_ignored_total", Help: "Shadows' answers left out of evolution trials, by reason (duplicate, unknown id).",
+	}, []string{"reason"})
+	m.EvolutionEvidence = a.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "supervisor_evolution_bound", Help: "The running evolution trial's current estimates and confidence bounds, by figure (latency_ratio_low, ...).",
+	}, []string{"figure"})
 	m.Requests = a.NewCounterVec(prometheus.CounterOpts{
 		Name: "supervisor_http_requests_total", Help: "POST /v1/requests calls, by HTTP status code.",
 	}, []string{"code"})

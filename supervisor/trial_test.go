@@ -1,0 +1,51 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agent-sidecar/supervisor/evolution"
+	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/observe"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// A long trial's record, with the most differing answers at their longest,
+// fits an audit record (observe.maxAuditRecord, 16 KiB) with room to spare:
+// a larger one would be kept as "truncated" and the evidence lost.
+func TestTrialRecordFitsAnAuditRecord(t *testing.T) {
+	cfg := evolution.DefaultJudgeConfig()
+	tr := &trial{control: true, cfg: cfg, pairs: evolution.NewPairer(true, 0), judge: evolution.NewJudge(cfg),
+		met: observe.NewMetrics(func() float64 { return 0 }, func() float64 { return 0 })}
+	t0 := time.Now()
+	long := func(s string) msgpack.RawMessage {
+		b, _ := msgpack.Marshal(map[string]any{"text": strings.Repeat(s, 5000)})
+		return b
+	}
+	for i := range 5000 {
+		id := string(rune('a'+i%26)) + strings.Repeat("x", 30) + string(rune(i))
+		tr.pairs.Expect(id, t0)
+		for _, r := range []evolution.Role{evolution.RolePrimary, evolution.RoleControl, evolution.RoleCandidate} {
+			data := long("p")
+			if r == evolution.RoleCandidate {
+				data = long("c")
+			}
+			tr.pairs.Sending(id, r, t0)
+			if err := tr.answered(r, &schema.RequestResult{RequestID: id, Data: data}, t0.Add(time.Duration(10+i%7)*time.Millisecond)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	b, err := json.Marshal(tr.record(tr.verdictNow()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) > 12<<10 {
+		t.Fatalf("a trial's record is %d bytes; the audit log keeps at most 16 KiB", len(b))
+	}
+	if d := tr.pairs.Differing(); len(d) != 5 {
+		t.Fatalf("%d differing answers kept, want 5", len(d))
+	}
+}
