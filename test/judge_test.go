@@ -114,6 +114,8 @@ var judgeScenarios = []judgeScenario{
 	// control shows the same noise, so an equal candidate is not rejected.
 	{"equal candidate of a nondeterministic agent promoted", "latency_ms=20", []string{"--shadow-duration", "6s"},
 		[]string{"--behaviour", "latency_ms=20 jitter=0.25 differ=0.3"}, "promoted", "latency proven"},
+	// Errors likewise: 10% more failures take about 100 pairs to show.
+	{"candidate failing 10% more rejected", "latency_ms=20 error_rate=0.1", []string{"--shadow-duration", "12s"}, nil, "rejected", "errors: the candidate fails more often"},
 	{"crashed control inconclusive", "latency_ms=20", nil, []string{"--control-crash-after", "1500ms"}, "rejected", "inconclusive: the control failed"},
 }
 
