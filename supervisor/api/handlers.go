@@ -71,7 +71,7 @@ func (s *Server) journalRequest(w http.ResponseWriter, r *http.Request, key, dig
 		return http.StatusConflict, map[string]any{"error": fmt.Sprintf("Idempotency-Key %q was used for a request with a different body; use a new key for a new request", clip.String(key, 64))}
 	case errors.Is(err, requests.ErrFull):
 		w.Header().Set("Retry-After", strconv.Itoa(busyRetryAfter))
-		return http.StatusTooManyRequests, map[string]any{"error": fmt.Sprintf("the request journal is full (--request-journal-bytes): pending requests are never dropped to make room; not accepted, retry after %ds", busyRetryAfter)}
+		return http.StatusTooManyRequests, map[string]any{"error": fmt.Sprintf("the request journal is full (--request-journal-bytes, or %d MiB of pending requests' bodies held for delivery): pending requests are never dropped to make room; not accepted, retry after %ds", requests.MaxPendingBodyBytes>>20, busyRetryAfter)}
 	case errors.Is(err, requests.ErrDiskFull):
 		return http.StatusInsufficientStorage, map[string]any{"error": "the request could not be journaled: the disk under --data-dir is full; not accepted (free space, then retry)"}
 	case err != nil:

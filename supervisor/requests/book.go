@@ -141,6 +141,9 @@ type Book struct {
 	agent     Agent
 	gen       int
 	liveBytes int64
+	// bodyBytes: the bodies of pending requests, held in memory for their
+	// deliveries (MaxPendingBodyBytes). A finished request's body is let go.
+	bodyBytes int64
 	closed    bool
 	// resultBytes: the answers' data held (MaxResultBytes).
 	resultBytes int64
@@ -239,6 +242,7 @@ func (b *Book) apply(rec *Record) {
 			return
 		}
 		r.Status, r.Finished, r.Error, r.Suspect = map[string]string{KindExpired: StatusExpired, KindCancelled: StatusCancelled, KindFailed: StatusFailed}[rec.Kind], at, rec.Error, false
+		b.releaseBodyLocked(r)
 		close(r.done)
 	}
 }
@@ -247,6 +251,11 @@ func (b *Book) addLocked(r *Request) {
 	b.seq++
 	r.seq = b.seq
 	r.done = make(chan struct{})
+	if r.Final() {
+		r.Body = nil // never delivered again
+	} else {
+		b.bodyBytes += int64(len(r.Body))
+	}
 	r.size = int64(len(r.Body) + len(r.Data) + len(r.LateData) + 512)
 	b.reqs[r.ID] = r
 	if r.Key != "" {
@@ -260,6 +269,7 @@ func (b *Book) addLocked(r *Request) {
 
 func (b *Book) removeLocked(r *Request) {
 	delete(b.reqs, r.ID)
+	b.releaseBodyLocked(r)
 	if r.Status == StatusAnswered {
 		b.resultBytes -= int64(len(r.Data))
 	}
@@ -268,6 +278,20 @@ func (b *Book) removeLocked(r *Request) {
 	}
 	b.liveBytes -= r.size
 }
+
+// releaseBodyLocked lets go of a request's body once it is never delivered
+// again (finished, or forgotten).
+func (b *Book) releaseBodyLocked(r *Request) {
+	b.bodyBytes -= int64(len(r.Body))
+	r.Body = nil
+}
+
+// MaxPendingBodyBytes bounds the bodies of pending requests, which the book
+// holds in memory for their deliveries: over it POST /v1/requests answers 429
+// (an accepted request is never dropped to make room). Part of the
+// supervisor's memory bound (64 MiB in all, SPEC §8), beside the results'
+// MaxResultBytes; --request-journal-bytes bounds the journal on disk.
+const MaxPendingBodyBytes = 8 << 20
 
 // snapshot is the compacted journal: one state record per durable request.
 func (b *Book) snapshot() []*Record {
@@ -317,7 +341,7 @@ func (b *Book) Accept(key, digest string, body json.RawMessage, id string) (v Vi
 	now := b.cfg.Now()
 	r := &Request{ID: id, Key: key, Digest: digest, Body: body, Accepted: now, Deadline: now.Add(b.cfg.Timeout), Status: StatusPending}
 	size := int64(len(body) + 512)
-	if b.cfg.MaxBytes > 0 && b.liveBytes+size > b.cfg.MaxBytes {
+	if b.cfg.MaxBytes > 0 && b.liveBytes+size > b.cfg.MaxBytes || b.bodyBytes+int64(len(body)) > MaxPendingBodyBytes {
 		b.mu.Unlock()
 		b.cfg.Metrics.rejected(rejectFull)
 		return View{}, false, ErrFull
@@ -456,6 +480,7 @@ func (b *Book) poisonLocked(r *Request, now time.Time) {
 		len(r.Deaths), strings.Join(reasons, ", "), b.cfg.MaxAttempts),
 		Details: map[string]any{"deaths": len(r.Deaths), "reasons": reasons, "attempts": r.Attempts}}
 	b.j.AppendLazy(&Record{Kind: KindFailed, ID: r.ID, At: now.UnixNano(), Error: r.Error})
+	b.releaseBodyLocked(r)
 	close(r.done)
 	b.cfg.Metrics.poison.Inc()
 	b.cfg.Log.Error("request set aside as poison: the agent died every time it had it", "request_id", r.ID,
@@ -526,6 +551,7 @@ func (b *Book) answerLocked(r *Request, data json.RawMessage, rerr *ErrorBody, n
 	r.Finished = now
 	b.liveBytes += int64(len(data))
 	r.size += int64(len(data))
+	b.releaseBodyLocked(r)
 	if r.done != nil {
 		close(r.done)
 	}
@@ -593,6 +619,7 @@ func (b *Book) Cancel(id string) (View, error) {
 	}
 	now := b.cfg.Now()
 	r.Status, r.Finished, r.Suspect = StatusCancelled, now, false
+	b.releaseBodyLocked(r)
 	close(r.done)
 	t := b.j.Append(&Record{Kind: KindCancelled, ID: id, At: now.UnixNano()})
 	inflight := r.inflight != 0 && r.inflight == b.gen
@@ -674,8 +701,10 @@ func (b *Book) deliver(tick bool) {
 		// journaled but never sent (the queue was full) is sent with the
 		// same number.
 		attempts := make([]int, len(due))
+		bodies := make([]json.RawMessage, len(due)) // read under the lock: a finished request lets go of its body
 		var recs []*Record
 		for i, r := range due {
+			bodies[i] = r.Body
 			attempts[i] = r.Attempts
 			if r.Attempts == 0 {
 				// The first delivery needs no record: the accepted record
@@ -694,7 +723,7 @@ func (b *Book) deliver(tick bool) {
 		b.mu.Unlock()
 		frames := make([][]byte, len(due))
 		for i, r := range due {
-			frames[i] = b.frame(r, attempts[i])
+			frames[i] = b.frame(r.ID, bodies[i], attempts[i])
 		}
 		if t != nil {
 			if err := t.Wait(); err != nil {
@@ -728,15 +757,18 @@ func (b *Book) deliver(tick bool) {
 	}
 }
 
-// frame encodes a delivery of r, without the book's lock held (the body
-// never changes).
-func (b *Book) frame(r *Request, attempt int) []byte {
+// frame encodes a delivery of request id with raw, its body (read under the
+// lock), without the book's lock held.
+func (b *Book) frame(id string, raw json.RawMessage, attempt int) []byte {
+	if raw == nil {
+		return nil // finished since it was picked: not delivered
+	}
 	var body Body
-	if err := json.Unmarshal(r.Body, &body); err != nil {
-		b.cfg.Log.Error("cannot decode a journaled request; it is not delivered", "request_id", r.ID, "err", err)
+	if err := json.Unmarshal(raw, &body); err != nil {
+		b.cfg.Log.Error("cannot decode a journaled request; it is not delivered", "request_id", id, "err", err)
 		return nil
 	}
-	msg := &schema.ProcessRequest{RequestID: r.ID, Attempt: uint64(attempt),
+	msg := &schema.ProcessRequest{RequestID: id, Attempt: uint64(attempt),
 		Data: schema.RequestData{Message: body.Message, UserID: body.UserID}}
 	if body.Context != nil {
 		if raw, err := msgpackMarshal(body.Context); err == nil {
@@ -745,7 +777,7 @@ func (b *Book) frame(r *Request, attempt int) []byte {
 	}
 	frame, err := b.cfg.Encode(msg)
 	if err != nil {
-		b.cfg.Log.Error("cannot encode a journaled request for the agent; it is not delivered", "request_id", r.ID, "err", err)
+		b.cfg.Log.Error("cannot encode a journaled request for the agent; it is not delivered", "request_id", id, "err", err)
 		return nil
 	}
 	return frame
@@ -782,6 +814,7 @@ func (b *Book) expireLocked(r *Request, now time.Time) {
 	r.Status, r.Finished, r.Suspect = StatusExpired, now, false
 	r.Error = &ErrorBody{Code: CodeExpired, Message: fmt.Sprintf("the agent did not answer within --request-timeout (%s); the request is no longer delivered", b.cfg.Timeout)}
 	b.j.AppendLazy(&Record{Kind: KindExpired, ID: r.ID, At: now.UnixNano(), Error: r.Error})
+	b.releaseBodyLocked(r)
 	close(r.done)
 	if r.inflight == b.gen && b.agent != nil && b.agent.AcceptsCancel() {
 		b.agent.SendMsg(&schema.CancelRequest{RequestID: r.ID})

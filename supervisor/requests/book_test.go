@@ -100,3 +100,47 @@ func TestResultsBoundedConcurrent(t *testing.T) {
 		t.Errorf("result bytes %d over %d", b.resultBytes, MaxResultBytes)
 	}
 }
+
+// TestPendingBodiesBounded: the bodies of pending requests, held in memory
+// for their deliveries, stay within MaxPendingBodyBytes however large
+// --request-journal-bytes is: over it Accept refuses (429), and a finished
+// request's body is let go, making room again. Across a reopen the bodies
+// of finished requests are not held.
+func TestPendingBodiesBounded(t *testing.T) {
+	dir := t.TempDir()
+	b := testBook(t, dir, Config{MaxBytes: 1 << 30})
+	body, _ := json.Marshal(Body{Message: strings.Repeat("m", 900<<10)})
+	var ids []string
+	for i := 0; ; i++ {
+		id := fmt.Sprintf("r%03d", i)
+		_, _, err := b.Accept("", "", body, id)
+		if err == ErrFull {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+		if i > 100 {
+			t.Fatal("100 requests of 900 KiB accepted: pending bodies are not bounded")
+		}
+	}
+	if n := len(ids) * len(body); n > MaxPendingBodyBytes || b.bodyBytes > MaxPendingBodyBytes {
+		t.Fatalf("%d pending bodies of %d bytes (%d held)", len(ids), len(body), b.bodyBytes)
+	}
+	if _, _, err := b.Answer(ids[0], json.RawMessage(`{"ok":true}`), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Cancel(ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.Accept("", "", body, "after"); err != nil {
+		t.Fatalf("a finished request's body still counted: %v", err)
+	}
+	held := b.bodyBytes
+	b.Close()
+	b2 := testBook(t, dir, Config{MaxBytes: 1 << 30})
+	if b2.bodyBytes != held {
+		t.Errorf("after a reopen %d bytes of bodies held, want %d (the pending ones)", b2.bodyBytes, held)
+	}
+}

@@ -291,6 +291,10 @@ func main() {
 		send(marshal(map[string]any{"type": "checkpoint", "data": map[string]any{"agent_state": map[string]any{"status": "idle"}}}))
 		note("sent all")
 		select {}
+	case "deaf":
+		// Heartbeats and never reads its input: what is sent to it fills
+		// the pipe and waits (TestOutboundQueueBoundedByBytes).
+		heartbeats()
 	case "chatty":
 		go readReplies()
 		go heartbeats()
