@@ -12,10 +12,16 @@ package test
 //	REQAGENT_POISON_EXIT=MSG      exit 1 at once on a request whose message is MSG
 //	REQAGENT_POISON_HANG=MSG      stop heartbeating and reading on it (hang)
 //	REQAGENT_EXIT_FIRST=MSG       exit 1 on MSG's first delivery (attempt 1) only
+//	REQAGENT_STAMP=FILE           timing (BenchmarkRedeliver10k): log one WAL entry
+//	                              at a start without a restore (so the next start
+//	                              gets one); after a restore, write to FILE (JSON)
+//	                              when it arrived and when the first and the
+//	                              REQAGENT_STAMP_N-th process_request arrived
 
 import (
 	"encoding/json"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -74,6 +80,14 @@ func runReqAgent() int {
 	hold := os.Getenv("REQAGENT_HOLD")
 	var cmu sync.Mutex
 	cancelled := map[string]chan struct{}{}
+	stamp := os.Getenv("REQAGENT_STAMP")
+	stampN, _ := strconv.Atoi(os.Getenv("REQAGENT_STAMP_N"))
+	var restoredAt, firstAt time.Time
+	arrived := 0
+	if stamp != "" && os.Getenv("SUPERVISOR_RESTORE_PENDING") != "1" {
+		params, _ := schema.MarshalMap(map[string]any{"content": "state, so that the next start is sent a restore"})
+		send(&schema.WALEntry{Entry: schema.WALRecord{Operation: "memory_add", Sequence: 1, Params: params}})
+	}
 	for {
 		p, err := r.ReadFrame()
 		if err != nil {
@@ -83,7 +97,23 @@ func runReqAgent() int {
 		if err != nil {
 			continue
 		}
+		if stamp != "" && !restoredAt.IsZero() {
+			if _, ok := m.(*schema.ProcessRequest); ok {
+				now := time.Now()
+				if arrived++; arrived == 1 {
+					firstAt = now
+				}
+				if arrived == stampN {
+					b, _ := json.Marshal(map[string]any{"restore_ns": restoredAt.UnixNano(), "first_ns": firstAt.UnixNano(), "last_ns": now.UnixNano(), "n": arrived})
+					_ = os.WriteFile(stamp, b, 0o600)
+				}
+			}
+		}
 		switch m := m.(type) {
+		case *schema.Restore:
+			if stamp != "" {
+				restoredAt, arrived = time.Now(), 0
+			}
 		case *schema.Shutdown:
 			return 0
 		case *schema.CancelRequest:
