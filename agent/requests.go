@@ -93,17 +93,29 @@ func (c *Conn) StartRequest(parent context.Context, m *schema.ProcessRequest) (*
 // map) when err is nil, else an error with the code of a *RequestError,
 // CodeRequestCancelled after a cancellation, CodeStepMismatch,
 // CodeStepResultTooLarge, or schema.CodeRequestFailed. When steps were
-// logged for the request, it first logs request_done, so their results may
-// be forgotten. Only the first call sends anything.
+// logged for the request, it then logs request_done, so their results may
+// be forgotten: after the answer, never before (docs/protocol.md: the
+// supervisor holds request_done until the answer is journaled, so a restart
+// never redelivers a request whose steps are gone). Only the first call
+// sends anything.
 func (r *Request) Answer(data any, err error) error {
 	if r.done.Swap(true) {
 		return nil
 	}
 	c := r.conn
 	defer c.reqs.finish(r)
-	if derr := c.stepsDone(r.ID); derr != nil {
-		c.log.Warn("could not log request_done", "request_id", r.ID, "err", derr)
+	serr := r.sendAnswer(data, err)
+	if serr == nil {
+		if derr := c.stepsDone(r.ID); derr != nil {
+			c.log.Warn("could not log request_done", "request_id", r.ID, "err", derr)
+		}
 	}
+	return serr
+}
+
+// sendAnswer sends the request_result of Answer.
+func (r *Request) sendAnswer(data any, err error) error {
+	c := r.conn
 	if err == nil {
 		serr := c.SendRequestResult(r.ID, data)
 		if errors.Is(serr, ErrBadMessage) {

@@ -98,11 +98,11 @@ func TestStepLoggedBeforeItReturns(t *testing.T) {
 	}
 	sup.send(&schema.WALAck{Sequence: 42})
 	closedWithin(t, stepped, "Step's return after the wal_ack")
+	res := recvAs[*schema.RequestResult](t, sup)
 	done := recvAs[*schema.WALEntry](t, sup)
 	if done.Entry.Operation != agent.OpRequestDone || done.Ack || done.Entry.Sequence != 43 || stepParams(t, done)["request_id"] != "r1" {
-		t.Fatalf("after the answer: %s seq %d ack %v %v; want request_done 43 without ack", done.Entry.Operation, done.Entry.Sequence, done.Ack, stepParams(t, done))
+		t.Fatalf("after the answer (request_done follows the request_result): %s seq %d ack %v %v; want request_done 43 without ack", done.Entry.Operation, done.Entry.Sequence, done.Ack, stepParams(t, done))
 	}
-	res := recvAs[*schema.RequestResult](t, sup)
 	if res.RequestID != "r1" || decodeMap(t, res.Data)["text"] != "the answer" {
 		t.Fatalf("request_result %+v", res)
 	}
@@ -182,8 +182,8 @@ func TestStepReplayedFromRestore(t *testing.T) {
 	if len(restored.WALEntries) != 1 || decodeMap(t, restored.WALEntries[0])["operation"] != schema.OpMemoryAdd {
 		t.Errorf("the agent's restore has %d WAL entries; want only its memory_add", len(restored.WALEntries))
 	}
-	recvAs[*schema.WALEntry](t, sup) // request_done
 	recvAs[*schema.RequestResult](t, sup)
+	recvAs[*schema.WALEntry](t, sup) // request_done, after the answer
 	// r0 was done in the tail: a request r0 now runs its step.
 	if err := conn.SendCheckpoint(map[string]any{"user": "state"}); err != nil {
 		t.Fatal(err)
@@ -207,10 +207,10 @@ func TestStepMismatch(t *testing.T) {
 	}})
 	sup.send(&schema.Restore{WALEntries: tail, LastSequence: 3})
 	sup.send(request("r1", 2))
-	if e := recvAs[*schema.WALEntry](t, sup); e.Entry.Operation != agent.OpRequestDone {
-		t.Errorf("first frame after the handler: %s; want request_done (the request had logged steps)", e.Entry.Operation)
-	}
 	res := recvAs[*schema.RequestResult](t, sup)
+	if e := recvAs[*schema.WALEntry](t, sup); e.Entry.Operation != agent.OpRequestDone {
+		t.Errorf("frame after the answer: %s; want request_done (the request had logged steps)", e.Entry.Operation)
+	}
 	if !errors.Is(stepErr, agent.ErrStepMismatch) || !strings.Contains(stepErr.Error(), `"llm"`) || !strings.Contains(stepErr.Error(), `"search"`) {
 		t.Errorf("Step = %v; want ErrStepMismatch naming llm and search", stepErr)
 	}
@@ -361,8 +361,8 @@ func TestCheckpointCarriesTheStepTable(t *testing.T) {
 	}
 	// The same data handed back in a restore reaches the agent without it.
 	close(release)
-	recvAs[*schema.WALEntry](t, sup) // request_done
 	recvAs[*schema.RequestResult](t, sup)
+	recvAs[*schema.WALEntry](t, sup) // request_done, after the answer
 	if err := conn.SendCheckpoint(map[string]any{"user": 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -424,11 +424,11 @@ func TestSequencesSharedWithSteps(t *testing.T) {
 	if err := req.Answer(map[string]any{"ok": true}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if e := recvAs[*schema.WALEntry](t, sup); e.Entry.Sequence != 18 || e.Entry.Operation != agent.OpRequestDone {
-		t.Fatalf("after Answer: %s %d; want request_done 18", e.Entry.Operation, e.Entry.Sequence)
-	}
 	if res := recvAs[*schema.RequestResult](t, sup); res.RequestID != "r9" || res.Error != nil {
 		t.Fatalf("request_result %+v", res)
+	}
+	if e := recvAs[*schema.WALEntry](t, sup); e.Entry.Sequence != 18 || e.Entry.Operation != agent.OpRequestDone {
+		t.Fatalf("after Answer: %s %d; want request_done 18", e.Entry.Operation, e.Entry.Sequence)
 	}
 	if err := req.Answer(nil, errors.New("again")); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/evolution"
+	"github.com/agent-sidecar/supervisor/internal/clip"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/conn"
 	"github.com/agent-sidecar/supervisor/supervisor/durable"
@@ -92,7 +93,45 @@ func (k *sinks) collecting() (*trial, evolution.Side) {
 }
 
 func (k *sinks) AppendWAL(in *conn.Instance, recs []schema.WALRecord, ack bool) {
+	if k.role == RolePrimary {
+		k.s.requestsDoneDurably(recs)
+	}
 	k.s.appendWAL(in, k.wal, k.add, recs, ack)
+}
+
+// requestsDoneDurably holds a request_done entry (docs/protocol.md, steps)
+// until the record that finished its request is in the request journal:
+// the agent answers first and logs request_done after, and a restart must
+// never see the steps forgotten while the request is still pending (it
+// would be redelivered and every step run again). The reader waits here, on
+// our storage's time (inside the sink, like an append).
+func (s *Supervisor) requestsDoneDurably(recs []schema.WALRecord) {
+	if s.book == nil {
+		return
+	}
+	for _, r := range recs {
+		if r.Operation != schema.OpRequestDone {
+			continue
+		}
+		id, ok := requestIDParam(r.Params)
+		if !ok {
+			continue
+		}
+		if err := s.book.FinishedDurably(id); err != nil {
+			s.log.Warn("request_done logged before its request's answer could be journaled", "request_id", clip.String(id, 64), "err", err)
+		}
+	}
+}
+
+// requestIDParam reads params.request_id of a request_done entry.
+func requestIDParam(params []byte) (string, bool) {
+	var p struct {
+		RequestID string `msgpack:"request_id"`
+	}
+	if err := schema.Unmarshal(params, &p); err != nil || p.RequestID == "" {
+		return "", false
+	}
+	return p.RequestID, true
 }
 
 // versionSeen: the agent spoke a higher protocol version.

@@ -536,12 +536,15 @@ export class Agent extends EventEmitter {
     }
     req.answered = true;
     if (this._inflight.get(req.requestId) === req) this._inflight.delete(req.requestId);
+    const written = this._writeFrame(frameOf(payload));
     if (this._steps.has(req.requestId)) {
-      // The steps may be forgotten: logged (without ack) before the answer.
+      // The steps may be forgotten: logged (without ack) after the answer,
+      // never before, or a restart could redeliver the request with its steps
+      // gone (docs/protocol.md). Queued right behind the answer, in order.
       this._steps.delete(req.requestId);
       this.logNoAck("request_done", { request_id: req.requestId });
     }
-    await this._writeFrame(frameOf(payload));
+    await written;
   }
 
   // ---------- receiving ----------

@@ -94,11 +94,11 @@ test("redelivery: logged steps return their results without running fn; a rename
   assert.equal(cp.data.mine, 2);
 
   await req.reply({ ok: true });
-  await fake.until((ms) => ms.some((m) => m.type === "request_result"));
+  await fake.until((ms) => ms.some((m) => m.type === "wal_entry" && m.data.operation === "request_done"));
   const tail = fake.received.slice(-2);
-  assert.deepEqual(tail.map((m) => m.type), ["wal_entry", "request_result"], "request_done goes before the answer");
-  assert.deepEqual(tail[0].data, { sequence: 9, operation: "request_done", params: { request_id: "r1" } });
-  assert.equal(tail[0].ack, undefined);
+  assert.deepEqual(tail.map((m) => m.type), ["request_result", "wal_entry"], "request_done goes after the answer, never before");
+  assert.deepEqual(tail[1].data, { sequence: 9, operation: "request_done", params: { request_id: "r1" } });
+  assert.equal(tail[1].ack, undefined);
   assert.deepEqual(agent.stepTable(), {});
   await agent.checkpoint({ mine: 3 });
   assert.equal(STEPS_KEY in fake.received.findLast((m) => m.type === "checkpoint").data, false);

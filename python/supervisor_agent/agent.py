@@ -379,15 +379,17 @@ class Agent:
             self._inflight.pop(req.request_id, None)
 
     def _answer(self, req: Request, msg: Dict[str, Any]) -> None:
-        """request_done (when the request has steps) and then the request_result."""
+        """The request_result, then request_done (when the request has steps): never the
+        other way round, or a restart could redeliver a request whose steps are gone
+        (docs/protocol.md)."""
+        with self._inflight_lock:
+            self._inflight.pop(req.request_id, None)
         with self._seq_lock:
+            self._send(msg)
             if self._steps.drop(req.request_id):
                 self._seq += 1
                 self._send({"type": "wal_entry", "data": {
                     "operation": OP_DONE, "params": {"request_id": req.request_id}, "sequence": self._seq}})
-        with self._inflight_lock:
-            self._inflight.pop(req.request_id, None)
-        self._send(msg)
 
     @property
     def step_table(self) -> Dict[str, List[Dict[str, Any]]]:

@@ -227,7 +227,7 @@ class Request:
 
     def _answer_cancelled(self) -> None:
         """Say the handler stopped (REQUEST_CANCELLED, kept beside the cancelled status, as
-        the Go client does); request_done first, so the request's steps are forgotten."""
+        the Go client does); then request_done, so the request's steps are forgotten."""
         if self.answered:
             return
         try:
@@ -266,7 +266,7 @@ class Request:
         return result
 
     async def reply(self, data: Dict[Any, Any]) -> None:
-        """Send the request_result (after request_done when the request has steps)."""
+        """Send the request_result (then request_done when the request has steps)."""
         self._agent._answer(self, {"type": "request_result", "request_id": self.request_id, "data": data})
         await self._agent._drain()
 
@@ -620,14 +620,16 @@ class Agent:
             self._steps.drop(request_id)
 
     def _answer(self, req: Request, msg: Dict[str, Any]) -> None:
+        # The answer first, then request_done (docs/protocol.md: never the other
+        # way round, or a restart could redeliver a request whose steps are gone).
+        self._write(self._encode(msg))
+        req.answered = True
+        self._inflight.pop(req.request_id, None)
         if req.request_id in self._steps:
             self._write(self._encode({"type": "wal_entry", "data": {
                 "operation": OP_DONE, "params": {"request_id": req.request_id}, "sequence": self._seq + 1}}))
             self._seq += 1
             self._steps.drop(req.request_id)
-        self._inflight.pop(req.request_id, None)
-        self._write(self._encode(msg))
-        req.answered = True
 
     @property
     def step_table(self) -> Dict[str, List[Dict[str, Any]]]:

@@ -46,9 +46,12 @@ def test_sync_steps_replayed_from_restore_and_table_in_checkpoint():
         req.reply({"ok": True})
         res = sup.result(RID)
         assert res["data"] == {"ok": True}
-        # request_done was logged before the answer, and the table is empty again
+        # request_done was logged after the answer (never before: docs/protocol.md),
+        # and the table is empty again
+        sup.wait_for(lambda s: any(m["type"] == "wal_entry" and m["data"]["operation"] == "request_done"
+                                   for m in s.received))
         done = [m for m in sup.received if m["type"] == "wal_entry" and m["data"]["operation"] == "request_done"]
-        assert done and sup.received.index(done[0]) < sup.received.index(res)
+        assert done and sup.received.index(done[0]) > sup.received.index(res)
         assert agent.step_table == {}
         agent.checkpoint({"notes": ["a"]})
         assert sup.checkpoint == {"notes": ["a"]}
@@ -175,10 +178,13 @@ def test_aio_steps_replay_cancel_and_errors():
                         break
                     await asyncio.sleep(0.01)
                 assert calls == ["plan", "llm", "slow"]
-                # the handler stopped: REQUEST_CANCELLED (after request_done: its steps are dropped)
+                # the handler stopped: REQUEST_CANCELLED (then request_done: its steps are dropped)
                 res = await asyncio.get_running_loop().run_in_executor(None, sup.result, "r2")
                 assert res["error"]["code"] == "REQUEST_CANCELLED"
                 assert agent.step_table == {}
+                await asyncio.get_running_loop().run_in_executor(None, sup.wait_for, lambda s: any(
+                    m["type"] == "wal_entry" and m["data"]["operation"] == "request_done"
+                    and m["data"]["params"] == {"request_id": "r2"} for m in s.received))
                 ops = [m["data"]["params"] for m in sup.received
                        if m["type"] == "wal_entry" and m["data"]["operation"] == "request_done"]
                 assert {"request_id": "r2"} in ops

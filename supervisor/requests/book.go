@@ -75,6 +75,9 @@ type Request struct {
 	seq      uint64
 	durable  bool
 	ticket   *Ticket
+	// final is the journal write of the record that finished the request
+	// (answer, cancellation, expiry, setting aside); nil once replayed.
+	final *Ticket
 	done     chan struct{}
 	inflight int // the agent generation it is in flight to; 0: none
 	// sentAttempt: the highest attempt actually sent (Attempts may be one
@@ -279,6 +282,33 @@ func (b *Book) removeLocked(r *Request) {
 	b.liveBytes -= r.size
 }
 
+// FinishedDurably waits until the record that finished request id — its
+// answer, cancellation, expiry or setting aside — is on disk (asking the
+// journal to write it now rather than within its lazy delay). It returns at
+// once for an id that is unknown, still pending, or finished by records
+// already durable. The agent's request_done entry, which lets the agent
+// forget the request's steps, is appended to the WAL only after this: a
+// supervisor killed in between must never redeliver a request whose steps
+// the agent's restore has dropped (they would all run again).
+func (b *Book) FinishedDurably(id string) error {
+	b.mu.Lock()
+	r := b.reqs[id]
+	var t *Ticket
+	if r != nil && r.Final() {
+		t = r.final
+	}
+	b.mu.Unlock()
+	if t == nil {
+		return nil
+	}
+	select {
+	case <-t.Done():
+	default:
+		b.j.kick()
+	}
+	return t.Wait()
+}
+
 // releaseBodyLocked lets go of a request's body once it is never delivered
 // again (finished, or forgotten).
 func (b *Book) releaseBodyLocked(r *Request) {
@@ -479,7 +509,7 @@ func (b *Book) poisonLocked(r *Request, now time.Time) {
 		"the agent died %d times with this request in flight (%s); it is set aside and never delivered again (--request-max-attempts %d)",
 		len(r.Deaths), strings.Join(reasons, ", "), b.cfg.MaxAttempts),
 		Details: map[string]any{"deaths": len(r.Deaths), "reasons": reasons, "attempts": r.Attempts}}
-	b.j.AppendLazy(&Record{Kind: KindFailed, ID: r.ID, At: now.UnixNano(), Error: r.Error})
+	r.final = b.j.AppendLazy(&Record{Kind: KindFailed, ID: r.ID, At: now.UnixNano(), Error: r.Error})
 	b.releaseBodyLocked(r)
 	close(r.done)
 	b.cfg.Metrics.poison.Inc()
@@ -528,8 +558,11 @@ func (b *Book) Answer(id string, data json.RawMessage, rerr *ErrorBody) (outcome
 			return "", took, ErrDuplicate
 		}
 	}
-	b.j.AppendLazy(&Record{Kind: KindAnswered, ID: id, At: now.UnixNano(), Data: data, Error: rerr})
+	t := b.j.AppendLazy(&Record{Kind: KindAnswered, ID: id, At: now.UnixNano(), Data: data, Error: rerr})
 	outcome = b.answerLocked(r, data, rerr, now)
+	if r.final == nil {
+		r.final = t
+	}
 	b.kickLocked()
 	return outcome, took, nil
 }
@@ -622,6 +655,7 @@ func (b *Book) Cancel(id string) (View, error) {
 	b.releaseBodyLocked(r)
 	close(r.done)
 	t := b.j.Append(&Record{Kind: KindCancelled, ID: id, At: now.UnixNano()})
+	r.final = t
 	inflight := r.inflight != 0 && r.inflight == b.gen
 	sent := false
 	if inflight && b.agent != nil && b.agent.AcceptsCancel() {
@@ -813,7 +847,7 @@ func (b *Book) run() {
 func (b *Book) expireLocked(r *Request, now time.Time) {
 	r.Status, r.Finished, r.Suspect = StatusExpired, now, false
 	r.Error = &ErrorBody{Code: CodeExpired, Message: fmt.Sprintf("the agent did not answer within --request-timeout (%s); the request is no longer delivered", b.cfg.Timeout)}
-	b.j.AppendLazy(&Record{Kind: KindExpired, ID: r.ID, At: now.UnixNano(), Error: r.Error})
+	r.final = b.j.AppendLazy(&Record{Kind: KindExpired, ID: r.ID, At: now.UnixNano(), Error: r.Error})
 	b.releaseBodyLocked(r)
 	close(r.done)
 	if r.inflight == b.gen && b.agent != nil && b.agent.AcceptsCancel() {
