@@ -12,6 +12,7 @@ package test
 //	REQAGENT_POISON_EXIT=MSG      exit 1 at once on a request whose message is MSG
 //	REQAGENT_POISON_HANG=MSG      stop heartbeating and reading on it (hang)
 //	REQAGENT_EXIT_FIRST=MSG       exit 1 on MSG's first delivery (attempt 1) only
+//	REQAGENT_WAL_ONE=1            log one WAL entry (sequence 1, ack) at start
 
 import (
 	"encoding/json"
@@ -70,6 +71,10 @@ func runReqAgent() int {
 			<-t.C
 		}
 	}()
+	if os.Getenv("REQAGENT_WAL_ONE") != "" {
+		params, _ := schema.MarshalMap(map[string]any{"n": 1})
+		send(&schema.WALEntry{Entry: schema.WALRecord{Operation: "state_update", Sequence: 1, Params: params}, Ack: true})
+	}
 	delay, _ := time.ParseDuration(os.Getenv("REQAGENT_DELAY"))
 	hold := os.Getenv("REQAGENT_HOLD")
 	var cmu sync.Mutex
