@@ -530,3 +530,53 @@ func TestReplicaRequestsFollowTheAgent(t *testing.T) {
 		t.Fatalf("no restore reported:\n%s", tail(b.out.String(), 20))
 	}
 }
+
+// TestReplicaDamagedRequestJournal: a request journal object changed in the
+// bucket (its bytes no longer match the SHA-256 in its name) is refused
+// loudly — `replica restore` says the requests were not restored, a start
+// on an empty data directory logs it — and the rest of the data directory
+// is restored: the supervisor starts and serves, no crash loop.
+func TestReplicaDamagedRequestJournal(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.MakeBucket("state")
+	flags := replicaFlags(srv, "state", "agents/d")
+	dirA := filepath.Join(t.TempDir(), "data")
+	logA := filepath.Join(t.TempDir(), "agent-a.jsonl")
+	a := reqSup(t, dirA, logA, append(srv.Env(), "REQAGENT_HOLD=job", "REQAGENT_WAL_ONE=1"), flags...)
+	postRequest(t, a, "job-0")
+	waitFor(t, 60*time.Second, "the WAL entry and the request replicated", func() bool {
+		_, rs := statusOf(t, dirA)
+		return rs.UploadedSequence == 1 && rs.RequestsJournal != nil && rs.RequestsJournal.LagWrites == 0 && rs.RequestsJournal.Bytes > 0
+	})
+	killSup(t, a)
+	var key string
+	for _, k := range srv.Keys("state", "agents/d/") {
+		if strings.Contains(k, "/files/requests-journal/") {
+			key = k
+		}
+	}
+	if key == "" {
+		t.Fatalf("no request journal object in the bucket: %v", srv.Keys("state", "agents/d/"))
+	}
+	b := srv.Get("state", key)
+	b[len(b)/2] ^= 0xff
+	srv.Put("state", key, b)
+
+	restored := filepath.Join(t.TempDir(), "restored")
+	code, out, stderr := cliEnv(t, srv.Env(), append([]string{"replica", "restore", "--data-dir", restored}, flags[:4]...)...)
+	if code != 0 || !strings.Contains(out, "requests:     NOT restored: the request journal in the replica is damaged") ||
+		!strings.Contains(stderr, "request journal in the replica is damaged") {
+		t.Fatalf("replica restore of a damaged journal: exit %d\n%s%s", code, out, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(restored, "requests", "journal")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a damaged journal was written into the restored directory (%v)", err)
+	}
+
+	dirB := filepath.Join(t.TempDir(), "data")
+	s := reqSup(t, dirB, filepath.Join(t.TempDir(), "agent-b.jsonl"), srv.Env(), flags...)
+	id := postRequest(t, s, "fresh")
+	waitStatus(t, s, id, "answered", 60*time.Second)
+	if !strings.Contains(s.out.String(), "the request journal in the replica is damaged and is not restored") {
+		t.Fatalf("the start did not say the journal was refused:\n%s", tail(s.out.String(), 20))
+	}
+}
