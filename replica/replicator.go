@@ -732,6 +732,12 @@ func (r *Replicator) syncJournal(ctx context.Context) error {
 	if r.local.Journal == nil {
 		return nil
 	}
+	r.mu.Lock()
+	done := r.jUploaded
+	r.mu.Unlock()
+	if _, had := r.files[JournalFile]; had && r.local.Journal.Version() <= done {
+		return nil // unchanged since its upload: not read again
+	}
 	b, v, err := r.local.Journal.Snapshot()
 	if err != nil {
 		return fmt.Errorf("replica: read the request journal: %w", err)
