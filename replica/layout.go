@@ -17,7 +17,7 @@ import (
 //	generation-SHA.json                       who started the generation
 //	checkpoints/WM-ID-SHA.ckpt                a stored checkpoint file, as is
 //	wal/AFTER-LAST-MS-SHA.chunk               WAL entries in (AFTER, LAST]
-//	files/NAME/NANOS-SHA                      a version of a small file
+//	files/NAME/NANOS-SHA                      a version of a small file (or the request journal)
 //	owners/SESSION-SHA.json                   a supervisor that wrote it (OwnerClaim)
 //
 // WM, AFTER and LAST are 16 hex digits (lexical order is numeric order),
