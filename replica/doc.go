@@ -18,7 +18,8 @@
 //	generation-SHA.json            who started the generation (GenerationInfo)
 //	checkpoints/WM-ID-SHA.ckpt     a checkpoint file, byte for byte
 //	wal/AFTER-LAST-MS-SHA.chunk    the WAL entries with sequences in (AFTER, LAST]
-//	files/NAME/NANOS-SHA           a version of evolution.json or agent.json
+//	files/NAME/NANOS-SHA           a version of evolution.json or agent.json, or
+//	                               (NAME requests-journal) of the request journal
 //
 // Numbers are 16 hex digits, so lexical order is numeric order; SHA is the
 // SHA-256 of the object, verified on every download: a corrupt object is

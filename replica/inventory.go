@@ -449,7 +449,7 @@ func (g *Generation) plan(t Target, exclude map[string]bool) (Plan, error) {
 			pos = ch.Last
 		}
 	}
-	for _, name := range replicatedFiles {
+	for _, name := range append(replicatedFiles[:len(replicatedFiles):len(replicatedFiles)], JournalFile) {
 		vs := g.Files[name]
 		for i := len(vs) - 1; i >= 0; i-- {
 			if t.Time.IsZero() || !vs[i].Time.After(t.Time) {

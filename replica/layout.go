@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -16,7 +17,7 @@ import (
 //	generation-SHA.json                       who started the generation
 //	checkpoints/WM-ID-SHA.ckpt                a stored checkpoint file, as is
 //	wal/AFTER-LAST-MS-SHA.chunk               WAL entries in (AFTER, LAST]
-//	files/NAME/NANOS-SHA                      a version of a small file
+//	files/NAME/NANOS-SHA                      a version of a small file (or the request journal)
 //	owners/SESSION-SHA.json                   a supervisor that wrote it (OwnerClaim)
 //
 // WM, AFTER and LAST are 16 hex digits (lexical order is numeric order),
@@ -30,6 +31,19 @@ const generationsDir = "generations/"
 // replicatedFiles are the small files of the data directory kept in the
 // replica, newest version wins.
 var replicatedFiles = []string{"evolution.json", "agent.json"}
+
+// JournalFile is the request journal's name in the replica
+// (files/requests-journal/NANOS-SHA): the durable prefix of
+// DATA_DIR/requests/journal, uploaded whole when it changed (Local.Journal),
+// restored into JournalPath. The replica treats it as bytes with a checksum.
+const JournalFile = "requests-journal"
+
+// JournalPath is where a restore puts the journal, relative to the data
+// directory.
+var JournalPath = filepath.Join("requests", "journal")
+
+// journalLimit bounds a journal object a restore downloads.
+const journalLimit = 4 << 30
 
 func sum(b []byte) string {
 	s := sha256.Sum256(b)
@@ -173,6 +187,9 @@ func parseKey(rel string) (object, bool) {
 }
 
 func isReplicatedFile(name string) bool {
+	if name == JournalFile {
+		return true
+	}
 	for _, f := range replicatedFiles {
 		if f == name {
 			return true

@@ -49,6 +49,17 @@ func newMetrics(reg prometheus.Registerer, r *Replicator) *metrics {
 			return r.lagLocked(now)
 		})
 	reg.MustRegister(m.bytes, m.objects, m.errors, m.lastSuccess, lagEntries, lagSeconds)
+	if r.local.Journal != nil {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "supervisor_replica_requests_journal_lag_seconds",
+			Help: "Age of the oldest durable write to the request journal not yet uploaded to the replica (0 when caught up)."},
+			func() float64 {
+				now := time.Now()
+				r.observe(now)
+				r.mu.Lock()
+				defer r.mu.Unlock()
+				return r.journalLagLocked(now)
+			}))
+	}
 	return m
 }
 

@@ -35,6 +35,19 @@ type Local struct {
 	// rollback) until the returned func is called: while it is held,
 	// Floor is stable, so a read that starts at or above it is complete.
 	HoldTruncation func() (release func())
+	// Journal, when set, is the request journal (DATA_DIR/requests/journal):
+	// its durable bytes are uploaded whole when they changed.
+	Journal Journal
+}
+
+// Journal is the request journal as the replicator sees it: bytes with a
+// version. The replica knows nothing of its format.
+type Journal interface {
+	// Version grows each time the journal's durable content changes.
+	Version() uint64
+	// Snapshot returns the journal's durable bytes (records fsynced, never
+	// a torn one) and their version.
+	Snapshot() ([]byte, uint64, error)
 }
 
 // Options configure a Replicator.
@@ -89,6 +102,19 @@ type Status struct {
 	LastSuccess      time.Time `json:"last_success,omitzero"`
 	LastError        string    `json:"last_error,omitempty"`
 	LastErrorKind    string    `json:"last_error_kind,omitempty"`
+	// RequestsJournal: the request journal's replication (nil: none).
+	RequestsJournal *JournalStatus `json:"requests_journal,omitempty"`
+}
+
+// JournalStatus is the request journal's replication state.
+type JournalStatus struct {
+	// LagWrites: journal writes durable locally and not yet uploaded (0:
+	// every request accepted so far is in the replica).
+	LagWrites uint64 `json:"lag_writes"`
+	// LagSeconds: age of the oldest such write; 0 when caught up.
+	LagSeconds   float64   `json:"lag_seconds"`
+	Bytes        int64     `json:"uploaded_bytes"` // the journal's size in the replica
+	LastUploaded time.Time `json:"last_uploaded,omitzero"`
 }
 
 // Replicator uploads a data directory to a replica continuously: stored
@@ -122,7 +148,10 @@ type Replicator struct {
 
 	mu        sync.Mutex
 	status    Status
-	marks     []mark    // durable sequences as first seen, for the lag in seconds
+	marks     []mark // durable sequences as first seen, for the lag in seconds
+	jMarks    []mark // journal versions as first seen
+	jUploaded uint64 // the journal version in the replica
+	jStatus   JournalStatus
 	passBegan time.Time // the running pass's start (zero: none running)
 
 	stop     chan struct{}
@@ -214,6 +243,14 @@ func (r *Replicator) Status() Status {
 		st.LagEntries = st.DurableSequence - st.UploadedSequence
 	}
 	st.LagSeconds = r.lagLocked(now)
+	if r.local.Journal != nil {
+		js := r.jStatus
+		if v := r.local.Journal.Version(); v > r.jUploaded {
+			js.LagWrites = v - r.jUploaded
+		}
+		js.LagSeconds = r.journalLagLocked(now)
+		st.RequestsJournal = &js
+	}
 	if !r.passBegan.IsZero() && st.State != "stopped" {
 		if d := now.Sub(r.passBegan); d > max(stallAfter, 3*r.opts.SyncInterval) {
 			st.State = "stalled"
@@ -235,11 +272,24 @@ func (r *Replicator) lagLocked(now time.Time) float64 {
 	return 0
 }
 
-// observe records when the durable sequence moved, for the lag in seconds.
+func (r *Replicator) journalLagLocked(now time.Time) float64 {
+	for _, m := range r.jMarks {
+		if m.seq > r.jUploaded {
+			return now.Sub(m.at).Seconds()
+		}
+	}
+	return 0
+}
+
+// observe records when the durable sequence (and the journal) moved, for
+// the lag in seconds.
 func (r *Replicator) observe(now time.Time) {
 	d := r.local.WAL.DurableSequence()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.local.Journal != nil {
+		r.jMarks = addMark(r.jMarks, r.jUploaded, r.local.Journal.Version(), now)
+	}
 	i := 0
 	for i < len(r.marks) && r.marks[i].seq <= r.status.UploadedSequence {
 		i++
@@ -255,6 +305,26 @@ func (r *Replicator) observe(now time.Time) {
 		}
 		r.marks = append(r.marks, mark{seq: d, at: now})
 	}
+}
+
+// addMark drops the marks at or below done and records v first seen at now.
+func addMark(marks []mark, done, v uint64, now time.Time) []mark {
+	i := 0
+	for i < len(marks) && marks[i].seq <= done {
+		i++
+	}
+	marks = marks[i:]
+	if n := len(marks); v > done && (n == 0 || v > marks[n-1].seq) {
+		if n >= 4096 {
+			kept := marks[:1]
+			for j := 1; j < n; j += 2 {
+				kept = append(kept, marks[j])
+			}
+			marks = kept
+		}
+		marks = append(marks, mark{seq: v, at: now})
+	}
+	return marks
 }
 
 func (r *Replicator) run() {
@@ -368,6 +438,9 @@ func (r *Replicator) passOnce(ctx context.Context) error {
 		}
 	}
 	if err := r.syncFiles(ctx); err != nil {
+		return err
+	}
+	if err := r.syncJournal(ctx); err != nil {
 		return err
 	}
 	if err := r.syncCheckpoints(ctx); err != nil {
@@ -649,6 +722,48 @@ func (r *Replicator) syncFiles(ctx context.Context) error {
 			}
 		}
 	}
+	return nil
+}
+
+// syncJournal uploads the request journal's durable bytes when they changed
+// (a new version, then the one it replaces is deleted), into the generation
+// this run writes: a node never writes into another's generation.
+func (r *Replicator) syncJournal(ctx context.Context) error {
+	if r.local.Journal == nil {
+		return nil
+	}
+	r.mu.Lock()
+	done := r.jUploaded
+	r.mu.Unlock()
+	if _, had := r.files[JournalFile]; had && r.local.Journal.Version() <= done {
+		return nil // unchanged since its upload: not read again
+	}
+	b, v, err := r.local.Journal.Snapshot()
+	if err != nil {
+		return fmt.Errorf("replica: read the request journal: %w", err)
+	}
+	s := sum(b)
+	old, had := r.files[JournalFile]
+	if (had && old.SHA != s) || (!had && len(b) > 0) {
+		now := time.Now()
+		key := fileKey(r.gen, JournalFile, now, s)
+		if _, err := r.put(ctx, key, b); err != nil {
+			return err
+		}
+		r.files[JournalFile] = object{Key: key, Kind: "file", Name: JournalFile, SHA: s, Time: now, Size: int64(len(b))}
+		r.mu.Lock()
+		r.jStatus.LastUploaded = now
+		r.mu.Unlock()
+		if had {
+			if err := r.remove(ctx, []string{old.Key}); errors.Is(err, errLost) {
+				return err
+			}
+		}
+	}
+	r.mu.Lock()
+	r.jUploaded = max(r.jUploaded, v)
+	r.jStatus.Bytes = int64(len(b))
+	r.mu.Unlock()
 	return nil
 }
 

@@ -35,6 +35,13 @@ type Result struct {
 	// SkippedGenerations: newer generations that hold nothing restorable,
 	// passed over for this one (each also logged).
 	SkippedGenerations []SkippedGeneration `json:"skipped_generations,omitempty"`
+	// RequestsJournalBytes: the request journal restored into
+	// DATA_DIR/requests/journal (0: the generation held none).
+	RequestsJournalBytes int64 `json:"requests_journal_bytes"`
+	// RequestsJournalError: the generation's request journal was found
+	// damaged in the bucket and not restored (the rest was); its pending
+	// requests are not delivered on this node.
+	RequestsJournalError string `json:"requests_journal_error,omitempty"`
 }
 
 // stagingDir is where a restore is assembled inside the data directory
@@ -172,7 +179,19 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 	if res.CheckpointID == "" && res.Entries == 0 {
 		return res, fmt.Errorf("%w: generation %s: the restore would hold no checkpoint and no WAL entry; nothing restored", ErrNoTarget, g.ID)
 	}
+	var moves []string
 	for _, f := range plan.Files {
+		if f.Name == JournalFile {
+			ok, err := c.restoreJournal(ctx, f, stage, &res, log)
+			if err != nil {
+				return res, err
+			}
+			if ok {
+				moves = append(moves, filepath.Dir(JournalPath))
+			}
+			continue
+		}
+		moves = append(moves, f.Name)
 		b, err := c.get(ctx, f, 16<<20)
 		res.Bytes += int64(len(b))
 		if err != nil {
@@ -191,7 +210,7 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 	}
 	// Into place: the WAL (whose floor is the watermark) before the
 	// checkpoint that covers it, the small files last.
-	for _, name := range append([]string{"wal", "checkpoints"}, append(fileNames(plan.Files), stateFile)...) {
+	for _, name := range append([]string{"wal", "checkpoints"}, append(moves, stateFile)...) {
 		if err := os.Rename(filepath.Join(stage, name), filepath.Join(dataDir, name)); err != nil {
 			return res, fmt.Errorf("replica restore: move %s into %s: %w", name, dataDir, err)
 		}
@@ -202,12 +221,32 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 	return res, nil
 }
 
-func fileNames(fs []object) []string {
-	var out []string
-	for _, f := range fs {
-		out = append(out, f.Name)
+// restoreJournal downloads the request journal into the staging
+// directory. A journal damaged in the bucket (its SHA-256 does not match its
+// name) is refused loudly — logged, and said in the result — and the rest
+// of the restore goes on: a corrupt object must not keep the agent from
+// starting again and again. Any other failure (the store) fails the restore.
+func (c *Client) restoreJournal(ctx context.Context, f object, stage string, res *Result, log *slog.Logger) (bool, error) {
+	b, err := c.get(ctx, f, journalLimit)
+	res.Bytes += int64(len(b))
+	if errors.Is(err, ErrCorrupt) {
+		res.RequestsJournalError = err.Error()
+		log.Error("replica: the request journal in the replica is damaged and is not restored; the requests it held are not delivered on this node (the rest of the data directory is restored)",
+			"object", f.Key, "err", err)
+		return false, nil
 	}
-	return out
+	if err != nil {
+		return false, err
+	}
+	dir := filepath.Join(stage, filepath.Dir(JournalPath))
+	if err := atomicfile.MkdirAll(dir, 0o700); err != nil {
+		return false, fmt.Errorf("replica restore: create %s: %w", dir, err)
+	}
+	if err := atomicfile.WriteFile(dir, filepath.Base(JournalPath), b); err != nil {
+		return false, fmt.Errorf("replica restore: write the request journal: %w", err)
+	}
+	res.RequestsJournalBytes = int64(len(b))
+	return true, nil
 }
 
 // fetchCheckpoint downloads checkpoint o into dir as ID.ckpt, checking its

@@ -99,7 +99,8 @@ func (s *Supervisor) restoreFromReplica() error {
 	s.rep.restored = &res
 	s.log.Info("data directory restored from the replica", "generation", res.Generation, "checkpoint_id", res.CheckpointID,
 		"watermark", res.Watermark, "wal_entries", res.Entries, "last_sequence", res.LastSequence,
-		"bytes", res.Bytes, "seconds", time.Since(start).Seconds(), "skipped_generations", len(res.SkippedGenerations))
+		"bytes", res.Bytes, "seconds", time.Since(start).Seconds(), "skipped_generations", len(res.SkippedGenerations),
+		"requests_journal_bytes", res.RequestsJournalBytes)
 	return nil
 }
 
@@ -119,11 +120,15 @@ func (s *Supervisor) startReplica() {
 	if res := s.rep.restored; res != nil {
 		s.rec.Audit(AuditReplicaRestore, map[string]any{"replica": s.rep.client.Location().String(), "generation": res.Generation,
 			"checkpoint_id": res.CheckpointID, "watermark": res.Watermark, "wal_entries": res.Entries, "last_sequence": res.LastSequence,
-			"skipped_generations": res.SkippedGenerations})
+			"skipped_generations": res.SkippedGenerations, "requests_journal_bytes": res.RequestsJournalBytes,
+			"requests_journal_error": res.RequestsJournalError})
 	}
 	st := s.st
-	r := replica.New(s.rep.client, replica.Local{DataDir: s.cfg.DataDir, WAL: st.WAL(), Checkpoints: st.Checkpoints(),
-		HoldTruncation: st.HoldTruncation},
+	local := replica.Local{DataDir: s.cfg.DataDir, WAL: st.WAL(), Checkpoints: st.Checkpoints(), HoldTruncation: st.HoldTruncation}
+	if s.book != nil {
+		local.Journal = s.book.Journal() // pending requests follow the agent
+	}
+	r := replica.New(s.rep.client, local,
 		replica.Options{SyncInterval: s.cfg.ReplicaSyncInterval, Logger: s.log, Registerer: s.met.Reg, Version: Build().Version})
 	s.rep.r = r
 	r.Start()

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,6 +39,10 @@ type replicaStatus struct {
 	LagEntries       uint64  `json:"lag_entries"`
 	LagSeconds       float64 `json:"lag_seconds"`
 	LastErrorKind    string  `json:"last_error_kind"`
+	RequestsJournal  *struct {
+		LagWrites uint64 `json:"lag_writes"`
+		Bytes     int64  `json:"uploaded_bytes"`
+	} `json:"requests_journal"`
 }
 
 func statusOf(t testing.TB, dataDir string) (restarts int, rs replicaStatus) {
@@ -474,5 +479,104 @@ func TestReplicaFollowsRollback(t *testing.T) {
 		if r.tags[seq] != "after" {
 			t.Fatalf("entry %d of the abandoned history restored", seq)
 		}
+	}
+}
+
+// TestReplicaRequestsFollowTheAgent: requests accepted (202) on a node whose
+// agent does not answer them are replicated with the request journal; the
+// node is lost (kill -9, data directory gone), a supervisor on an empty data
+// directory restores the replica and its agent answers every one of them
+// there: GET on the new node shows each answered.
+func TestReplicaRequestsFollowTheAgent(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.MakeBucket("state")
+	flags := replicaFlags(srv, "state", "agents/r")
+	dirA := filepath.Join(t.TempDir(), "data")
+	logA := filepath.Join(t.TempDir(), "agent-a.jsonl")
+	a := reqSup(t, dirA, logA, append(srv.Env(), "REQAGENT_HOLD=job", "REQAGENT_WAL_ONE=1"), flags...)
+	var ids []string
+	for i := range 5 {
+		ids = append(ids, postRequest(t, a, fmt.Sprintf("job-%d", i)))
+	}
+	waitFor(t, 60*time.Second, "the WAL entry and every accepted request replicated", func() bool {
+		_, rs := statusOf(t, dirA)
+		return rs.UploadedSequence == 1 && rs.RequestsJournal != nil && rs.RequestsJournal.LagWrites == 0 && rs.RequestsJournal.Bytes > 0
+	})
+	for _, id := range ids {
+		if code, v := getRequest(t, a, id); code != 200 || v.Status != "pending" {
+			t.Fatalf("request %s on the first node: %d %+v, want pending", id, code, v)
+		}
+	}
+	killSup(t, a)
+	if err := os.RemoveAll(dirA); err != nil {
+		t.Fatal(err)
+	}
+
+	dirB := filepath.Join(t.TempDir(), "data")
+	logB := filepath.Join(t.TempDir(), "agent-b.jsonl")
+	b := reqSup(t, dirB, logB, srv.Env(), flags...)
+	for i, id := range ids {
+		v := waitStatus(t, b, id, "answered", 60*time.Second)
+		var data map[string]any
+		_ = json.Unmarshal(v.Data, &data)
+		if data["echo"] != fmt.Sprintf("job-%d", i) {
+			t.Errorf("request %s answered %s on the new node, want echo job-%d", id, v.Data, i)
+		}
+		if len(deliveries(logB, id)) == 0 {
+			t.Errorf("request %s was never delivered to the new node's agent", id)
+		}
+	}
+	if !strings.Contains(b.out.String(), "data directory restored from the replica") {
+		t.Fatalf("no restore reported:\n%s", tail(b.out.String(), 20))
+	}
+}
+
+// TestReplicaDamagedRequestJournal: a request journal object changed in the
+// bucket (its bytes no longer match the SHA-256 in its name) is refused
+// loudly — `replica restore` says the requests were not restored, a start
+// on an empty data directory logs it — and the rest of the data directory
+// is restored: the supervisor starts and serves, no crash loop.
+func TestReplicaDamagedRequestJournal(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.MakeBucket("state")
+	flags := replicaFlags(srv, "state", "agents/d")
+	dirA := filepath.Join(t.TempDir(), "data")
+	logA := filepath.Join(t.TempDir(), "agent-a.jsonl")
+	a := reqSup(t, dirA, logA, append(srv.Env(), "REQAGENT_HOLD=job", "REQAGENT_WAL_ONE=1"), flags...)
+	postRequest(t, a, "job-0")
+	waitFor(t, 60*time.Second, "the WAL entry and the request replicated", func() bool {
+		_, rs := statusOf(t, dirA)
+		return rs.UploadedSequence == 1 && rs.RequestsJournal != nil && rs.RequestsJournal.LagWrites == 0 && rs.RequestsJournal.Bytes > 0
+	})
+	killSup(t, a)
+	var key string
+	for _, k := range srv.Keys("state", "agents/d/") {
+		if strings.Contains(k, "/files/requests-journal/") {
+			key = k
+		}
+	}
+	if key == "" {
+		t.Fatalf("no request journal object in the bucket: %v", srv.Keys("state", "agents/d/"))
+	}
+	b := srv.Get("state", key)
+	b[len(b)/2] ^= 0xff
+	srv.Put("state", key, b)
+
+	restored := filepath.Join(t.TempDir(), "restored")
+	code, out, stderr := cliEnv(t, srv.Env(), append([]string{"replica", "restore", "--data-dir", restored}, flags[:4]...)...)
+	if code != 0 || !strings.Contains(out, "requests:     NOT restored: the request journal in the replica is damaged") ||
+		!strings.Contains(stderr, "request journal in the replica is damaged") {
+		t.Fatalf("replica restore of a damaged journal: exit %d\n%s%s", code, out, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(restored, "requests", "journal")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a damaged journal was written into the restored directory (%v)", err)
+	}
+
+	dirB := filepath.Join(t.TempDir(), "data")
+	s := reqSup(t, dirB, filepath.Join(t.TempDir(), "agent-b.jsonl"), srv.Env(), flags...)
+	id := postRequest(t, s, "fresh")
+	waitStatus(t, s, id, "answered", 60*time.Second)
+	if !strings.Contains(s.out.String(), "the request journal in the replica is damaged and is not restored") {
+		t.Fatalf("the start did not say the journal was refused:\n%s", tail(s.out.String(), 20))
 	}
 }

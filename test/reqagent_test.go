@@ -17,6 +17,7 @@ package test
 //	                              gets one); after a restore, write to FILE (JSON)
 //	                              when it arrived and when the first and the
 //	                              REQAGENT_STAMP_N-th process_request arrived
+//	REQAGENT_WAL_ONE=1            log one WAL entry (sequence 1, ack) at start
 
 import (
 	"encoding/json"
@@ -76,6 +77,10 @@ func runReqAgent() int {
 			<-t.C
 		}
 	}()
+	if os.Getenv("REQAGENT_WAL_ONE") != "" {
+		params, _ := schema.MarshalMap(map[string]any{"n": 1})
+		send(&schema.WALEntry{Entry: schema.WALRecord{Operation: "state_update", Sequence: 1, Params: params}, Ack: true})
+	}
 	delay, _ := time.ParseDuration(os.Getenv("REQAGENT_DELAY"))
 	hold := os.Getenv("REQAGENT_HOLD")
 	var cmu sync.Mutex

@@ -132,6 +132,12 @@ func (c *replicaCmd) restore(ctx context.Context, args []string) error {
 	for _, g := range res.SkippedGenerations {
 		fmt.Fprintf(c.stdout, "  skipped:      generation %s (%s)\n", g.ID, g.Reason)
 	}
+	switch {
+	case res.RequestsJournalError != "":
+		fmt.Fprintf(c.stdout, "  requests:     NOT restored: the request journal in the replica is damaged (%s)\n", res.RequestsJournalError)
+	case res.RequestsJournalBytes > 0:
+		fmt.Fprintf(c.stdout, "  requests:     journal restored (%d bytes)\n", res.RequestsJournalBytes)
+	}
 	return nil
 }
 

@@ -157,6 +157,10 @@ type Book struct {
 	wg   sync.WaitGroup
 }
 
+// Journal is the book's journal file (the replica uploads its durable
+// bytes).
+func (b *Book) Journal() *Journal { return b.j }
+
 // OpenBook opens the journal in dataDir and rebuilds the requests from it.
 func OpenBook(dataDir string, cfg Config) (*Book, *Replay, error) {
 	if cfg.Now == nil {

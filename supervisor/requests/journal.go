@@ -153,7 +153,8 @@ type Journal struct {
 	tickets   []*Ticket
 	wake      chan struct{}
 	closed    bool
-	size      int64 // bytes on disk (what was written and synced)
+	size      int64  // bytes on disk (what was written and synced)
+	version   uint64 // grows with each change of [0, size) (Version)
 	queued    int64
 	compact   func() []*Record // set by the Book: the records a compaction writes
 	want      bool             // a compaction is asked for
@@ -208,7 +209,7 @@ func Open(dataDir string) (*Journal, *Replay, error) {
 			return nil, nil, fmt.Errorf("truncate the request journal's torn tail: %w", err)
 		}
 	}
-	j := &Journal{dir: dir, f: f, sync: datasync, wake: make(chan struct{}, 1), stopped: make(chan struct{}), size: rp.Size}
+	j := &Journal{dir: dir, f: f, sync: datasync, wake: make(chan struct{}, 1), stopped: make(chan struct{}), size: rp.Size, version: 1}
 	if rp.Corruption != nil {
 		// Keep the damaged file for inspection; the journal is rewritten
 		// from what was read (the Book compacts at once).
@@ -442,6 +443,7 @@ func (j *Journal) run() {
 			j.mu.Lock()
 			if err == nil {
 				j.size = off + n
+				j.version++
 			}
 			onSync := j.onSync
 			j.mu.Unlock()
@@ -518,8 +520,39 @@ func (j *Journal) rewrite() {
 	old := j.f
 	j.f = f
 	j.size = size
+	j.version++
 	j.mu.Unlock()
 	old.Close()
+}
+
+// Version grows each time the journal's durable bytes change (a write
+// fsynced, a compaction): the replica's lag is counted in versions.
+func (j *Journal) Version() uint64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.version
+}
+
+// Snapshot returns the journal's durable bytes — every record fsynced, never
+// one being written — and their version, without holding up the writer: the
+// file's descriptor is duplicated with its durable size, so a compaction
+// that replaces (and closes) the file meanwhile does not change what is
+// read.
+func (j *Journal) Snapshot() ([]byte, uint64, error) {
+	j.mu.Lock()
+	fd, err := unix.Dup(int(j.f.Fd()))
+	size, v := j.size, j.version
+	j.mu.Unlock()
+	if err != nil {
+		return nil, 0, fmt.Errorf("duplicate the request journal's descriptor: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), filepath.Join(j.dir, FileName))
+	defer f.Close()
+	b := make([]byte, size)
+	if _, err := f.ReadAt(b, 0); err != nil {
+		return nil, 0, fmt.Errorf("read the request journal: %w", err)
+	}
+	return b, v, nil
 }
 
 func datasync(f *os.File) error {
