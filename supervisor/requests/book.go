@@ -72,12 +72,12 @@ type Request struct {
 	LateData  json.RawMessage `json:"late_data,omitempty"`
 	LateError *ErrorBody      `json:"late_error,omitempty"`
 
-	seq      uint64
-	durable  bool
-	ticket   *Ticket
+	seq     uint64
+	durable bool
+	ticket  *Ticket
 	// final is the journal write of the record that finished the request
 	// (answer, cancellation, expiry, setting aside); nil once replayed.
-	final *Ticket
+	final    *Ticket
 	done     chan struct{}
 	inflight int // the agent generation it is in flight to; 0: none
 	// sentAttempt: the highest attempt actually sent (Attempts may be one
