@@ -228,15 +228,15 @@ type Tail interface {
 // charge is what the frame counts against OutboundBytes.
 func (f OutFrame) charge() int64 { return outCharge(f.Head) }
 
-// Acking reports whether the instance's acker goroutine has been started
-// (by an entry that asked for wal_ack).
+// Acking reports whether the instance watches its WAL to send wal_acks
+// (since an entry asked for one, until the instance finishes).
 func (in *Instance) Acking() bool {
 	in.acks.mu.Lock()
 	defer in.acks.mu.Unlock()
 	return in.acks.unwatch != nil
 }
 
-// Close stops a detached instance's acker (NewDetached).
+// Close stops a detached instance's wal_acks (NewDetached).
 func (in *Instance) Close() { in.stopAcks() }
 
 // N is the incarnation number.
