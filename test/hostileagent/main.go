@@ -95,6 +95,26 @@ func heartbeats() {
 	}
 }
 
+// noteReply decodes a frame from the supervisor and notes the replies every
+// mode reports (acks, errors, wal_acks); it returns the message, nil when
+// it cannot be decoded.
+func noteReply(p []byte) schema.Message {
+	m, err := schema.Decode(schema.ToAgent, p)
+	if err != nil {
+		note("undecodable %v", err)
+		return nil
+	}
+	switch x := m.(type) {
+	case *schema.CheckpointAck:
+		note("ack %s %d", x.CheckpointID, x.Size)
+	case *schema.Error:
+		note("error %s", x.Error.Code)
+	case *schema.WALAck:
+		note("walack %d", x.Sequence)
+	}
+	return m
+}
+
 // readReplies notes what the supervisor sends.
 func readReplies() {
 	r := wire.NewReader(os.Stdin, 256<<20)
@@ -103,17 +123,7 @@ func readReplies() {
 		if err != nil {
 			os.Exit(0)
 		}
-		m, err := schema.Decode(schema.ToAgent, p)
-		if err != nil {
-			note("undecodable %v", err)
-			continue
-		}
-		switch x := m.(type) {
-		case *schema.CheckpointAck:
-			note("ack %s %d", x.CheckpointID, x.Size)
-		case *schema.Error:
-			note("error %s", x.Error.Code)
-		case *schema.Restore:
+		if x, ok := noteReply(p).(*schema.Restore); ok {
 			<-ready // the digest of what we checkpointed
 			sum := sha256.Sum256(x.Snapshot)
 			note("restored %s compressed=%v match=%v", x.CheckpointID, x.Compress, hex.EncodeToString(sum[:]) == want)
@@ -378,19 +388,7 @@ func bigState() {
 				}
 				os.Exit(1)
 			}
-			m, err := schema.Decode(schema.ToAgent, p)
-			if err != nil {
-				note("undecodable %v", err)
-				continue
-			}
-			switch x := m.(type) {
-			case *schema.CheckpointAck:
-				note("ack %s %d", x.CheckpointID, x.Size)
-			case *schema.Error:
-				note("error %s", x.Error.Code)
-			case *schema.WALAck:
-				note("walack %d", x.Sequence)
-			case *schema.Restore:
+			if x, ok := noteReply(p).(*schema.Restore); ok {
 				sum := sha256.Sum256(x.Snapshot)
 				note("restored %q sha %s entries %d bytes %d at %d", x.CheckpointID, hex.EncodeToString(sum[:]), len(x.WALEntries), len(p), at)
 			}
