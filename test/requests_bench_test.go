@@ -95,6 +95,8 @@ func BenchmarkRequestJournal(b *testing.B) {
 	}
 	slices.Sort(hz)
 	b.ReportMetric(float64(hz[len(hz)/2].Microseconds()), "healthz-p50-µs")
+	// The floor of a durable POST: an HTTP round trip and an fdatasync.
+	b.ReportMetric(float64(p50)/float64(hz[len(hz)/2]+f50), "p50-floor-ratio")
 
 	// 64 concurrent clients.
 	const clients = 64

@@ -127,24 +127,46 @@ func encodeRecord(buf *bytes.Buffer, r *Record) (int, error) {
 // Ticket is an append's promise: Wait returns once the records it covers
 // are on disk (nil), or could not be (the error).
 type Ticket struct {
+	j    *Journal
 	done chan struct{}
 	err  error
 }
 
-// Wait waits for the records' fsync.
-func (t *Ticket) Wait() error { <-t.done; return t.err }
+// Wait waits for the records' fsync. When no write is under way, the caller
+// writes and fsyncs the queued records itself (it would only wait for the
+// writer goroutine to wake up and do it); otherwise the write under way
+// carries them, or the next one.
+func (t *Ticket) Wait() error {
+	if t.j != nil {
+		t.j.lead(t)
+	}
+	<-t.done
+	return t.err
+}
 
 // Done is closed once the records are on disk or failed.
 func (t *Ticket) Done() <-chan struct{} { return t.done }
 
-// Journal is the request journal file with its group-commit writer: Append
-// queues records (never blocking on the disk); one goroutine writes every
-// queued record, fsyncs once, and completes their tickets. Safe for
-// concurrent use.
+// Journal is the request journal file with its group commit: Append queues
+// records (never blocking on the disk); one writer at a time writes every
+// queued record, fsyncs once, and completes their tickets. The writer is
+// whoever needs the write first: a caller waiting for its ticket when no
+// write is under way (Ticket.Wait: no hand-off to another goroutine and
+// back, which costs as much as a fast disk's fsync on an idle machine), or
+// the journal's own goroutine, which writes records nobody waits for (lazy
+// ones, after lazyDelay), takes over what a waiter left queued, compacts,
+// and writes the last records at Close. Safe for concurrent use.
+//
+// The file is grown in growStep steps of zeros ahead of the records
+// (alloc): a record is written over blocks the file already has, so its
+// fdatasync writes data only, not the file's size as well (about a third of
+// an fsync on ext4). Replay reads zeros after the last record as the end.
 type Journal struct {
 	dir  string
 	f    *os.File
 	sync func(*os.File) error
+	// alloc is the file's size: size plus the zeros grown ahead (writer only).
+	alloc int64
 
 	mu      sync.Mutex
 	pending [][]byte // encoded records waiting for the writer
@@ -153,6 +175,8 @@ type Journal struct {
 	tickets   []*Ticket
 	wake      chan struct{}
 	closed    bool
+	started   bool   // Start ran: waiters may write
+	writing   bool   // a writer is writing (the goroutine or a waiter)
 	size      int64  // bytes on disk (what was written and synced)
 	version   uint64 // grows with each change of [0, size) (Version)
 	queued    int64
@@ -209,7 +233,11 @@ func Open(dataDir string) (*Journal, *Replay, error) {
 			return nil, nil, fmt.Errorf("truncate the request journal's torn tail: %w", err)
 		}
 	}
-	j := &Journal{dir: dir, f: f, sync: datasync, wake: make(chan struct{}, 1), stopped: make(chan struct{}), size: rp.Size, version: 1}
+	alloc := rp.Size
+	if fi, err := f.Stat(); err == nil && fi.Size() > alloc {
+		alloc = fi.Size() // zeros grown ahead, kept for the next records
+	}
+	j := &Journal{dir: dir, f: f, sync: datasync, alloc: alloc, wake: make(chan struct{}, 1), stopped: make(chan struct{}), size: rp.Size, version: 1}
 	if rp.Corruption != nil {
 		// Keep the damaged file for inspection; the journal is rewritten
 		// from what was read (the Book compacts at once).
@@ -245,6 +273,13 @@ func readAll(f *os.File) (*Replay, error) {
 			rp.Size = int64(off)
 			continue
 		}
+		if isZero(b[off:]) {
+			// The zeros the journal grows ahead of its records: the end.
+			if rp.Corruption == nil {
+				rp.Size = int64(off)
+			}
+			return rp, nil
+		}
 		// Damage at off: a torn tail when no intact record follows,
 		// corruption otherwise.
 		next := -1
@@ -272,6 +307,22 @@ func readAll(f *os.File) (*Replay, error) {
 		rp.Size = int64(len(b))
 	}
 	return rp, nil
+}
+
+// isZero reports whether b holds only zero bytes.
+func isZero(b []byte) bool {
+	for len(b) >= 8 {
+		if binary.LittleEndian.Uint64(b) != 0 {
+			return false
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func parseAt(b []byte, off int) (*Record, int, bool) {
@@ -307,6 +358,7 @@ func (j *Journal) Start(compact func() []*Record, onSync func(bytes int64, err e
 	j.mu.Lock()
 	j.compact = compact
 	j.onSync = onSync
+	j.started = true
 	j.mu.Unlock()
 	go j.run()
 	if j.want {
@@ -329,7 +381,7 @@ func (j *Journal) Append(recs ...*Record) *Ticket { return j.append(true, recs) 
 func (j *Journal) AppendLazy(recs ...*Record) *Ticket { return j.append(false, recs) }
 
 func (j *Journal) append(urgent bool, recs []*Record) *Ticket {
-	t := &Ticket{done: make(chan struct{})}
+	t := &Ticket{j: j, done: make(chan struct{})}
 	hint := 0
 	for _, r := range recs {
 		hint += len(r.Body) + len(r.Data) + 512
@@ -412,55 +464,132 @@ func (j *Journal) Close() error {
 	return j.f.Close()
 }
 
+// run is the journal's own writer: it writes what is queued when kicked
+// (records nobody waits for, a waiter's leftovers), compacts, and at Close
+// writes the last records and exits.
 func (j *Journal) run() {
 	defer close(j.stopped)
 	for range j.wake {
-		for {
-			j.mu.Lock()
-			if len(j.pending) == 0 {
-				want, closed := j.want, j.closed
-				j.want = false
-				j.mu.Unlock()
-				if want {
-					j.rewrite()
-					continue
-				}
-				if closed {
-					return
-				}
-				break
-			}
-			data := j.pending
-			j.pending = nil
-			n := j.queued
-			tickets := j.tickets
-			j.tickets = nil
-			j.queued = 0
-			off := j.size
+		j.mu.Lock()
+		if j.writing {
+			// A waiter is writing; it kicks again when it stops with
+			// work left (records, a compaction, Close).
 			j.mu.Unlock()
-
-			err := j.write(off, data)
-			j.mu.Lock()
-			if err == nil {
-				j.size = off + n
-				j.version++
-			}
-			onSync := j.onSync
-			j.mu.Unlock()
-			for _, t := range tickets {
-				t.err = err
-				close(t.done)
-			}
-			if onSync != nil {
-				onSync(n, err)
-			}
+			continue
+		}
+		j.writing = true
+		j.mu.Unlock()
+		if j.writeQueued(nil) {
+			return
 		}
 	}
 }
 
+// lead makes a waiter the writer when no write is under way, until its own
+// ticket is done.
+func (j *Journal) lead(t *Ticket) {
+	select {
+	case <-t.done:
+		return
+	default:
+	}
+	j.mu.Lock()
+	if j.writing || !j.started || j.closed {
+		// The write under way (or the goroutine, at Close) carries it.
+		j.mu.Unlock()
+		return
+	}
+	j.writing = true
+	j.mu.Unlock()
+	j.writeQueued(t)
+}
+
+// writeQueued writes queued records, one group commit after another, while
+// the caller holds the writer's place (j.writing): for a waiter (own) until
+// its ticket is done, leaving the rest to the goroutine; for the goroutine
+// (own nil) until nothing is queued, compacting when asked. It reports
+// whether the journal is closed and flushed (the goroutine exits).
+func (j *Journal) writeQueued(own *Ticket) (closedDone bool) {
+	for {
+		j.mu.Lock()
+		ownDone := false
+		if own != nil {
+			select {
+			case <-own.done:
+				ownDone = true
+			default:
+			}
+		}
+		if len(j.pending) == 0 || ownDone {
+			if own != nil {
+				j.writing = false
+				if len(j.pending) > 0 || j.want || j.closed {
+					j.kickLocked()
+				}
+				j.mu.Unlock()
+				return false
+			}
+			want, closed := j.want, j.closed
+			j.want = false
+			j.mu.Unlock()
+			if want {
+				j.rewrite()
+				continue
+			}
+			j.mu.Lock()
+			j.writing = false
+			j.mu.Unlock()
+			return closed
+		}
+		data := j.pending
+		j.pending = nil
+		n := j.queued
+		tickets := j.tickets
+		j.tickets = nil
+		j.queued = 0
+		off := j.size
+		j.mu.Unlock()
+
+		err := j.write(off, data)
+		j.mu.Lock()
+		if err == nil {
+			j.size = off + n
+			j.version++
+		}
+		onSync := j.onSync
+		j.mu.Unlock()
+		for _, t := range tickets {
+			t.err = err
+			close(t.done)
+		}
+		if onSync != nil {
+			onSync(n, err)
+		}
+	}
+}
+
+// joinLimit: queued chunks up to this many bytes in all are written as one.
+const joinLimit = 256 << 10
+
+// growStep is how far the file is grown with zeros ahead of its records.
+const growStep = 1 << 20
+
+var zeros [64 << 10]byte
+
 // write writes the chunks at off and fsyncs; on failure it cuts the file back to
 // off, so what was not acknowledged is not replayed.
 func (j *Journal) write(off int64, data [][]byte) error {
+	if len(data) > 1 {
+		// Small chunks (a request beside the lazy records of earlier
+		// ones) go out in one write: a write costs more than the copy.
+		total := 0
+		for _, c := range data {
+			total += len(c)
+		}
+		if total <= joinLimit {
+			data = [][]byte{bytes.Join(data, nil)}
+		}
+	}
 	var err error
 	at := off
 	for _, c := range data {
@@ -469,12 +598,35 @@ func (j *Journal) write(off int64, data [][]byte) error {
 		}
 		at += int64(len(c))
 	}
+	if err == nil && at > j.alloc {
+		// Grow the file with zeros ahead of the records, in the same
+		// fsync. A disk too full for the zeros is not too full for the
+		// records: the zeros are then dropped.
+		grow := (at + growStep - 1) / growStep * growStep
+		p := at
+		var zerr error
+		for p < grow && zerr == nil {
+			var w int
+			w, zerr = j.f.WriteAt(zeros[:min(int64(len(zeros)), grow-p)], p)
+			p += int64(w)
+		}
+		if zerr != nil {
+			zerr = j.f.Truncate(at)
+			grow = at
+		}
+		if zerr == nil {
+			j.alloc = grow
+		} else {
+			err = zerr
+		}
+	}
 	if err == nil {
 		err = j.sync(j.f)
 	}
 	if err != nil {
 		_ = j.f.Truncate(off)
 		_ = j.sync(j.f)
+		j.alloc = off
 		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
 			return fmt.Errorf("%w: %w", ErrDiskFull, err)
 		}
@@ -520,6 +672,7 @@ func (j *Journal) rewrite() {
 	old := j.f
 	j.f = f
 	j.size = size
+	j.alloc = size
 	j.version++
 	j.mu.Unlock()
 	old.Close()
