@@ -63,7 +63,10 @@ type Generation struct {
 	Checkpoints []object        // by watermark, then id
 	Chunks      []object        // by After
 	Files       map[string][]object
-	Updated     time.Time // the newest object's upload time (server clock)
+	// JournalDeltas: the request journal's deltas, by base, then From,
+	// the longest first.
+	JournalDeltas []object
+	Updated       time.Time // the newest object's upload time (server clock)
 	// ForkAt is set when two writers' chunks overlap (a copied data
 	// directory resumed the same generation): only history up to it is
 	// trusted.
@@ -148,6 +151,8 @@ func (c *Client) listUnder(ctx context.Context, rel string) (map[string]*Generat
 			g.Chunks = append(g.Chunks, o)
 		case "file":
 			g.Files[o.Name] = append(g.Files[o.Name], o)
+		case "journal-delta":
+			g.JournalDeltas = append(g.JournalDeltas, o)
 		case "owner":
 			g.Owners = append(g.Owners, o)
 		}
@@ -168,6 +173,9 @@ func (g *Generation) sort() {
 	for _, fs := range g.Files {
 		slices.SortFunc(fs, func(a, b object) int { return a.Time.Compare(b.Time) })
 	}
+	slices.SortFunc(g.JournalDeltas, func(a, b object) int {
+		return cmp.Or(a.Base.Compare(b.Base), cmp.Compare(a.From, b.From), cmp.Compare(b.To, a.To), a.Time.Compare(b.Time))
+	})
 	slices.SortFunc(g.Owners, func(a, b object) int { return cmp.Compare(a.ID, b.ID) })
 	// Chunks of one writer never overlap; overlapping ones mean two writers.
 	for i := 1; i < len(g.Chunks); i++ {
@@ -281,6 +289,10 @@ type Plan struct {
 	Chunks     []object
 	Last       uint64 // the restore ends at this sequence (≥ the checkpoint's watermark)
 	Files      []object
+	// JournalDeltas: the deltas uploaded after the request journal's base
+	// (in Files), by From, the longest first; a restore follows them from
+	// the base's end (restoreJournal).
+	JournalDeltas []object
 	// Skipped: newer generations passed over, holding nothing restorable.
 	Skipped []SkippedGeneration
 }
@@ -449,16 +461,29 @@ func (g *Generation) plan(t Target, exclude map[string]bool) (Plan, error) {
 			pos = ch.Last
 		}
 	}
+	g.planFiles(t, &p)
+	return p, nil
+}
+
+// planFiles adds the small files and the request journal (its newest base
+// at t.Time and the deltas after it uploaded by then) to p.
+func (g *Generation) planFiles(t Target, p *Plan) {
 	for _, name := range append(replicatedFiles[:len(replicatedFiles):len(replicatedFiles)], JournalFile) {
 		vs := g.Files[name]
 		for i := len(vs) - 1; i >= 0; i-- {
 			if t.Time.IsZero() || !vs[i].Time.After(t.Time) {
 				p.Files = append(p.Files, vs[i])
+				if name == JournalFile {
+					for _, d := range g.JournalDeltas {
+						if d.Base.Equal(vs[i].Time) && (t.Time.IsZero() || !d.Time.After(t.Time)) {
+							p.JournalDeltas = append(p.JournalDeltas, d)
+						}
+					}
+				}
 				break
 			}
 		}
 	}
-	return p, nil
 }
 
 // CheckpointSummary is one checkpoint as `supervisor replica list` shows it.

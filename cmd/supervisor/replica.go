@@ -135,6 +135,9 @@ func (c *replicaCmd) restore(ctx context.Context, args []string) error {
 	switch {
 	case res.RequestsJournalError != "":
 		fmt.Fprintf(c.stdout, "  requests:     NOT restored: the request journal in the replica is damaged (%s)\n", res.RequestsJournalError)
+	case res.RequestsJournalIncomplete != "":
+		fmt.Fprintf(c.stdout, "  requests:     journal INCOMPLETE in the replica, restored up to the missing or damaged part (%d bytes; %s)\n",
+			res.RequestsJournalBytes, res.RequestsJournalIncomplete)
 	case res.RequestsJournalBytes > 0:
 		fmt.Fprintf(c.stdout, "  requests:     journal restored (%d bytes)\n", res.RequestsJournalBytes)
 	}
