@@ -46,6 +46,10 @@ type Result struct {
 	// or damaged; the journal was restored up to it (an earlier state of
 	// the journal: RequestsJournalBytes), and this says what was left out.
 	RequestsJournalIncomplete string `json:"requests_journal_incomplete,omitempty"`
+	// RequestsJournalOnly: the replica held no agent state (no generation
+	// holds a checkpoint or WAL: a stateless agent), only the request
+	// journal, which was restored alone.
+	RequestsJournalOnly bool `json:"requests_journal_only,omitempty"`
 }
 
 // stagingDir is where a restore is assembled inside the data directory
@@ -123,11 +127,14 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 		return Result{}, fmt.Errorf("replica restore: %w", err)
 	}
 	defer os.RemoveAll(stage)
-	res := Result{Generation: g.ID, SkippedGenerations: plan.Skipped}
-	if err := c.restoreState(ctx, g, t, plan, stage, &res, log); err != nil {
-		return res, err
+	res := Result{Generation: g.ID, SkippedGenerations: plan.Skipped, RequestsJournalOnly: plan.JournalOnly}
+	var moves []string
+	if !plan.JournalOnly {
+		if err := c.restoreState(ctx, g, t, plan, stage, &res, log); err != nil {
+			return res, err
+		}
+		moves = []string{"wal", "checkpoints"}
 	}
-	moves := []string{"wal", "checkpoints"}
 	for _, f := range plan.Files {
 		if f.Name == JournalFile {
 			ok, err := c.restoreJournal(ctx, f, plan.JournalDeltas, stage, &res, log)

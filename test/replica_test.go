@@ -531,6 +531,76 @@ func TestReplicaRequestsFollowTheAgent(t *testing.T) {
 	}
 }
 
+// TestReplicaStatelessAgentRequestsFollow: an agent that never logs a WAL
+// entry nor checkpoints (stateless) holds requests it never answers; the
+// replica then holds no agent state, only the request journal. The node is
+// lost (kill -9, data directory gone): a supervisor on an empty data
+// directory restores the journal alone and its agent answers every pending
+// request. That node is stateless too and is lost in turn with requests it
+// held: the next node restores the newest journal (the second node's, which
+// holds the first node's requests answered and its own pending), not the
+// first one's.
+func TestReplicaStatelessAgentRequestsFollow(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.MakeBucket("state")
+	flags := replicaFlags(srv, "state", "agents/s")
+	replicated := func(dir string) func() bool {
+		return func() bool {
+			_, rs := statusOf(t, dir)
+			return rs.Generation != "" && rs.RequestsJournal != nil && rs.RequestsJournal.LagWrites == 0 && rs.RequestsJournal.Bytes > 0
+		}
+	}
+	dirA := filepath.Join(t.TempDir(), "data")
+	a := reqSup(t, dirA, filepath.Join(t.TempDir(), "agent-a.jsonl"), append(srv.Env(), "REQAGENT_HOLD=job"), flags...)
+	var ids []string
+	for i := range 5 {
+		ids = append(ids, postRequest(t, a, fmt.Sprintf("job-%d", i)))
+	}
+	waitFor(t, 60*time.Second, "every accepted request replicated", replicated(dirA))
+	if _, rs := statusOf(t, dirA); rs.UploadedSequence != 0 {
+		t.Fatalf("the stateless agent's replica holds WAL entries (uploaded through %d)", rs.UploadedSequence)
+	}
+	killSup(t, a)
+	if err := os.RemoveAll(dirA); err != nil {
+		t.Fatal(err)
+	}
+
+	dirB := filepath.Join(t.TempDir(), "data")
+	logB := filepath.Join(t.TempDir(), "agent-b.jsonl")
+	b := reqSup(t, dirB, logB, append(srv.Env(), "REQAGENT_HOLD=late"), flags...)
+	for i, id := range ids {
+		v := waitStatus(t, b, id, "answered", 60*time.Second)
+		var data map[string]any
+		_ = json.Unmarshal(v.Data, &data)
+		if data["echo"] != fmt.Sprintf("job-%d", i) || len(deliveries(logB, id)) == 0 {
+			t.Errorf("request %s on the new node: answered %s, delivered %v; want echo job-%d, delivered there", id, v.Data, deliveries(logB, id), i)
+		}
+	}
+	if !strings.Contains(b.out.String(), "data directory restored from the replica") {
+		t.Fatalf("no restore reported:\n%s", tail(b.out.String(), 20))
+	}
+	late := []string{postRequest(t, b, "late-0"), postRequest(t, b, "late-1")}
+	waitFor(t, 60*time.Second, "the second node's journal replicated", func() bool {
+		_, rs := statusOf(t, dirB)
+		return replicated(dirB)() && rs.RequestsJournal.LagWrites == 0
+	})
+	killSup(t, b)
+	if err := os.RemoveAll(dirB); err != nil {
+		t.Fatal(err)
+	}
+
+	dirC := filepath.Join(t.TempDir(), "data")
+	c := reqSup(t, dirC, filepath.Join(t.TempDir(), "agent-c.jsonl"), srv.Env(), flags...)
+	for _, id := range late {
+		waitStatus(t, c, id, "answered", 60*time.Second)
+	}
+	for _, id := range ids {
+		if code, v := getRequest(t, c, id); code != 200 || v.Status != "answered" {
+			t.Fatalf("request %s answered on the second node: %d %+v on the third, want answered", id, code, v)
+		}
+	}
+}
+
 // TestReplicaDamagedRequestJournal: a request journal object changed in the
 // bucket (its bytes no longer match the SHA-256 in its name) is refused
 // loudly — `replica restore` says the requests were not restored, a start
@@ -551,7 +621,8 @@ func TestReplicaDamagedRequestJournal(t *testing.T) {
 	killSup(t, a)
 	var key string
 	for _, k := range srv.Keys("state", "agents/d/") {
-		if strings.Contains(k, "/files/requests-journal/") {
+		// The base (NANOS-SHA), not a delta (BASE-FROM-TO-NANOS-SHA).
+		if _, name, ok := strings.Cut(k, "/files/requests-journal/"); ok && strings.Count(name, "-") == 1 {
 			key = k
 		}
 	}

@@ -132,6 +132,9 @@ func (c *replicaCmd) restore(ctx context.Context, args []string) error {
 	for _, g := range res.SkippedGenerations {
 		fmt.Fprintf(c.stdout, "  skipped:      generation %s (%s)\n", g.ID, g.Reason)
 	}
+	if res.RequestsJournalOnly {
+		fmt.Fprintf(c.stdout, "  agent state:  none in the replica (no checkpoint, no WAL: a stateless agent); the request journal alone is restored\n")
+	}
 	switch {
 	case res.RequestsJournalError != "":
 		fmt.Fprintf(c.stdout, "  requests:     NOT restored: the request journal in the replica is damaged (%s)\n", res.RequestsJournalError)
