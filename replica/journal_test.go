@@ -3,7 +3,9 @@ package replica_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,8 +37,16 @@ type journalRig struct {
 
 func newJournalRig(t *testing.T, prefix string) *journalRig {
 	srv, c := setup(t, prefix)
-	d := openDataDir(t, t.TempDir())
-	d.append(1, 1)
+	return openJournalRig(t, srv, c, t.TempDir(), true)
+}
+
+// openJournalRig opens the data directory dir (with one WAL entry appended
+// when walEntry) and its request journal.
+func openJournalRig(t *testing.T, srv *miniotest.Server, c *replica.Client, dir string, walEntry bool) *journalRig {
+	d := openDataDir(t, dir)
+	if walEntry {
+		d.append(1, 1)
+	}
 	j, _, err := requests.Open(d.dir)
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +102,7 @@ func (g *journalRig) wait() {
 		js := g.r.Status().RequestsJournal
 		return js != nil && js.LagWrites == 0 && js.Bytes == want
 	})
-	waitUploaded(g.t, g.r, 1) // the WAL entry too: the generation is restorable
+	waitUploaded(g.t, g.r, g.d.wal.LastSequence()) // the WAL too
 }
 
 // objects lists the journal's objects in the bucket: bases and deltas.
@@ -279,4 +289,84 @@ func TestJournalUploadProportional(t *testing.T) {
 		t.Fatalf("uploads not proportional to the change: %.0f bytes for %d appended; chain %d deltas", uploaded, appended, len(deltas))
 	}
 	g.restoresExactly("after 100 deltas")
+}
+
+// TestJournalOnlyRestore: an agent that never logs nor checkpoints leaves a
+// replica holding only the request journal; a restore takes it alone (no
+// WAL, no checkpoint written) and says so.
+func TestJournalOnlyRestore(t *testing.T) {
+	srv, c := setup(t, "agents/jo")
+	g := openJournalRig(t, srv, c, t.TempDir(), false)
+	g.add(2000)
+	g.start()
+	g.wait()
+	g.add(100)
+	g.wait()
+	g.r.Close(5 * time.Second)
+	inv, err := c.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum := inv.Summary(); len(sum) != 1 || !sum[0].Default || !sum[0].RequestsJournalOnly || sum[0].NotRestorable != "" {
+		t.Fatalf("replica list: %+v; want the generation the default, journal only", sum)
+	}
+	b, res := g.restore()
+	if !bytes.Equal(b, g.durable()) || !res.RequestsJournalOnly || res.Entries != 0 || res.CheckpointID != "" {
+		t.Fatalf("journal-only restore: %d bytes (want %d), %+v", len(b), len(g.durable()), res)
+	}
+	if _, err := c.Restore(context.Background(), filepath.Join(t.TempDir(), "x"), replica.Target{Sequence: 5}, nil); !errors.Is(err, replica.ErrNoTarget) {
+		t.Fatalf("a sequence of a journal-only replica: %v, want ErrNoTarget", err)
+	}
+}
+
+// TestJournalOnlyGenerationNeverWinsOverState: node A replicates agent
+// state and its journal; node B restores it, starts its own generation,
+// and is lost after its journal was uploaded but before any of its
+// checkpoints or WAL (the store refused them). B's generation is newer and
+// holds a journal, yet a restore takes A's: a journal alone never outweighs
+// agent state (the fresh-node data loss stays fixed).
+func TestJournalOnlyGenerationNeverWinsOverState(t *testing.T) {
+	srv, c := setup(t, "agents/js")
+	a := openJournalRig(t, srv, c, t.TempDir(), true)
+	a.add(3000)
+	a.d.append(2, 40)
+	a.d.checkpoint()
+	a.start()
+	a.wait()
+	a.r.Close(5 * time.Second)
+	genA := a.r.Status().Generation
+	aJournal := a.durable()
+
+	dirB := filepath.Join(t.TempDir(), "b")
+	if _, err := c.Restore(context.Background(), dirB, replica.Target{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	proxy := miniotest.StartProxy(t, srv)
+	proxy.Set(func(r *http.Request) miniotest.Fault {
+		if r.Method == http.MethodPut && (strings.Contains(r.URL.Path, "/checkpoints/") || strings.Contains(r.URL.Path, "/wal/")) {
+			return miniotest.Full
+		}
+		return miniotest.Pass
+	})
+	b := openJournalRig(t, srv, clientAt(t, proxy.Endpoint(), "agents/js"), dirB, false)
+	b.add(500)
+	b.start()
+	waitFor(t, func() bool {
+		js := b.r.Status().RequestsJournal
+		return js != nil && js.LagWrites == 0 && js.Bytes == int64(len(b.durable()))
+	})
+	genB := b.r.Status().Generation
+	b.r.Close(100 * time.Millisecond) // the node is lost
+	if genB == "" || genB == genA {
+		t.Fatalf("B's generation %q (A's %s)", genB, genA)
+	}
+
+	got, res := a.restore()
+	if res.Generation != genA || res.RequestsJournalOnly || res.CheckpointID == "" || !bytes.Equal(got, aJournal) {
+		t.Fatalf("restore took %s (journal only %v, checkpoint %q, journal %d bytes); want A's %s with its state and journal (%d bytes)",
+			res.Generation, res.RequestsJournalOnly, res.CheckpointID, len(got), genA, len(aJournal))
+	}
+	if len(res.SkippedGenerations) != 1 || res.SkippedGenerations[0].ID != genB {
+		t.Fatalf("skipped %+v, want B's %s", res.SkippedGenerations, genB)
+	}
 }
