@@ -188,6 +188,8 @@ func (c *replicaCmd) list(ctx context.Context, args []string) error {
 		to := "-"
 		if g.RestorableTo != nil {
 			to = strconv.FormatUint(*g.RestorableTo, 10)
+		} else if g.RequestsJournalOnly {
+			to = "request journal only (no agent state in the replica)"
 		} else if g.NotRestorable != "" {
 			to = "nothing (skipped)"
 		}
