@@ -251,6 +251,8 @@ func (c *Client) restoreState(ctx context.Context, g *Generation, t Target, plan
 // in the offsets) or damaged ends the chain there, and the journal is
 // restored up to it — an earlier state of the journal, never one with a
 // hole — logged as an error and said in Result.RequestsJournalIncomplete.
+// (Deltas missing at the end leave no gap: that is indistinguishable from
+// changes not uploaded yet, and the journal ends at the last one present.)
 // Any other failure (the store) fails the restore.
 func (c *Client) restoreJournal(ctx context.Context, f object, deltas []object, stage string, res *Result, log *slog.Logger) (bool, error) {
 	b, err := c.get(ctx, f, journalLimit)

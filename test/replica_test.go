@@ -6,6 +6,7 @@ package test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/minio/minio-go/v7"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
@@ -598,6 +600,80 @@ func TestReplicaStatelessAgentRequestsFollow(t *testing.T) {
 		if code, v := getRequest(t, c, id); code != 200 || v.Status != "answered" {
 			t.Fatalf("request %s answered on the second node: %d %+v on the third, want answered", id, code, v)
 		}
+	}
+}
+
+// TestReplicaRequestJournalDeltas: after the request journal's first upload
+// (a base), a request accepted later reaches the bucket as a delta of about
+// its own size, not the whole journal again; a delta missing from the
+// bucket (a gap before later ones) is found by `replica restore`, which
+// restores the journal up to it (the requests before it, none after) and
+// says the journal was incomplete.
+func TestReplicaRequestJournalDeltas(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.MakeBucket("state")
+	flags := replicaFlags(srv, "state", "agents/jd")
+	dir := filepath.Join(t.TempDir(), "data")
+	a := reqSup(t, dir, filepath.Join(t.TempDir(), "agent.jsonl"), append(srv.Env(), "REQAGENT_HOLD=job", "REQAGENT_WAL_ONE=1"), flags...)
+	replicated := func() bool {
+		_, rs := statusOf(t, dir)
+		return rs.UploadedSequence == 1 && rs.RequestsJournal != nil && rs.RequestsJournal.LagWrites == 0 && rs.RequestsJournal.Bytes > 0
+	}
+	journal := func() (base string, baseSize int, deltas map[string]int) {
+		deltas = map[string]int{}
+		for _, k := range srv.Keys("state", "agents/jd/") {
+			_, name, ok := strings.Cut(k, "/files/requests-journal/")
+			switch {
+			case !ok:
+			case strings.Count(name, "-") == 1:
+				base, baseSize = k, len(srv.Get("state", k))
+			default:
+				deltas[k] = len(srv.Get("state", k))
+			}
+		}
+		return base, baseSize, deltas
+	}
+	first := postRequest(t, a, "job-0 "+strings.Repeat("a", 20000))
+	waitFor(t, 60*time.Second, "the first request replicated", replicated)
+	// A larger request, then a small one: two deltas (a delta is merged
+	// with the one before it only when that one is less than twice its size).
+	second := postRequest(t, a, "job-1 "+strings.Repeat("b", 5000))
+	waitFor(t, 60*time.Second, "the second request replicated", replicated)
+	third := postRequest(t, a, "job-2")
+	waitFor(t, 60*time.Second, "the third request replicated", replicated)
+	base, baseSize, deltas := journal()
+	if base == "" || baseSize < 20000 || len(deltas) < 2 {
+		t.Fatalf("the journal in the bucket: base %q of %d bytes, deltas %v; want a base holding the first request and deltas after it", base, baseSize, deltas)
+	}
+	for k, n := range deltas {
+		if n >= baseSize {
+			t.Fatalf("a delta of %d bytes (%s), the base is %d: the journal was uploaded again, not what changed", n, k, baseSize)
+		}
+	}
+	killSup(t, a)
+
+	// The first delta deleted: the next ones follow a gap; the journal is
+	// restored up to the base.
+	var firstDelta string
+	for k := range deltas {
+		if firstDelta == "" || k < firstDelta { // BASE-FROM-…: the lowest FROM
+			firstDelta = k
+		}
+	}
+	if err := srv.Client().RemoveObject(context.Background(), "state", firstDelta, minio.RemoveObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	restored := filepath.Join(t.TempDir(), "restored")
+	code, out, stderr := cliEnv(t, srv.Env(), append([]string{"replica", "restore", "--data-dir", restored}, flags[:4]...)...)
+	if code != 0 {
+		t.Fatalf("replica restore: exit %d\n%s%s", code, out, stderr)
+	}
+	if !strings.Contains(out, "requests:     journal INCOMPLETE in the replica") || !strings.Contains(stderr, "request journal in the replica is incomplete") {
+		t.Fatalf("replica restore with the journal's deltas missing:\n%s%s", out, stderr)
+	}
+	c, list, _ := cli(t, "requests", "list", "--data-dir", restored, "--json")
+	if c != 0 || !strings.Contains(list, first) || strings.Contains(list, second) || strings.Contains(list, third) {
+		t.Fatalf("restored journal: %d %s; want the first request (in the base), not the later ones (after the missing delta)", c, list)
 	}
 }
 
