@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -261,14 +262,19 @@ func TestJournalDeltaFaults(t *testing.T) {
 	t.Logf("incomplete journal reported as: %s", res.RequestsJournalIncomplete)
 }
 
-// TestJournalUploadProportional: with a large journal (16 MiB), each small
+// TestJournalUploadProportional: with a large journal (16 MiB;
+// JOURNAL_TEST_MIB=64 for the default --request-journal-bytes), each small
 // append costs an upload of about its own size — deltas, merged now and then
 // — not the journal: the figure is the bytes uploaded per byte appended,
 // and the chain a restore downloads stays short.
 func TestJournalUploadProportional(t *testing.T) {
 	g := newJournalRig(t, "agents/jp")
-	for range 16 {
-		g.add(1 << 20)
+	mib := 16
+	if n, err := strconv.Atoi(os.Getenv("JOURNAL_TEST_MIB")); err == nil && n > 0 {
+		mib = n
+	}
+	for range mib {
+		g.add(1<<20 - 1024)
 	}
 	size := len(g.durable())
 	g.start()
