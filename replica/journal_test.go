@@ -367,6 +367,13 @@ func TestJournalOnlyGenerationNeverWinsOverState(t *testing.T) {
 		t.Fatalf("B's generation %q (A's %s)", genB, genA)
 	}
 
+	inv, err := c.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inv.Generations) != 2 || inv.Generations[0].ID != genB || len(inv.Generations[0].Files[replica.JournalFile]) != 1 {
+		t.Fatalf("generations %v; want B's %s newest, holding its journal", summaryIDs(inv), genB)
+	}
 	got, res := a.restore()
 	if res.Generation != genA || res.RequestsJournalOnly || res.CheckpointID == "" || !bytes.Equal(got, aJournal) {
 		t.Fatalf("restore took %s (journal only %v, checkpoint %q, journal %d bytes); want A's %s with its state and journal (%d bytes)",
