@@ -4,8 +4,9 @@
 //
 // A [Replicator] uploads, on one goroutine of its own: every stored
 // checkpoint file as it is, the WAL's durable entries in immutable chunks
-// (one per sync interval at most, none while nothing changes), and the
-// small files (the evolution ledger, the agent's protocol version). It
+// (one per sync interval at most, none while nothing changes), the small
+// files (the evolution ledger, the agent's protocol version), and the
+// request journal as a base and deltas (journal.go). It
 // retries with back-off and never holds anything the supervisor waits on,
 // except Local.HoldTruncation during one bounded WAL read. [Client.Restore]
 // plans from one listing and rebuilds a data directory; [Client.List]
@@ -19,7 +20,20 @@
 //	checkpoints/WM-ID-SHA.ckpt     a checkpoint file, byte for byte
 //	wal/AFTER-LAST-MS-SHA.chunk    the WAL entries with sequences in (AFTER, LAST]
 //	files/NAME/NANOS-SHA           a version of evolution.json or agent.json, or
-//	                               (NAME requests-journal) of the request journal
+//	                               (NAME requests-journal) a base of the request journal
+//	files/requests-journal/BASE-FROM-TO-NANOS-SHA
+//	                               a delta of the request journal: its bytes [FROM, TO)
+//	                               after the base of version BASE (NANOS)
+//
+// The request journal only grows between two compactions, so each change
+// is uploaded as a delta of its own size after the base (the whole journal
+// file's durable prefix); a compaction (a new file) starts a new base, and
+// so does a chain whose deltas would outgrow the base; deltas merge so that
+// a chain stays about log2 long (journal.go). A restore follows the newest
+// base's deltas from its end, each verified and starting where the
+// previous ended; a missing or damaged delta ends the journal there — the
+// newest consistent prefix, never one with a hole — and the restore says
+// so (Result.RequestsJournalIncomplete).
 //
 // Numbers are 16 hex digits, so lexical order is numeric order; SHA is the
 // SHA-256 of the object, verified on every download: a corrupt object is
@@ -39,6 +53,14 @@
 // its own. A restore takes one generation whole: the most recently written
 // that offers a restore ([Inventory.Default]; newer ones holding nothing
 // restorable are passed over and reported) unless [Target] names another.
+//
+// The request journal alone does not make a generation restorable, except
+// when no generation of the replica holds a checkpoint or a WAL chunk (an
+// agent that never logs nor checkpoints): then the newest generation that
+// holds a journal is restored, the journal alone ([Plan].JournalOnly). So a
+// journal never wins over agent state another generation holds: a node
+// that restored its parent's state, uploaded its journal and died before
+// its first checkpoint or chunk is passed over for the parent, as before.
 //
 // # The restore invariant
 //

@@ -63,7 +63,10 @@ type Generation struct {
 	Checkpoints []object        // by watermark, then id
 	Chunks      []object        // by After
 	Files       map[string][]object
-	Updated     time.Time // the newest object's upload time (server clock)
+	// JournalDeltas: the request journal's deltas, by base, then From,
+	// the longest first.
+	JournalDeltas []object
+	Updated       time.Time // the newest object's upload time (server clock)
 	// ForkAt is set when two writers' chunks overlap (a copied data
 	// directory resumed the same generation): only history up to it is
 	// trusted.
@@ -148,6 +151,8 @@ func (c *Client) listUnder(ctx context.Context, rel string) (map[string]*Generat
 			g.Chunks = append(g.Chunks, o)
 		case "file":
 			g.Files[o.Name] = append(g.Files[o.Name], o)
+		case "journal-delta":
+			g.JournalDeltas = append(g.JournalDeltas, o)
 		case "owner":
 			g.Owners = append(g.Owners, o)
 		}
@@ -168,6 +173,9 @@ func (g *Generation) sort() {
 	for _, fs := range g.Files {
 		slices.SortFunc(fs, func(a, b object) int { return a.Time.Compare(b.Time) })
 	}
+	slices.SortFunc(g.JournalDeltas, func(a, b object) int {
+		return cmp.Or(a.Base.Compare(b.Base), cmp.Compare(a.From, b.From), cmp.Compare(b.To, a.To), a.Time.Compare(b.Time))
+	})
 	slices.SortFunc(g.Owners, func(a, b object) int { return cmp.Compare(a.ID, b.ID) })
 	// Chunks of one writer never overlap; overlapping ones mean two writers.
 	for i := 1; i < len(g.Chunks); i++ {
@@ -281,6 +289,13 @@ type Plan struct {
 	Chunks     []object
 	Last       uint64 // the restore ends at this sequence (≥ the checkpoint's watermark)
 	Files      []object
+	// JournalDeltas: the deltas uploaded after the request journal's base
+	// (in Files), by From, the longest first; a restore follows them from
+	// the base's end (restoreJournal).
+	JournalDeltas []object
+	// JournalOnly: the generation holds no agent state, only the request
+	// journal (a stateless agent): the restore is the journal alone.
+	JournalOnly bool
 	// Skipped: newer generations passed over, holding nothing restorable.
 	Skipped []SkippedGeneration
 }
@@ -294,6 +309,31 @@ type SkippedGeneration struct {
 
 // holdsData: g holds a checkpoint or a WAL chunk (restorable or not).
 func (g *Generation) holdsData() bool { return len(g.Checkpoints) > 0 || len(g.Chunks) > 0 }
+
+// holdsJournal: g holds a base of the request journal.
+func (g *Generation) holdsJournal() bool { return len(g.Files[JournalFile]) > 0 }
+
+// journalOnly is the generation a restore takes when no generation holds
+// agent state (a checkpoint or a WAL chunk) — an agent that never logs nor
+// checkpoints: the most recently written one holding a request journal (nil:
+// none). A journal never makes a generation win over agent state another
+// one holds: while any generation holds a checkpoint or a WAL chunk, the
+// generations holding only a journal are passed over as before (a node that
+// restored its parent's state and died before uploading any is not a
+// reason to lose that state).
+func (inv *Inventory) journalOnly() *Generation {
+	for _, g := range inv.Generations {
+		if g.holdsData() {
+			return nil
+		}
+	}
+	for _, g := range inv.Generations {
+		if g.holdsJournal() {
+			return g
+		}
+	}
+	return nil
+}
 
 // NotRestorable says why g offers no restore ("" when it offers one).
 func (g *Generation) NotRestorable() string {
@@ -318,17 +358,23 @@ func (inv *Inventory) Default() *Generation {
 			return g
 		}
 	}
-	return nil
+	return inv.journalOnly()
 }
 
 // Plan chooses what to restore for t. Without t.Generation it plans from
 // the Default generation, and Plan.Skipped lists the newer ones passed
-// over. ErrEmpty: no generation holds any checkpoint or WAL (a fresh
-// start); ErrNoTarget: some do, none can be restored.
+// over. When no generation holds any checkpoint or WAL, the newest holding
+// a request journal is restored (the journal alone: Plan.JournalOnly; see
+// journalOnly). ErrEmpty: no generation holds any checkpoint, WAL or
+// request journal (a fresh start); ErrNoTarget: some hold a checkpoint or
+// WAL, none can be restored.
 func (inv *Inventory) Plan(t Target) (Plan, error) {
 	if t.Generation != "" {
 		for _, g := range inv.Generations {
 			if g.ID == t.Generation {
+				if !g.holdsData() && g.holdsJournal() {
+					return g.journalOnlyPlan(t)
+				}
 				return g.plan(t, nil)
 			}
 		}
@@ -346,6 +392,18 @@ func (inv *Inventory) Plan(t Target) (Plan, error) {
 		skipped = append(skipped, SkippedGeneration{ID: g.ID, Reason: g.NotRestorable()})
 	}
 	if !data {
+		if g := inv.journalOnly(); g != nil {
+			var skipped []SkippedGeneration
+			for _, x := range inv.Generations {
+				if x == g {
+					break
+				}
+				skipped = append(skipped, SkippedGeneration{ID: x.ID, Reason: x.NotRestorable()})
+			}
+			p, err := g.journalOnlyPlan(t)
+			p.Skipped = skipped
+			return p, err
+		}
 		switch {
 		case len(inv.Generations) > 0:
 			return Plan{}, fmt.Errorf("%w: none of its %d generations holds a checkpoint or a WAL chunk (newest: %s, %s)",
@@ -449,16 +507,45 @@ func (g *Generation) plan(t Target, exclude map[string]bool) (Plan, error) {
 			pos = ch.Last
 		}
 	}
+	g.planFiles(t, &p)
+	return p, nil
+}
+
+// planFiles adds the small files and the request journal (its newest base
+// at t.Time and the deltas after it uploaded by then) to p.
+func (g *Generation) planFiles(t Target, p *Plan) {
 	for _, name := range append(replicatedFiles[:len(replicatedFiles):len(replicatedFiles)], JournalFile) {
 		vs := g.Files[name]
 		for i := len(vs) - 1; i >= 0; i-- {
 			if t.Time.IsZero() || !vs[i].Time.After(t.Time) {
 				p.Files = append(p.Files, vs[i])
+				if name == JournalFile {
+					for _, d := range g.JournalDeltas {
+						if d.Base.Equal(vs[i].Time) && (t.Time.IsZero() || !d.Time.After(t.Time)) {
+							p.JournalDeltas = append(p.JournalDeltas, d)
+						}
+					}
+				}
 				break
 			}
 		}
 	}
-	return p, nil
+}
+
+// journalOnlyPlan: a restore of g's request journal (and small files)
+// alone, g holding no checkpoint and no WAL.
+func (g *Generation) journalOnlyPlan(t Target) (Plan, error) {
+	if t.Sequence > 0 {
+		return Plan{}, fmt.Errorf("%w: generation %s holds no WAL (only a request journal): there is no sequence %d to restore", ErrNoTarget, g.ID, t.Sequence)
+	}
+	p := Plan{Generation: g.ID, JournalOnly: true}
+	g.planFiles(t, &p)
+	for _, f := range p.Files {
+		if f.Name == JournalFile {
+			return p, nil
+		}
+	}
+	return Plan{}, fmt.Errorf("%w: generation %s holds nothing from before %s", ErrNoTarget, g.ID, t.Time.UTC().Format(time.RFC3339))
 }
 
 // CheckpointSummary is one checkpoint as `supervisor replica list` shows it.
@@ -496,6 +583,9 @@ type GenerationSummary struct {
 	Parent        *Position `json:"parent,omitempty"`
 	// Owner: the session of the newest supervisor run that claimed it.
 	Owner string `json:"owner,omitempty"`
+	// RequestsJournalOnly: the default restore takes this generation's
+	// request journal alone (no generation holds agent state).
+	RequestsJournalOnly bool `json:"requests_journal_only,omitempty"`
 }
 
 // Summary describes every generation, the default one first.
@@ -512,6 +602,9 @@ func (inv *Inventory) Summary() []GenerationSummary {
 			s.Owner = g.Owners[n-1].ID
 		}
 		s.NotRestorable = g.NotRestorable()
+		if g == def && !g.holdsData() {
+			s.NotRestorable, s.RequestsJournalOnly = "", true
+		}
 		for _, cp := range g.Checkpoints {
 			s.Checkpoints = append(s.Checkpoints, CheckpointSummary{ID: cp.ID, Created: cp.Time, Watermark: cp.Watermark, Bytes: cp.Size})
 		}

@@ -17,12 +17,15 @@ import (
 //	generation-SHA.json                       who started the generation
 //	checkpoints/WM-ID-SHA.ckpt                a stored checkpoint file, as is
 //	wal/AFTER-LAST-MS-SHA.chunk               WAL entries in (AFTER, LAST]
-//	files/NAME/NANOS-SHA                      a version of a small file (or the request journal)
+//	files/NAME/NANOS-SHA                      a version of a small file (or a base of the request journal)
+//	files/requests-journal/BASE-FROM-TO-NANOS-SHA
+//	                                          a delta of the request journal: its bytes [FROM, TO), after the base of version BASE
 //	owners/SESSION-SHA.json                   a supervisor that wrote it (OwnerClaim)
 //
 // WM, AFTER and LAST are 16 hex digits (lexical order is numeric order),
 // MS the chunk's cut time in unix milliseconds and NANOS a version's time in
-// unix nanoseconds (16 hex digits), SHA the SHA-256 of the object's bytes (64
+// unix nanoseconds (16 hex digits; a delta's BASE is its base's NANOS, FROM
+// and TO byte offsets in the journal, NANOS its upload time), SHA the SHA-256 of the object's bytes (64
 // hex digits). A name says everything a restore plans with, so one listing
 // plans a restore; the checksum in it is verified on every download.
 
@@ -32,11 +35,23 @@ const generationsDir = "generations/"
 // replica, newest version wins.
 var replicatedFiles = []string{"evolution.json", "agent.json"}
 
-// JournalFile is the request journal's name in the replica
-// (files/requests-journal/NANOS-SHA): the durable prefix of
-// DATA_DIR/requests/journal, uploaded whole when it changed (Local.Journal),
-// restored into JournalPath. The replica treats it as bytes with a checksum.
+// JournalFile is the request journal's name in the replica: the durable
+// prefix of DATA_DIR/requests/journal (Local.Journal), restored into
+// JournalPath. The replica treats it as bytes with checksums, uploaded as a
+// chain: a base (files/requests-journal/NANOS-SHA, the whole durable prefix
+// [0, SIZE) of one journal file) and deltas after it
+// (files/requests-journal/BASE-FROM-TO-NANOS-SHA, the bytes [FROM, TO) of
+// the same file; the first starts at the base's size, each next one where
+// the previous ended). Between two compactions the journal only grows, so
+// a change costs a delta of its own size; a compaction (a new file) or a
+// chain grown too long starts a new base (see syncJournal). A replica
+// written before deltas holds bases only, restored as they are.
 const JournalFile = "requests-journal"
+
+// maxJournalDeltas bounds the deltas after one base: a restore downloads at
+// most a base and this many deltas (merging keeps chains far shorter: see
+// syncJournal).
+const maxJournalDeltas = 24
 
 // JournalPath is where a restore puts the journal, relative to the data
 // directory.
@@ -102,6 +117,11 @@ func fileKey(gen, name string, at time.Time, sha string) string {
 	return genDir(gen) + "files/" + name + "/" + hex16(uint64(at.UnixNano())) + "-" + sha
 }
 
+func journalDeltaKey(gen string, base time.Time, from, to int64, at time.Time, sha string) string {
+	return genDir(gen) + "files/" + JournalFile + "/" + hex16(uint64(base.UnixNano())) + "-" + hex16(uint64(from)) + "-" +
+		hex16(uint64(to)) + "-" + hex16(uint64(at.UnixNano())) + "-" + sha
+}
+
 // object is one parsed key of a generation.
 type object struct {
 	Key  string // relative to the prefix
@@ -109,15 +129,17 @@ type object struct {
 	// LastModified is the server's time of the upload.
 	LastModified time.Time
 	Gen          string
-	Kind         string // "generation", "checkpoint", "chunk", "file", "owner"
+	Kind         string // "generation", "checkpoint", "chunk", "file", "journal-delta", "owner"
 	SHA          string
 
 	ID        string    // checkpoint id; owner: its session
 	Watermark uint64    // checkpoint
 	After     uint64    // chunk: (After, Last]
 	Last      uint64    // chunk
-	Time      time.Time // chunk: cut time; file: version time; checkpoint: created (from its id)
-	Name      string    // file
+	Time      time.Time // chunk: cut time; file, journal-delta: version time; checkpoint: created (from its id)
+	Name      string    // file, journal-delta
+	Base      time.Time // journal-delta: its base's version time
+	From, To  int64     // journal-delta: the bytes [From, To) of the journal
 }
 
 // parseKey parses a key relative to the prefix; ok is false for a key this
@@ -173,6 +195,9 @@ func parseKey(rel string) (object, bool) {
 		return o, validSum(o.SHA)
 	case strings.HasPrefix(rest, "files/"):
 		name, ver, ok := strings.Cut(strings.TrimPrefix(rest, "files/"), "/")
+		if ok && name == JournalFile && len(ver) == 4*17+64 {
+			return parseJournalDelta(o, ver)
+		}
 		if !ok || !isReplicatedFile(name) || len(ver) != 16+1+64 || ver[16] != '-' {
 			return object{}, false
 		}
@@ -184,6 +209,28 @@ func parseKey(rel string) (object, bool) {
 		return o, validSum(o.SHA)
 	}
 	return object{}, false
+}
+
+// parseJournalDelta parses BASE-FROM-TO-NANOS-SHA.
+func parseJournalDelta(o object, ver string) (object, bool) {
+	f := strings.Split(ver, "-")
+	if len(f) != 5 {
+		return object{}, false
+	}
+	var n [4]uint64
+	for i := range n {
+		v, ok := parseHex16(f[i])
+		if !ok || v > 1<<62 {
+			return object{}, false
+		}
+		n[i] = v
+	}
+	if n[1] >= n[2] {
+		return object{}, false
+	}
+	o.Kind, o.Name, o.SHA = "journal-delta", JournalFile, f[4]
+	o.Base, o.From, o.To, o.Time = time.Unix(0, int64(n[0])).UTC(), int64(n[1]), int64(n[2]), time.Unix(0, int64(n[3])).UTC()
+	return o, validSum(o.SHA)
 }
 
 func isReplicatedFile(name string) bool {

@@ -36,18 +36,23 @@ type Local struct {
 	// Floor is stable, so a read that starts at or above it is complete.
 	HoldTruncation func() (release func())
 	// Journal, when set, is the request journal (DATA_DIR/requests/journal):
-	// its durable bytes are uploaded whole when they changed.
+	// its durable bytes are uploaded when they changed, as a base and
+	// deltas (see syncJournal).
 	Journal Journal
 }
 
 // Journal is the request journal as the replicator sees it: bytes with a
-// version. The replica knows nothing of its format.
+// version, in a file that only grows until a compaction replaces it. The
+// replica knows nothing of its format.
 type Journal interface {
 	// Version grows each time the journal's durable content changes.
 	Version() uint64
-	// Snapshot returns the journal's durable bytes (records fsynced, never
-	// a torn one) and their version.
-	Snapshot() ([]byte, uint64, error)
+	// SnapshotFrom returns the journal's durable bytes (records fsynced,
+	// never a torn one) from off on when file is the identity of the
+	// journal's current file (as an earlier call returned it, cur) and off
+	// at most its durable size — [0, off) unchanged since — and all of them
+	// (from 0) otherwise; v is their version. Identities compare with ==.
+	SnapshotFrom(file any, off int64) (b []byte, from int64, v uint64, cur any, err error)
 }
 
 // Options configure a Replicator.
@@ -136,6 +141,8 @@ type Replicator struct {
 	chunks   []object          // the generation's chunks, by After
 	files    map[string]object // newest version of each file
 	pending  *pendingChunk     // a chunk whose upload failed: sent again as is
+	jChain   *journalChain     // the request journal in gen (nil: none)
+	jGarbage []string          // journal objects to delete (a delete that failed, a PUT that may have landed)
 	retained string            // local checkpoint ids at the last retention pass
 	bad      map[string]bool   // local checkpoints that could not be read
 	session  string            // this run's claim on gen
@@ -461,6 +468,7 @@ func (r *Replicator) begin(ctx context.Context, fresh bool) error {
 		_ = json.Unmarshal(b, &st)
 	}
 	r.gen, r.head, r.ckpts, r.chunks, r.files, r.pending = "", 0, map[string]object{}, nil, map[string]object{}, nil
+	r.jChain, r.jGarbage = nil, nil
 	r.retained, r.session, r.claim, r.mine = "", "", "", map[string]bool{}
 	if !fresh && st.Generation != "" && st.Replica == r.c.loc.String() && validGeneration(st.Generation) {
 		ok, err := r.resume(ctx, st.Generation, st.Session)
@@ -653,8 +661,11 @@ func (r *Replicator) resume(ctx context.Context, gen, session string) (ok bool, 
 		r.ckpts[cp.ID] = cp
 	}
 	for name, vs := range g.Files {
-		r.files[name] = vs[len(vs)-1]
+		if name != JournalFile {
+			r.files[name] = vs[len(vs)-1]
+		}
 	}
+	r.jChain, r.jGarbage = resumeJournal(g)
 	r.setGen(gen)
 	r.mu.Lock()
 	r.status.UploadedSequence, r.status.Checkpoints = head, len(r.ckpts)
@@ -722,48 +733,6 @@ func (r *Replicator) syncFiles(ctx context.Context) error {
 			}
 		}
 	}
-	return nil
-}
-
-// syncJournal uploads the request journal's durable bytes when they changed
-// (a new version, then the one it replaces is deleted), into the generation
-// this run writes: a node never writes into another's generation.
-func (r *Replicator) syncJournal(ctx context.Context) error {
-	if r.local.Journal == nil {
-		return nil
-	}
-	r.mu.Lock()
-	done := r.jUploaded
-	r.mu.Unlock()
-	if _, had := r.files[JournalFile]; had && r.local.Journal.Version() <= done {
-		return nil // unchanged since its upload: not read again
-	}
-	b, v, err := r.local.Journal.Snapshot()
-	if err != nil {
-		return fmt.Errorf("replica: read the request journal: %w", err)
-	}
-	s := sum(b)
-	old, had := r.files[JournalFile]
-	if (had && old.SHA != s) || (!had && len(b) > 0) {
-		now := time.Now()
-		key := fileKey(r.gen, JournalFile, now, s)
-		if _, err := r.put(ctx, key, b); err != nil {
-			return err
-		}
-		r.files[JournalFile] = object{Key: key, Kind: "file", Name: JournalFile, SHA: s, Time: now, Size: int64(len(b))}
-		r.mu.Lock()
-		r.jStatus.LastUploaded = now
-		r.mu.Unlock()
-		if had {
-			if err := r.remove(ctx, []string{old.Key}); errors.Is(err, errLost) {
-				return err
-			}
-		}
-	}
-	r.mu.Lock()
-	r.jUploaded = max(r.jUploaded, v)
-	r.jStatus.Bytes = int64(len(b))
-	r.mu.Unlock()
 	return nil
 }
 

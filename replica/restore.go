@@ -42,6 +42,14 @@ type Result struct {
 	// damaged in the bucket and not restored (the rest was); its pending
 	// requests are not delivered on this node.
 	RequestsJournalError string `json:"requests_journal_error,omitempty"`
+	// RequestsJournalIncomplete: a delta of the request journal was missing
+	// or damaged; the journal was restored up to it (an earlier state of
+	// the journal: RequestsJournalBytes), and this says what was left out.
+	RequestsJournalIncomplete string `json:"requests_journal_incomplete,omitempty"`
+	// RequestsJournalOnly: the replica held no agent state (no generation
+	// holds a checkpoint or WAL: a stateless agent), only the request
+	// journal, which was restored alone.
+	RequestsJournalOnly bool `json:"requests_journal_only,omitempty"`
 }
 
 // stagingDir is where a restore is assembled inside the data directory
@@ -119,70 +127,17 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 		return Result{}, fmt.Errorf("replica restore: %w", err)
 	}
 	defer os.RemoveAll(stage)
-	res := Result{Generation: g.ID, SkippedGenerations: plan.Skipped}
-	want := plan.Last
-	exclude := map[string]bool{}
-	for plan.Checkpoint != nil {
-		n, err := c.fetchCheckpoint(ctx, *plan.Checkpoint, filepath.Join(stage, "checkpoints"))
-		res.Bytes += n
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, ErrCorrupt) {
-			return res, err
-		}
-		log.Error("checkpoint in the replica is corrupt; it is not used", "object", plan.Checkpoint.Key, "err", err)
-		res.Skipped = append(res.Skipped, plan.Checkpoint.ID)
-		exclude[plan.Checkpoint.Key] = true
-		corrupt := err
-		if plan, err = g.plan(t, exclude); err != nil || plan.Last < want {
-			return res, fmt.Errorf("%w; no other checkpoint of generation %s reaches sequence %d without a gap "+
-				"(restore an earlier point with --to-sequence, or another generation with --generation)", corrupt, g.ID, want)
-		}
-	}
-	after := uint64(0)
-	if cp := plan.Checkpoint; cp != nil {
-		after, res.CheckpointID, res.Watermark = cp.Watermark, cp.ID, cp.Watermark
-	}
-	w, err := wal.Open(wal.Options{Dir: filepath.Join(stage, "wal"), Sync: wal.SyncNone, NoPreallocate: true, StartAfter: after})
-	if err != nil {
-		return res, fmt.Errorf("replica restore: create the WAL: %w", err)
-	}
-	last := after
-	for _, ch := range plan.Chunks {
-		b, err := c.get(ctx, ch, maxChunkRaw)
-		res.Bytes += int64(len(b))
-		if err != nil {
-			w.Close()
-			return res, err
-		}
-		err = decodeChunk(ch, b, func(e wal.Entry) error {
-			if e.Sequence <= last || e.Sequence > plan.Last {
-				return nil
-			}
-			if _, err := w.Append(e); err != nil {
-				return fmt.Errorf("replica restore: append sequence %d: %w", e.Sequence, err)
-			}
-			last = e.Sequence
-			res.Entries++
-			return nil
-		})
-		if err != nil {
-			w.Close()
-			return res, err
-		}
-	}
-	if err := w.Close(); err != nil {
-		return res, fmt.Errorf("replica restore: write the WAL: %w", err)
-	}
-	res.LastSequence = max(last, after)
-	if res.CheckpointID == "" && res.Entries == 0 {
-		return res, fmt.Errorf("%w: generation %s: the restore would hold no checkpoint and no WAL entry; nothing restored", ErrNoTarget, g.ID)
-	}
+	res := Result{Generation: g.ID, SkippedGenerations: plan.Skipped, RequestsJournalOnly: plan.JournalOnly}
 	var moves []string
+	if !plan.JournalOnly {
+		if err := c.restoreState(ctx, g, t, plan, stage, &res, log); err != nil {
+			return res, err
+		}
+		moves = []string{"wal", "checkpoints"}
+	}
 	for _, f := range plan.Files {
 		if f.Name == JournalFile {
-			ok, err := c.restoreJournal(ctx, f, stage, &res, log)
+			ok, err := c.restoreJournal(ctx, f, plan.JournalDeltas, stage, &res, log)
 			if err != nil {
 				return res, err
 			}
@@ -210,7 +165,7 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 	}
 	// Into place: the WAL (whose floor is the watermark) before the
 	// checkpoint that covers it, the small files last.
-	for _, name := range append([]string{"wal", "checkpoints"}, append(moves, stateFile)...) {
+	for _, name := range append(moves, stateFile) {
 		if err := os.Rename(filepath.Join(stage, name), filepath.Join(dataDir, name)); err != nil {
 			return res, fmt.Errorf("replica restore: move %s into %s: %w", name, dataDir, err)
 		}
@@ -221,12 +176,85 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 	return res, nil
 }
 
-// restoreJournal downloads the request journal into the staging
-// directory. A journal damaged in the bucket (its SHA-256 does not match its
-// name) is refused loudly — logged, and said in the result — and the rest
-// of the restore goes on: a corrupt object must not keep the agent from
-// starting again and again. Any other failure (the store) fails the restore.
-func (c *Client) restoreJournal(ctx context.Context, f object, stage string, res *Result, log *slog.Logger) (bool, error) {
+// restoreState writes the checkpoint and the WAL of plan into stage.
+func (c *Client) restoreState(ctx context.Context, g *Generation, t Target, plan Plan, stage string, res *Result, log *slog.Logger) error {
+	want := plan.Last
+	exclude := map[string]bool{}
+	for plan.Checkpoint != nil {
+		n, err := c.fetchCheckpoint(ctx, *plan.Checkpoint, filepath.Join(stage, "checkpoints"))
+		res.Bytes += n
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrCorrupt) {
+			return err
+		}
+		log.Error("checkpoint in the replica is corrupt; it is not used", "object", plan.Checkpoint.Key, "err", err)
+		res.Skipped = append(res.Skipped, plan.Checkpoint.ID)
+		exclude[plan.Checkpoint.Key] = true
+		corrupt := err
+		if plan, err = g.plan(t, exclude); err != nil || plan.Last < want {
+			return fmt.Errorf("%w; no other checkpoint of generation %s reaches sequence %d without a gap "+
+				"(restore an earlier point with --to-sequence, or another generation with --generation)", corrupt, g.ID, want)
+		}
+	}
+	after := uint64(0)
+	if cp := plan.Checkpoint; cp != nil {
+		after, res.CheckpointID, res.Watermark = cp.Watermark, cp.ID, cp.Watermark
+	}
+	w, err := wal.Open(wal.Options{Dir: filepath.Join(stage, "wal"), Sync: wal.SyncNone, NoPreallocate: true, StartAfter: after})
+	if err != nil {
+		return fmt.Errorf("replica restore: create the WAL: %w", err)
+	}
+	last := after
+	for _, ch := range plan.Chunks {
+		b, err := c.get(ctx, ch, maxChunkRaw)
+		res.Bytes += int64(len(b))
+		if err != nil {
+			w.Close()
+			return err
+		}
+		err = decodeChunk(ch, b, func(e wal.Entry) error {
+			if e.Sequence <= last || e.Sequence > plan.Last {
+				return nil
+			}
+			if _, err := w.Append(e); err != nil {
+				return fmt.Errorf("replica restore: append sequence %d: %w", e.Sequence, err)
+			}
+			last = e.Sequence
+			res.Entries++
+			return nil
+		})
+		if err != nil {
+			w.Close()
+			return err
+		}
+	}
+	if err := w.Close(); err != nil {
+		return fmt.Errorf("replica restore: write the WAL: %w", err)
+	}
+	res.LastSequence = max(last, after)
+	if res.CheckpointID == "" && res.Entries == 0 {
+		return fmt.Errorf("%w: generation %s: the restore would hold no checkpoint and no WAL entry; nothing restored", ErrNoTarget, g.ID)
+	}
+	return nil
+}
+
+// restoreJournal downloads the request journal — its base f, then the
+// deltas after it in order — into the staging directory. A base damaged in
+// the bucket (its SHA-256 does not match its name) is refused loudly —
+// logged, and said in the result — and the rest of the restore goes on: a
+// corrupt object must not keep the agent from starting again and again.
+// The deltas are followed from the base's end, each starting where the
+// previous ended (of two starting at one offset — a merge whose replaced
+// deltas were not deleted yet — the longer is used): a delta missing (a gap
+// in the offsets) or damaged ends the chain there, and the journal is
+// restored up to it — an earlier state of the journal, never one with a
+// hole — logged as an error and said in Result.RequestsJournalIncomplete.
+// (Deltas missing at the end leave no gap: that is indistinguishable from
+// changes not uploaded yet, and the journal ends at the last one present.)
+// Any other failure (the store) fails the restore.
+func (c *Client) restoreJournal(ctx context.Context, f object, deltas []object, stage string, res *Result, log *slog.Logger) (bool, error) {
 	b, err := c.get(ctx, f, journalLimit)
 	res.Bytes += int64(len(b))
 	if errors.Is(err, ErrCorrupt) {
@@ -237,6 +265,54 @@ func (c *Client) restoreJournal(ctx context.Context, f object, stage string, res
 	}
 	if err != nil {
 		return false, err
+	}
+	var broken error
+	end := int64(len(b))
+	for i := 0; i < len(deltas); {
+		d := deltas[i]
+		if d.From < end {
+			i++ // covered already (a delta a merge replaced)
+			continue
+		}
+		if d.From > end {
+			broken = fmt.Errorf("the delta holding bytes %d to %d is missing (the next one, %s, starts at %d)", end, d.From, d.Key, d.From)
+			break
+		}
+		// Deltas from end, the longest first: the first intact one.
+		var db []byte
+		var derr error
+		for ; i < len(deltas) && deltas[i].From == end; i++ {
+			if len(db) > 0 {
+				continue
+			}
+			db, derr = c.get(ctx, deltas[i], journalLimit)
+			res.Bytes += int64(len(db))
+			if derr == nil && int64(len(db)) != deltas[i].To-deltas[i].From {
+				derr = fmt.Errorf("%w: %s holds %d bytes, its name says %d", ErrCorrupt, deltas[i].Key, len(db), deltas[i].To-deltas[i].From)
+			}
+			if derr != nil {
+				if !errors.Is(derr, ErrCorrupt) {
+					return false, derr
+				}
+				db = nil
+			}
+		}
+		if len(db) == 0 {
+			broken = derr
+			break
+		}
+		b = append(b, db...)
+		end += int64(len(db))
+	}
+	if broken != nil {
+		total := end
+		for _, d := range deltas {
+			total = max(total, d.To)
+		}
+		res.RequestsJournalIncomplete = fmt.Sprintf("restored up to byte %d of %d: %v", end, total, broken)
+		log.Error("replica: the request journal in the replica is incomplete (a delta is missing or damaged); it is restored up to the delta, an earlier state of the journal: "+
+			"requests accepted, answered or cancelled after that point are not known on this node",
+			"base", f.Key, "restored_bytes", end, "uploaded_bytes", total, "err", broken)
 	}
 	dir := filepath.Join(stage, filepath.Dir(JournalPath))
 	if err := atomicfile.MkdirAll(dir, 0o700); err != nil {

@@ -100,7 +100,7 @@ func (s *Supervisor) restoreFromReplica() error {
 	s.log.Info("data directory restored from the replica", "generation", res.Generation, "checkpoint_id", res.CheckpointID,
 		"watermark", res.Watermark, "wal_entries", res.Entries, "last_sequence", res.LastSequence,
 		"bytes", res.Bytes, "seconds", time.Since(start).Seconds(), "skipped_generations", len(res.SkippedGenerations),
-		"requests_journal_bytes", res.RequestsJournalBytes)
+		"requests_journal_bytes", res.RequestsJournalBytes, "requests_journal_only", res.RequestsJournalOnly)
 	return nil
 }
 
@@ -121,7 +121,8 @@ func (s *Supervisor) startReplica() {
 		s.rec.Audit(AuditReplicaRestore, map[string]any{"replica": s.rep.client.Location().String(), "generation": res.Generation,
 			"checkpoint_id": res.CheckpointID, "watermark": res.Watermark, "wal_entries": res.Entries, "last_sequence": res.LastSequence,
 			"skipped_generations": res.SkippedGenerations, "requests_journal_bytes": res.RequestsJournalBytes,
-			"requests_journal_error": res.RequestsJournalError})
+			"requests_journal_error": res.RequestsJournalError, "requests_journal_incomplete": res.RequestsJournalIncomplete,
+			"requests_journal_only": res.RequestsJournalOnly})
 	}
 	st := s.st
 	local := replica.Local{DataDir: s.cfg.DataDir, WAL: st.WAL(), Checkpoints: st.Checkpoints(), HoldTruncation: st.HoldTruncation}

@@ -28,7 +28,8 @@ func proxyFlags(p *miniotest.Proxy, bucket, prefix string) []string {
 
 // TestReplicaNewNodeLostBeforeFirstUpload: node A replicates 300 entries
 // and a checkpoint and is killed with its data directory. Node B restores
-// it, begins a generation of its own and is lost before that generation's
+// it, begins a generation of its own, accepts a request (its generation
+// holds its request journal) and is lost before that generation's
 // first checkpoint is in the bucket — killed with SIGKILL while the upload
 // hangs, or after the store refused it as full (kind="full"). Node C on an
 // empty directory passes B's generation over, says so, and restores
@@ -67,6 +68,14 @@ func TestReplicaNewNodeLostBeforeFirstUpload(t *testing.T) {
 				t.Fatalf("B restored %+v, want A's 300", r)
 			}
 			b.waitOutput("replica: new generation", 60*time.Second)
+			// A request accepted on B: B's generation holds its request
+			// journal (uploaded before checkpoints in a pass), and still
+			// never outweighs A's state.
+			postRequest(t, b, "accepted on B")
+			waitFor(t, 60*time.Second, "B's request journal replicated", func() bool {
+				_, rs := statusOf(t, dirB)
+				return rs.RequestsJournal != nil && rs.RequestsJournal.LagWrites == 0 && rs.RequestsJournal.Bytes > 0
+			})
 			if fault == miniotest.Full {
 				waitFor(t, 60*time.Second, `B's checkpoint upload refused as kind="full"`, func() bool {
 					_, rs := statusOf(t, dirB)

@@ -6,6 +6,7 @@ package test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/minio/minio-go/v7"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
@@ -531,6 +533,150 @@ func TestReplicaRequestsFollowTheAgent(t *testing.T) {
 	}
 }
 
+// TestReplicaStatelessAgentRequestsFollow: an agent that never logs a WAL
+// entry nor checkpoints (stateless) holds requests it never answers; the
+// replica then holds no agent state, only the request journal. The node is
+// lost (kill -9, data directory gone): a supervisor on an empty data
+// directory restores the journal alone and its agent answers every pending
+// request. That node is stateless too and is lost in turn with requests it
+// held: the next node restores the newest journal (the second node's, which
+// holds the first node's requests answered and its own pending), not the
+// first one's.
+func TestReplicaStatelessAgentRequestsFollow(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.MakeBucket("state")
+	flags := replicaFlags(srv, "state", "agents/s")
+	replicated := func(dir string) func() bool {
+		return func() bool {
+			_, rs := statusOf(t, dir)
+			return rs.Generation != "" && rs.RequestsJournal != nil && rs.RequestsJournal.LagWrites == 0 && rs.RequestsJournal.Bytes > 0
+		}
+	}
+	dirA := filepath.Join(t.TempDir(), "data")
+	a := reqSup(t, dirA, filepath.Join(t.TempDir(), "agent-a.jsonl"), append(srv.Env(), "REQAGENT_HOLD=job"), flags...)
+	var ids []string
+	for i := range 5 {
+		ids = append(ids, postRequest(t, a, fmt.Sprintf("job-%d", i)))
+	}
+	waitFor(t, 60*time.Second, "every accepted request replicated", replicated(dirA))
+	if _, rs := statusOf(t, dirA); rs.UploadedSequence != 0 {
+		t.Fatalf("the stateless agent's replica holds WAL entries (uploaded through %d)", rs.UploadedSequence)
+	}
+	killSup(t, a)
+	if err := os.RemoveAll(dirA); err != nil {
+		t.Fatal(err)
+	}
+
+	dirB := filepath.Join(t.TempDir(), "data")
+	logB := filepath.Join(t.TempDir(), "agent-b.jsonl")
+	b := reqSup(t, dirB, logB, append(srv.Env(), "REQAGENT_HOLD=late"), flags...)
+	for i, id := range ids {
+		v := waitStatus(t, b, id, "answered", 60*time.Second)
+		var data map[string]any
+		_ = json.Unmarshal(v.Data, &data)
+		if data["echo"] != fmt.Sprintf("job-%d", i) || len(deliveries(logB, id)) == 0 {
+			t.Errorf("request %s on the new node: answered %s, delivered %v; want echo job-%d, delivered there", id, v.Data, deliveries(logB, id), i)
+		}
+	}
+	if !strings.Contains(b.out.String(), "data directory restored from the replica") {
+		t.Fatalf("no restore reported:\n%s", tail(b.out.String(), 20))
+	}
+	late := []string{postRequest(t, b, "late-0"), postRequest(t, b, "late-1")}
+	waitFor(t, 60*time.Second, "the second node's journal replicated", func() bool {
+		_, rs := statusOf(t, dirB)
+		return replicated(dirB)() && rs.RequestsJournal.LagWrites == 0
+	})
+	killSup(t, b)
+	if err := os.RemoveAll(dirB); err != nil {
+		t.Fatal(err)
+	}
+
+	dirC := filepath.Join(t.TempDir(), "data")
+	c := reqSup(t, dirC, filepath.Join(t.TempDir(), "agent-c.jsonl"), srv.Env(), flags...)
+	for _, id := range late {
+		waitStatus(t, c, id, "answered", 60*time.Second)
+	}
+	for _, id := range ids {
+		if code, v := getRequest(t, c, id); code != 200 || v.Status != "answered" {
+			t.Fatalf("request %s answered on the second node: %d %+v on the third, want answered", id, code, v)
+		}
+	}
+}
+
+// TestReplicaRequestJournalDeltas: after the request journal's first upload
+// (a base), a request accepted later reaches the bucket as a delta of about
+// its own size, not the whole journal again; a delta missing from the
+// bucket (a gap before later ones) is found by `replica restore`, which
+// restores the journal up to it (the requests before it, none after) and
+// says the journal was incomplete.
+func TestReplicaRequestJournalDeltas(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.MakeBucket("state")
+	flags := replicaFlags(srv, "state", "agents/jd")
+	dir := filepath.Join(t.TempDir(), "data")
+	a := reqSup(t, dir, filepath.Join(t.TempDir(), "agent.jsonl"), append(srv.Env(), "REQAGENT_HOLD=job", "REQAGENT_WAL_ONE=1"), flags...)
+	replicated := func() bool {
+		_, rs := statusOf(t, dir)
+		return rs.UploadedSequence == 1 && rs.RequestsJournal != nil && rs.RequestsJournal.LagWrites == 0 && rs.RequestsJournal.Bytes > 0
+	}
+	journal := func() (base string, baseSize int, deltas map[string]int) {
+		deltas = map[string]int{}
+		for _, k := range srv.Keys("state", "agents/jd/") {
+			_, name, ok := strings.Cut(k, "/files/requests-journal/")
+			switch {
+			case !ok:
+			case strings.Count(name, "-") == 1:
+				base, baseSize = k, len(srv.Get("state", k))
+			default:
+				deltas[k] = len(srv.Get("state", k))
+			}
+		}
+		return base, baseSize, deltas
+	}
+	first := postRequest(t, a, "job-0 "+strings.Repeat("a", 20000))
+	waitFor(t, 60*time.Second, "the first request replicated", replicated)
+	// A larger request, then a small one: two deltas (a delta is merged
+	// with the one before it only when that one is less than twice its size).
+	second := postRequest(t, a, "job-1 "+strings.Repeat("b", 5000))
+	waitFor(t, 60*time.Second, "the second request replicated", replicated)
+	third := postRequest(t, a, "job-2")
+	waitFor(t, 60*time.Second, "the third request replicated", replicated)
+	base, baseSize, deltas := journal()
+	if base == "" || baseSize < 20000 || len(deltas) < 2 {
+		t.Fatalf("the journal in the bucket: base %q of %d bytes, deltas %v; want a base holding the first request and deltas after it", base, baseSize, deltas)
+	}
+	for k, n := range deltas {
+		if n >= baseSize {
+			t.Fatalf("a delta of %d bytes (%s), the base is %d: the journal was uploaded again, not what changed", n, k, baseSize)
+		}
+	}
+	killSup(t, a)
+
+	// The first delta deleted: the next ones follow a gap; the journal is
+	// restored up to the base.
+	var firstDelta string
+	for k := range deltas {
+		if firstDelta == "" || k < firstDelta { // BASE-FROM-…: the lowest FROM
+			firstDelta = k
+		}
+	}
+	if err := srv.Client().RemoveObject(context.Background(), "state", firstDelta, minio.RemoveObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	restored := filepath.Join(t.TempDir(), "restored")
+	code, out, stderr := cliEnv(t, srv.Env(), append([]string{"replica", "restore", "--data-dir", restored}, flags[:4]...)...)
+	if code != 0 {
+		t.Fatalf("replica restore: exit %d\n%s%s", code, out, stderr)
+	}
+	if !strings.Contains(out, "requests:     journal INCOMPLETE in the replica") || !strings.Contains(stderr, "request journal in the replica is incomplete") {
+		t.Fatalf("replica restore with the journal's deltas missing:\n%s%s", out, stderr)
+	}
+	c, list, _ := cli(t, "requests", "list", "--data-dir", restored, "--json")
+	if c != 0 || !strings.Contains(list, first) || strings.Contains(list, second) || strings.Contains(list, third) {
+		t.Fatalf("restored journal: %d %s; want the first request (in the base), not the later ones (after the missing delta)", c, list)
+	}
+}
+
 // TestReplicaDamagedRequestJournal: a request journal object changed in the
 // bucket (its bytes no longer match the SHA-256 in its name) is refused
 // loudly — `replica restore` says the requests were not restored, a start
@@ -551,7 +697,8 @@ func TestReplicaDamagedRequestJournal(t *testing.T) {
 	killSup(t, a)
 	var key string
 	for _, k := range srv.Keys("state", "agents/d/") {
-		if strings.Contains(k, "/files/requests-journal/") {
+		// The base (NANOS-SHA), not a delta (BASE-FROM-TO-NANOS-SHA).
+		if _, name, ok := strings.Cut(k, "/files/requests-journal/"); ok && strings.Count(name, "-") == 1 {
 			key = k
 		}
 	}

@@ -132,9 +132,15 @@ func (c *replicaCmd) restore(ctx context.Context, args []string) error {
 	for _, g := range res.SkippedGenerations {
 		fmt.Fprintf(c.stdout, "  skipped:      generation %s (%s)\n", g.ID, g.Reason)
 	}
+	if res.RequestsJournalOnly {
+		fmt.Fprintf(c.stdout, "  agent state:  none in the replica (no checkpoint, no WAL: a stateless agent); the request journal alone is restored\n")
+	}
 	switch {
 	case res.RequestsJournalError != "":
 		fmt.Fprintf(c.stdout, "  requests:     NOT restored: the request journal in the replica is damaged (%s)\n", res.RequestsJournalError)
+	case res.RequestsJournalIncomplete != "":
+		fmt.Fprintf(c.stdout, "  requests:     journal INCOMPLETE in the replica, restored up to the missing or damaged part (%d bytes; %s)\n",
+			res.RequestsJournalBytes, res.RequestsJournalIncomplete)
 	case res.RequestsJournalBytes > 0:
 		fmt.Fprintf(c.stdout, "  requests:     journal restored (%d bytes)\n", res.RequestsJournalBytes)
 	}
@@ -182,6 +188,8 @@ func (c *replicaCmd) list(ctx context.Context, args []string) error {
 		to := "-"
 		if g.RestorableTo != nil {
 			to = strconv.FormatUint(*g.RestorableTo, 10)
+		} else if g.RequestsJournalOnly {
+			to = "request journal only (no agent state in the replica)"
 		} else if g.NotRestorable != "" {
 			to = "nothing (skipped)"
 		}
