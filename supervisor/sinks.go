@@ -292,6 +292,14 @@ func (s *Supervisor) appendWAL(in *conn.Instance, l *wal.Log, appendFn func([]wa
 		entries[i] = wal.Entry{Sequence: r.Sequence, Data: r.Raw}
 		size += len(r.Raw)
 	}
+	if ack && in.LastOfBurst() {
+		// The agent waits for this ack and has sent nothing more: the
+		// reader will make the entries durable itself if the syncer is
+		// idle (conn.Instance.AckWhenDurable), so the append does not wake
+		// the syncer for nothing.
+		l.HoldKick()
+		defer l.ReleaseKick()
+	}
 	res, err := appendFn(entries)
 	if err != nil {
 		if errors.Is(err, wal.ErrOutOfOrder) {

@@ -3,11 +3,13 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -188,4 +190,69 @@ func startOnFreezableDisk(t *testing.T, first plan) (s *sup, dir string, freeze 
 	start = s.waitEvents("start", 1, 30*time.Second)[0]
 	waitFor(t, 10*time.Second, "the agent up", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 1 })
 	return s, dir, freeze, start
+}
+
+// TestFrozenDiskWhileAgentWaitsForAck: under --wal-sync batch an agent that
+// logs one entry at a time and waits for each wal_ack (the durable Python
+// agent of protocol.md, fed requests) has its entries written and fsynced
+// by the frame reader itself when the WAL's syncer is idle (issue 31). The
+// disk freezes for 2.5× --heartbeat-timeout while it works: the reader may
+// be blocked in that fsync, but that is our storage's time — the agent is
+// never restarted as hung, it goes on acting after the thaw, and everything
+// it acted on is in the WAL.
+func TestFrozenDiskWhileAgentWaitsForAck(t *testing.T) {
+	requirePythonMsgpack(t)
+	mnt, freeze := loopMount(t, 128)
+	dir := t.TempDir()
+	agentPy := docBlock(t, "example-durable-agent", dir)
+	effects := filepath.Join(dir, "effects.log") // off the frozen disk
+	dataDir := filepath.Join(mnt, "data")
+	flags := append(slices.Clone(fastFlags), "--wal-sync", "batch", "--heartbeat-timeout", "2s")
+	s := startSup(t, supOpts{dataDir: dataDir, flags: flags, command: []string{python, agentPy}, env: []string{"SIDE_EFFECT_LOG=" + effects}})
+	t.Cleanup(func() { freeze(false) }) // before the supervisor's cleanup
+	s.waitReady()
+	agentPID := func() int {
+		_, ready := s.get("/readyz")
+		var st struct {
+			PID int `json:"agent_pid"`
+		}
+		json.Unmarshal([]byte(ready), &st)
+		return st.PID
+	}
+	first := agentPID()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() { close(stop); wg.Wait() }()
+	for w := range 2 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				s.post("/v1/requests", fmt.Sprintf(`{"message":"w%d-%d"}`, w, i))
+			}
+		})
+	}
+	waitFor(t, 60*time.Second, "the agent acting", func() bool { return len(sideEffects(t, effects)) >= 20 })
+	freeze(true)
+	time.Sleep(5 * time.Second) // the fault's length: 2.5× --heartbeat-timeout with the disk frozen
+	frozenAt := len(sideEffects(t, effects))
+	freeze(false)
+	waitFor(t, 60*time.Second, "the agent acting again after the thaw", func() bool { return len(sideEffects(t, effects)) >= frozenAt+20 })
+	if n := s.metric("supervisor_agent_restarts_total", `reason="hung"`); n > 0 {
+		t.Fatalf("the agent was restarted as hung while our disk was frozen: restarts{reason=hung} = %v", n)
+	}
+	if pid := agentPID(); pid != first || first == 0 {
+		t.Fatalf("the agent was replaced during the freeze: pid %d, then %d", first, pid)
+	}
+	s.signal(syscall.SIGKILL)
+	s.wait(30 * time.Second)
+	wal := walSequences(t, dataDir)
+	for seq, text := range sideEffects(t, effects) {
+		if got, ok := wal[seq]; !ok || got != text {
+			t.Fatalf("the agent acted on entry %d (%q) after its wal_ack, but the WAL has %q (present %v)", seq, text, got, ok)
+		}
+	}
 }

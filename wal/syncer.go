@@ -191,6 +191,8 @@ func (l *Log) run() {
 		}
 		select {
 		case <-l.stop:
+			l.drainMu.Lock()
+			defer l.drainMu.Unlock()
 			if err := l.drain(true, true); err != nil {
 				l.s.closeErr = fmt.Errorf("wal: close: entries accepted after sequence %d could not be made durable: %w", l.s.lastSynced, err)
 			} else if l.s.f != nil {
@@ -205,12 +207,74 @@ func (l *Log) run() {
 			timer.Stop()
 			return
 		case r := <-l.reqs:
-			r.reply <- l.serve(r)
+			l.drainMu.Lock()
+			rep := l.serve(r)
+			l.drainMu.Unlock()
+			r.reply <- rep
 		case <-l.kick:
 		case <-timerC:
 			armed = false
 		}
+		l.drainMu.Lock()
 		_ = l.drain(false, false)
+		l.drainMu.Unlock()
+	}
+}
+
+// SyncIfIdle makes the entries up to seq durable on the caller's goroutine
+// when the syncer is not at work: it writes what is queued and fsyncs, as
+// the syncer would (the watchers run here, right after the fsync). It
+// reports false, doing nothing, when the syncer (or another caller) is
+// writing: that write or the next, which Hurry asks for, covers seq. For a
+// caller that would otherwise only wait — one entry in flight, nothing else
+// to read — it saves the hand-off to the syncer goroutine and the thread
+// wake-up that costs on an idle machine. The caller blocks for the fsync:
+// on a frozen disk, until it thaws.
+func (l *Log) SyncIfIdle(seq uint64) bool {
+	if time.Duration(l.lastSyncNanos.Load()) >= inlineSyncMax {
+		// The disk was slow last time (or froze): the syncer waits for
+		// it, the caller goes on reading.
+		return false
+	}
+	if !l.drainMu.TryLock() {
+		return false
+	}
+	defer l.drainMu.Unlock()
+	l.mu.Lock()
+	if l.stopped || l.closed || l.failure != nil {
+		l.mu.Unlock()
+		return false
+	}
+	if seq > l.wanted {
+		l.wanted = seq
+	}
+	done := l.durable >= seq
+	l.mu.Unlock()
+	if !done {
+		_ = l.drain(false, false)
+	}
+	if !l.hasPending() {
+		l.kickOwed.Store(false) // written here: nothing for the syncer
+	}
+	return true
+}
+
+// inlineSyncMax: an fsync this slow makes SyncIfIdle leave the next ones
+// to the syncer (a slow or freezing disk must not hold up the caller).
+const inlineSyncMax = 20 * time.Millisecond
+
+// HoldKick makes Append leave the syncer asleep until ReleaseKick, for an
+// appender that will make its entries durable itself (SyncIfIdle) when the
+// syncer is idle: waking it for nothing costs a thread wake-up on the path
+// to the ack. The log's only appender calls both, around one append.
+func (l *Log) HoldKick() { l.kickHeld.Store(true) }
+
+// ReleaseKick ends HoldKick, waking the syncer if an Append meanwhile left
+// anything for it.
+func (l *Log) ReleaseKick() {
+	l.kickHeld.Store(false)
+	if l.kickOwed.Swap(false) {
+		l.kickSyncer()
 	}
 }
 
@@ -386,6 +450,7 @@ func (l *Log) syncActive() error {
 	t0 := time.Now()
 	err := l.ops.datasync(s.f)
 	d := time.Since(t0)
+	l.lastSyncNanos.Store(int64(d))
 	if err != nil {
 		return fsyncFailure(fmt.Sprintf("fsync segment %s", s.cur.name()), err)
 	}

@@ -137,6 +137,14 @@ type Log struct {
 	recovery Recovery // what the last Open or Reopen found (l.mu)
 	scan     Recovery // what the running recovery finds (the syncer's, or Open's)
 
+	// drainMu is held by whoever writes and fsyncs (drain, serve): the
+	// syncer goroutine, or a SyncIfIdle caller; it guards s.
+	drainMu sync.Mutex
+	// kickHeld: Append leaves waking the syncer to the appender
+	// (HoldKick); kickOwed: an Append did.
+	kickHeld, kickOwed atomic.Bool
+	lastSyncNanos      atomic.Int64 // how long the last fsync of a segment took
+
 	mu         sync.Mutex
 	pending    []*batchBuf  // encoded records not yet taken by the syncer, oldest first
 	pendingN   int          // bytes in pending
@@ -460,7 +468,11 @@ func (l *Log) Append(entries ...Entry) (AppendResult, error) {
 	l.lastSeq = kept[len(kept)-1].Sequence
 	res.Last = l.lastSeq
 	gen := l.abortGen
-	l.kickSyncer()
+	if l.kickHeld.Load() {
+		l.kickOwed.Store(true) // HoldKick: the appender syncs itself or kicks at ReleaseKick
+	} else {
+		l.kickSyncer()
+	}
 	if l.opts.Sync != SyncAlways {
 		return res, nil
 	}

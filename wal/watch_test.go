@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"syscall"
@@ -137,5 +138,72 @@ func TestHurryEndsTheBatchWindow(t *testing.T) {
 	l.Hurry(1)
 	if over := <-first; over {
 		t.Fatal("the hurried entry was made durable only after the flood ended: Hurry did not end the batch window")
+	}
+}
+
+// TestSyncIfIdle: with the syncer idle, SyncIfIdle makes the entries
+// durable on the caller's goroutine — the watchers run there, before it
+// returns — and with HoldKick the append did not wake the syncer for them.
+// While the syncer is at work SyncIfIdle does nothing (false). An append
+// under HoldKick that nobody syncs is written once ReleaseKick wakes the
+// syncer.
+func TestSyncIfIdle(t *testing.T) {
+	for _, policy := range []SyncPolicy{SyncBatch, SyncNone} {
+		t.Run(policy.String(), func(t *testing.T) {
+			o := testOptions(t, t.TempDir())
+			o.Sync = policy
+			l := mustOpen(t, o)
+			defer l.Close()
+			var mu sync.Mutex
+			var seen uint64
+			l.Watch(func(d uint64, _ *FailedError) {
+				mu.Lock()
+				seen = max(seen, d)
+				mu.Unlock()
+			})
+			for s := uint64(1); s <= 20; s++ {
+				l.HoldKick()
+				mustAppend(t, l, seqEntries(s, s)...)
+				if !l.SyncIfIdle(s) {
+					// The syncer may be finishing the previous round
+					// (the mark, a preparation): not idle, fine.
+					l.Hurry(s)
+				} else {
+					mu.Lock()
+					got := seen
+					mu.Unlock()
+					if got < s || l.DurableSequence() < s {
+						t.Fatalf("SyncIfIdle(%d) returned true; durable %d, the watcher saw %d", s, l.DurableSequence(), got)
+					}
+				}
+				l.ReleaseKick()
+				if err := l.WaitDurable(t.Context(), s); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			// After a slow fsync the disk is left to the syncer.
+			l.lastSyncNanos.Store(int64(inlineSyncMax))
+			if l.SyncIfIdle(20) {
+				t.Fatal("SyncIfIdle wrote on the caller after a slow fsync")
+			}
+			l.lastSyncNanos.Store(0)
+
+			// The syncer at work: SyncIfIdle does not wait for it.
+			l.drainMu.Lock()
+			l.HoldKick()
+			mustAppend(t, l, seqEntries(21, 21)...)
+			if l.SyncIfIdle(21) {
+				t.Fatal("SyncIfIdle wrote while the syncer held the log")
+			}
+			l.drainMu.Unlock()
+			// Held kick, nobody syncing: ReleaseKick hands it to the syncer.
+			l.ReleaseKick()
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			if err := l.WaitDurable(ctx, 21); err != nil {
+				t.Fatalf("entry 21 appended under HoldKick never made durable after ReleaseKick: %v", err)
+			}
+		})
 	}
 }

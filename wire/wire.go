@@ -95,6 +95,10 @@ func NewReader(r io.Reader, maxFrameSize int) *Reader {
 	return &Reader{br: bufio.NewReaderSize(r, readBufferSize), max: normalizeMax(maxFrameSize)}
 }
 
+// Buffered reports the bytes read from the input and not yet returned in a
+// frame: 0 when the peer has sent nothing more for now.
+func (r *Reader) Buffered() int { return r.br.Buffered() }
+
 // MaxFrameSize returns the largest payload the Reader accepts.
 func (r *Reader) MaxFrameSize() int { return r.max }
 

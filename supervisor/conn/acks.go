@@ -13,8 +13,11 @@ import (
 // carry ack: true with wal_ack once every entry up to the asked sequence is
 // durable (docs/protocol.md, "Extensions").
 //
-// The frame reader only records what was asked (AckWhenDurable never
-// blocks). The ack is sent by the WAL's syncer goroutine itself, from a
+// The frame reader records what was asked; when the frame was the last the
+// agent sent (it waits) and the syncer is idle, the reader writes and
+// fsyncs the entry itself (wal.Log.SyncIfIdle), and the ack goes out from
+// the watcher on the reader, with no hand-off at all. Otherwise the ack is
+// sent by the WAL's syncer goroutine itself, from a
 // watcher (wal.Log.Watch) that runs right after each fsync: one cumulative
 // ack for everything that became durable, written straight into the
 // agent's pipe when nothing else is queued for it (Instance.sendSmall), else
@@ -31,8 +34,10 @@ type acks struct {
 }
 
 // AckWhenDurable records that the agent asked for a wal_ack covering seq,
-// an entry that l accepted (appended or skipped as a replay). It returns at
-// once; the ack is sent when the entry is durable, by the WAL's syncer.
+// an entry that l accepted (appended or skipped as a replay). The ack is sent
+// when the entry is durable, by whoever made it so: the WAL's syncer, or —
+// for the last frame the agent sent, with the syncer idle — the reader
+// itself, which then returns after the fsync (wal.Log.SyncIfIdle).
 func (in *Instance) AckWhenDurable(l *wal.Log, seq uint64) {
 	a := &in.acks
 	a.mu.Lock()
@@ -49,15 +54,27 @@ func (in *Instance) AckWhenDurable(l *wal.Log, seq uint64) {
 	}
 	a.hi = max(a.hi, seq)
 	a.mu.Unlock()
-	// Ask for the fsync now (no batch window), then look once more: the
-	// fsync that covers seq may have run before the ask was recorded.
-	l.Hurry(seq)
+	// With nothing more from the agent to read (it waits for this ack), the
+	// reader makes the entry durable itself when the syncer is idle: the
+	// ack is written from here, right after the fsync, with no goroutine
+	// hand-off on the way (the time counts as our storage's, not the
+	// agent's: the reader is inside a sink). Otherwise ask for the fsync now
+	// (no batch window), then look once more: the fsync that covers seq may
+	// have run before the ask was recorded.
+	if !in.LastOfBurst() || !l.SyncIfIdle(seq) {
+		l.Hurry(seq)
+	}
 	if fe := l.Failure(); fe != nil {
 		in.durableAdvanced(fe.Durable, fe)
 	} else {
 		in.durableAdvanced(l.DurableSequence(), nil)
 	}
 }
+
+// LastOfBurst reports whether the frame being handled is the last the agent
+// has sent for now (nothing more is buffered): an agent that waits for an
+// ack. Reader goroutine only (inside a sink).
+func (in *Instance) LastOfBurst() bool { return in.lastOfBurst }
 
 // durableAdvanced is the WAL watcher: entries up to durable are on disk
 // (or, with failure, the log stopped and nothing above failure.Durable

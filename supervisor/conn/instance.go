@@ -121,7 +121,11 @@ type Instance struct {
 	// long it spends inside our sinks (the WAL append, the checkpoint queue)
 	// — time the agent may be blocked on our storage — and HeartbeatAge
 	// leaves it out. Written by the reader only.
-	sinkSince   atomic.Int64 // unix nanos the current sink call began; 0 outside one
+	sinkSince atomic.Int64 // unix nanos the current sink call began; 0 outside one
+	// lastOfBurst: the frame being handled is the last the agent has sent
+	// for now (nothing more buffered) — an ask for an ack may then fsync on
+	// the reader (AckWhenDurable). Reader goroutine only.
+	lastOfBurst bool
 	blockedNano atomic.Int64 // time spent in sinks since the last heartbeat
 	lastFrameAt atomic.Int64 // unix nanos the reader last finished a frame
 
@@ -556,6 +560,7 @@ func (in *Instance) readLoop(r *wire.Reader) {
 			in.emit(Event{Kind: StreamEnded, Err: err})
 			return
 		}
+		in.lastOfBurst = r.Buffered() == 0
 		in.handle(payload)
 	}
 }
