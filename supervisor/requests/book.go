@@ -136,10 +136,14 @@ type Book struct {
 	cfg Config
 	j   *Journal
 
-	mu        sync.Mutex
-	reqs      map[string]*Request
-	keys      map[string]*Request
-	order     []*Request // durable requests in acceptance order (finished ones are dropped lazily)
+	mu    sync.Mutex
+	reqs  map[string]*Request
+	keys  map[string]*Request
+	order []*Request // durable requests in acceptance order (finished ones are dropped lazily)
+	// open: the durable requests not finished, in acceptance order — what
+	// a delivery looks through (dueLocked drops the finished ones), so that
+	// its cost follows the requests still open, not the retained answers.
+	open      []*Request
 	seq       uint64
 	agent     Agent
 	gen       int
@@ -194,6 +198,11 @@ func OpenBook(dataDir string, cfg Config) (*Book, *Replay, error) {
 		b.order = append(b.order, r)
 	}
 	sort.Slice(b.order, func(i, k int) bool { return b.order[i].seq < b.order[k].seq })
+	for _, r := range b.order {
+		if !r.Final() {
+			b.open = append(b.open, r)
+		}
+	}
 	j.Start(b.snapshot, func(n int64, err error) {
 		if cfg.Metrics != nil {
 			cfg.Metrics.journalBytes.Set(float64(j.Size()))
@@ -402,6 +411,7 @@ func (b *Book) Accept(key, digest string, body json.RawMessage, id string) (v Vi
 	}
 	r.durable = true
 	b.order = append(b.order, r)
+	b.open = append(b.open, r)
 	b.cfg.Metrics.accepted.Inc()
 	b.kickLocked()
 	return b.viewLocked(r), true, nil
@@ -687,12 +697,18 @@ func (b *Book) dueLocked(n int) []*Request {
 	if b.agent == nil {
 		return nil
 	}
+	// Drop what finished since the last look: the rest is still open.
+	live := b.open[:0]
+	for _, r := range b.open {
+		if !r.Final() && b.reqs[r.ID] == r {
+			live = append(live, r)
+		}
+	}
+	clear(b.open[len(live):])
+	b.open = live
 	var suspect *Request
 	busy := false
-	for _, r := range b.order {
-		if r.Final() {
-			continue
-		}
+	for _, r := range b.open {
 		if r.inflight == b.gen {
 			busy = true
 		}
@@ -707,11 +723,11 @@ func (b *Book) dueLocked(n int) []*Request {
 		return []*Request{suspect}
 	}
 	var due []*Request
-	for _, r := range b.order {
+	for _, r := range b.open {
 		if len(due) == n {
 			break
 		}
-		if !r.Final() && r.inflight != b.gen {
+		if r.inflight != b.gen {
 			due = append(due, r)
 		}
 	}

@@ -144,3 +144,42 @@ func TestPendingBodiesBounded(t *testing.T) {
 		t.Errorf("after a reopen %d bytes of bodies held, want %d (the pending ones)", b2.bodyBytes, held)
 	}
 }
+
+// TestDeliveryLooksOnlyAtOpenRequests: a delivery looks through the
+// requests still open, not every answer the book retains — with thousands
+// answered, each POST's delivery scanned them all under the book's lock
+// (a fifth of the supervisor's CPU in BenchmarkRequestJournal with 64
+// clients). Answered requests leave the delivery's list at its next look;
+// a request accepted after them is the only one it holds, and is due.
+func TestDeliveryLooksOnlyAtOpenRequests(t *testing.T) {
+	b := testBook(t, t.TempDir(), Config{MaxBytes: 1 << 30})
+	for i := range 3000 {
+		id := fmt.Sprintf("a%04d", i)
+		if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), id); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := b.Answer(id, json.RawMessage(`"done"`), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"y"}`), "open"); err != nil {
+		t.Fatal(err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.agent, b.gen = nopAgent{}, b.gen+1 // as AgentUp does
+	due := b.dueLocked(64)
+	if len(due) != 1 || due[0].ID != "open" {
+		t.Fatalf("due: %d requests, want the open one", len(due))
+	}
+	if len(b.open) != 1 || len(b.order) < 3001 {
+		t.Fatalf("after a look: %d requests in the delivery's list (want 1), %d retained", len(b.open), len(b.order))
+	}
+}
+
+// nopAgent takes every message and does nothing.
+type nopAgent struct{}
+
+func (nopAgent) SendRequest([]byte) bool     { return true }
+func (nopAgent) SendMsg(schema.Message) bool { return true }
+func (nopAgent) AcceptsCancel() bool         { return false }
