@@ -65,7 +65,10 @@ func (s *Server) journalRequest(w http.ResponseWriter, r *http.Request, key, dig
 		w.Header().Set("Retry-After", strconv.Itoa(busyRetryAfter))
 		return http.StatusServiceUnavailable, map[string]any{"error": "the request journal is not open yet; retry in a moment"}
 	}
-	v, created, err := b.Accept(key, digest, body, id)
+	// Without ?wait the request is handed to the agent once the 202 is
+	// written (handleRequest): its delivery, and the agent's answer, would
+	// otherwise compete with the response for the CPU.
+	v, created, err := b.Accept(key, digest, body, id, wait <= 0)
 	switch {
 	case errors.Is(err, requests.ErrKeyConflict):
 		return http.StatusConflict, map[string]any{"error": fmt.Sprintf("Idempotency-Key %q was used for a request with a different body; use a new key for a new request", clip.String(key, 64))}

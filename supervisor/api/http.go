@@ -107,6 +107,17 @@ func (s *Server) handleRequest(w http.ResponseWriter, r *http.Request) {
 	code, body := s.acceptRequest(w, r)
 	s.opts.Metrics.Requests.WithLabelValues(strconv.Itoa(code)).Inc()
 	writeJSON(w, code, body)
+	if code == http.StatusAccepted || code == http.StatusOK {
+		// Accepted without ?wait: delivered after the response is on its
+		// way (journalRequest). The book's tick delivers whatever a kick
+		// missed; a kick with nothing due does nothing.
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+		if b := s.requests.Book(); b != nil {
+			b.Deliver()
+		}
+	}
 }
 
 func (s *Server) acceptRequest(w http.ResponseWriter, r *http.Request) (int, map[string]any) {

@@ -354,8 +354,10 @@ func (b *Book) snapshot() []*Record {
 
 // Accept journals a new request and returns once it is on disk. With a key
 // already used for the same body it returns that request instead (created
-// false), waiting for it to be on disk if it is not yet.
-func (b *Book) Accept(key, digest string, body json.RawMessage, id string) (v View, created bool, err error) {
+// false), waiting for it to be on disk if it is not yet. With deferDelivery
+// the caller wakes the delivery itself (Deliver) once it has answered its
+// client; otherwise Accept does.
+func (b *Book) Accept(key, digest string, body json.RawMessage, id string, deferDelivery bool) (v View, created bool, err error) {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -413,8 +415,17 @@ func (b *Book) Accept(key, digest string, body json.RawMessage, id string) (v Vi
 	b.order = append(b.order, r)
 	b.open = append(b.open, r)
 	b.cfg.Metrics.accepted.Inc()
-	b.kickLocked()
+	if !deferDelivery {
+		b.kickLocked()
+	}
 	return b.viewLocked(r), true, nil
+}
+
+// Deliver wakes the book's delivery (after an Accept with deferDelivery).
+func (b *Book) Deliver() {
+	b.mu.Lock()
+	b.kickLocked()
+	b.mu.Unlock()
 }
 
 // Get returns a request's state.

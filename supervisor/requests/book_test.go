@@ -40,7 +40,7 @@ func TestResultsBounded(t *testing.T) {
 	var ids []string
 	for i := range 40 {
 		id := fmt.Sprintf("r%02d", i)
-		if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), id); err != nil {
+		if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), id, false); err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, id)
@@ -77,7 +77,7 @@ func TestResultsBoundedConcurrent(t *testing.T) {
 			defer func() { done <- struct{}{} }()
 			for i := c; i < 200; i += 8 {
 				id := fmt.Sprintf("r%03d", i)
-				if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), id); err != nil {
+				if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), id, false); err != nil {
 					t.Error(err)
 					return
 				}
@@ -113,7 +113,7 @@ func TestPendingBodiesBounded(t *testing.T) {
 	var ids []string
 	for i := 0; ; i++ {
 		id := fmt.Sprintf("r%03d", i)
-		_, _, err := b.Accept("", "", body, id)
+		_, _, err := b.Accept("", "", body, id, false)
 		if err == ErrFull {
 			break
 		}
@@ -134,7 +134,7 @@ func TestPendingBodiesBounded(t *testing.T) {
 	if _, err := b.Cancel(ids[1]); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := b.Accept("", "", body, "after"); err != nil {
+	if _, _, err := b.Accept("", "", body, "after", false); err != nil {
 		t.Fatalf("a finished request's body still counted: %v", err)
 	}
 	held := b.bodyBytes
@@ -155,14 +155,14 @@ func TestDeliveryLooksOnlyAtOpenRequests(t *testing.T) {
 	b := testBook(t, t.TempDir(), Config{MaxBytes: 1 << 30})
 	for i := range 3000 {
 		id := fmt.Sprintf("a%04d", i)
-		if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), id); err != nil {
+		if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), id, false); err != nil {
 			t.Fatal(err)
 		}
 		if _, _, err := b.Answer(id, json.RawMessage(`"done"`), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"y"}`), "open"); err != nil {
+	if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"y"}`), "open", false); err != nil {
 		t.Fatal(err)
 	}
 	b.mu.Lock()
