@@ -104,6 +104,26 @@ func walSequences(t testing.TB, dataDir string) map[uint64]string {
 }
 
 // sideEffects reads the durable agent's SIDE_EFFECT_LOG: "SEQ TEXT" lines.
+// floodRequests POSTs requests from workers goroutines, messages
+// "PREFIX-wW-I", until the returned stop is called (it waits for them).
+func floodRequests(s *sup, workers int, prefix string) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				s.post("/v1/requests", fmt.Sprintf(`{"message":"%s-w%d-%d"}`, prefix, w, i))
+			}
+		})
+	}
+	return func() { close(done); wg.Wait() }
+}
+
 func sideEffects(t testing.TB, path string) map[uint64]string {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -368,32 +388,15 @@ func TestKill9AfterWalAckLosesNothing(t *testing.T) {
 		s := startSup(t, supOpts{dataDir: dataDir, command: []string{python, agentPy}, env: []string{"SIDE_EFFECT_LOG=" + effects}, keepAlive: true})
 		s.waitReady()
 		_, ready := s.get("/readyz")
-		var st struct {
-			PID int `json:"agent_pid"`
-		}
-		json.Unmarshal([]byte(ready), &st)
+		pid := readyPID(t, ready)
 		// Flood requests until the agent has acted on a random number more.
 		target := acted + 1 + rand.IntN(30)
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		for w := range 4 {
-			wg.Go(func() {
-				for i := 0; ; i++ {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					s.post("/v1/requests", fmt.Sprintf(`{"message":"r%d-w%d-%d"}`, round, w, i))
-				}
-			})
-		}
+		stop := floodRequests(s, 4, fmt.Sprintf("r%d", round))
 		waitFor(t, 60*time.Second, "side effects", func() bool { return len(sideEffects(t, effects)) >= target })
 		s.signal(syscall.SIGKILL) // right after an ack was acted on
-		close(stop)
-		wg.Wait()
+		stop()
 		s.wait(30 * time.Second)
-		waitFor(t, 10*time.Second, "the agent to die with its supervisor", func() bool { return st.PID == 0 || !alive(st.PID) })
+		waitFor(t, 10*time.Second, "the agent to die with its supervisor", func() bool { return !alive(pid) })
 
 		effectsNow := sideEffects(t, effects)
 		wal := walSequences(t, dataDir)

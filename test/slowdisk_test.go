@@ -3,13 +3,11 @@ package test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -211,30 +209,10 @@ func TestFrozenDiskWhileAgentWaitsForAck(t *testing.T) {
 	s := startSup(t, supOpts{dataDir: dataDir, flags: flags, command: []string{python, agentPy}, env: []string{"SIDE_EFFECT_LOG=" + effects}})
 	t.Cleanup(func() { freeze(false) }) // before the supervisor's cleanup
 	s.waitReady()
-	agentPID := func() int {
-		_, ready := s.get("/readyz")
-		var st struct {
-			PID int `json:"agent_pid"`
-		}
-		json.Unmarshal([]byte(ready), &st)
-		return st.PID
-	}
-	first := agentPID()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	defer func() { close(stop); wg.Wait() }()
-	for w := range 2 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				s.post("/v1/requests", fmt.Sprintf(`{"message":"w%d-%d"}`, w, i))
-			}
-		})
-	}
+	_, ready := s.get("/readyz")
+	first := readyPID(t, ready)
+	stop := floodRequests(s, 2, "f")
+	defer stop()
 	waitFor(t, 60*time.Second, "the agent acting", func() bool { return len(sideEffects(t, effects)) >= 20 })
 	freeze(true)
 	time.Sleep(5 * time.Second) // the fault's length: 2.5× --heartbeat-timeout with the disk frozen
@@ -244,8 +222,8 @@ func TestFrozenDiskWhileAgentWaitsForAck(t *testing.T) {
 	if n := s.metric("supervisor_agent_restarts_total", `reason="hung"`); n > 0 {
 		t.Fatalf("the agent was restarted as hung while our disk was frozen: restarts{reason=hung} = %v", n)
 	}
-	if pid := agentPID(); pid != first || first == 0 {
-		t.Fatalf("the agent was replaced during the freeze: pid %d, then %d", first, pid)
+	if _, ready := s.get("/readyz"); readyPID(t, ready) != first {
+		t.Fatalf("the agent was replaced during the freeze (pid %d before): %s", first, ready)
 	}
 	s.signal(syscall.SIGKILL)
 	s.wait(30 * time.Second)
