@@ -111,8 +111,9 @@ func (l *Log) hasPending() bool {
 	return len(l.pending) > 0
 }
 
-// syncState is the syncer goroutine's own state: the active segment file and
-// the data between Append and the disk.
+// syncState is the writer's state: the active segment file and the data
+// between Append and the disk. It belongs to whoever holds drainMu — the
+// syncer goroutine, or a SyncIfIdle caller standing in for it.
 type syncState struct {
 	f                                     *os.File
 	writeOff, durOff, allocSize, dirtyEnd int64
