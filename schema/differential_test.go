@@ -109,13 +109,18 @@ func FuzzDecodeAgreesWithMsgpack(f *testing.F) {
 			if comp, _ := top["compressed"]; len(comp) == 1 && comp[0] == 0xc3 {
 				return
 			}
-			var data map[string]float64
+			// Decoded as interface values, not straight into float64:
+			// msgpack/v5 converts a uint64 (0xcf) above 2^63 into a
+			// float64 through int64 and reads it negative. Its interface
+			// decoding keeps the uint64, which is what the sender wrote.
+			var data map[string]any
 			if err := msgpack.Unmarshal(top["data"], &data); err != nil {
 				t.Fatalf("msgpack/v5 cannot read the metrics Decode accepted: %v", err)
 			}
 			for k, v := range m.Data {
-				if data[k] != v {
-					t.Fatalf("metrics %q: msgpack/v5 reads %v, Decode %v", k, data[k], v)
+				got, ok := asFloat(data[k])
+				if !ok || got != v {
+					t.Fatalf("metrics %q: msgpack/v5 reads %v (%T), Decode %v", k, data[k], data[k], v)
 				}
 			}
 		case *schema.Restore:
@@ -135,4 +140,32 @@ func FuzzDecodeAgreesWithMsgpack(f *testing.F) {
 			}
 		}
 	})
+}
+
+// asFloat converts a number msgpack/v5 decoded into an interface value
+// to the float64 a metrics map holds.
+func asFloat(v any) (float64, bool) {
+	switch n := v.(type) {
+	case int8:
+		return float64(n), true
+	case int16:
+		return float64(n), true
+	case int32:
+		return float64(n), true
+	case int64:
+		return float64(n), true
+	case uint8:
+		return float64(n), true
+	case uint16:
+		return float64(n), true
+	case uint32:
+		return float64(n), true
+	case uint64:
+		return float64(n), true
+	case float32:
+		return float64(n), true
+	case float64:
+		return n, true
+	}
+	return 0, false
 }
