@@ -86,6 +86,24 @@ func BenchmarkWALAck(b *testing.B) {
 		// The WAL's own fdatasync, as the supervisor timed it (mean).
 		b.ReportMetric(fig["wal_fsync_mean_ns"]/1e3, "wal-fsync-mean-µs")
 	})
+	// The same round trip from an agent with its own frames (no client
+	// package), written and read on one goroutine — how issue 31 measured
+	// it: the supervisor's figure alone. raw/handoff reads the wal_acks on
+	// a second goroutine that hands each over a channel, as the client's
+	// reader does: the difference is one goroutine wake-up's cost.
+	for _, mode := range []struct{ name, handoff string }{{"single/raw", "0"}, {"single/raw/handoff", "1"}} {
+		b.Run(mode.name, func(b *testing.B) {
+			fig, _ := runAckAgent(b, nil, "ACKBENCH_MODE=raw", "ACKBENCH_HANDOFF="+mode.handoff, "ACKBENCH_N="+strconv.Itoa(b.N), "ACKBENCH_SYNCDIR="+b.TempDir())
+			b.ReportMetric(fig["mean_ns"], "ns/op")
+			b.ReportMetric(fig["p50_ns"]/1e3, "ack-p50-µs")
+			b.ReportMetric(fig["p99_ns"]/1e3, "ack-p99-µs")
+			b.ReportMetric(fig["fdatasync_p50_ns"]/1e3, "fdatasync-p50-µs")
+			b.ReportMetric(fig["p50_ns"]/fig["fdatasync_p50_ns"], "p50-ratio")
+			b.ReportMetric(fig["p99_ns"]/fig["fdatasync_p99_ns"], "p99-ratio")
+			b.ReportMetric(fig["ideal_p50_ns"]/1e3, "ideal-p50-µs")
+			b.ReportMetric(fig["ideal_p50_ns"]/fig["fdatasync_p50_ns"], "ideal-ratio")
+		})
+	}
 	// The same round trip with --wal-sync none: the cost of the messages
 	// alone (two pipe hops, decoding, the acker), without an fsync.
 	b.Run("single/wal-sync=none", func(b *testing.B) {

@@ -7,6 +7,8 @@
 //	ACKBENCH_MODE=inflight ACKBENCH_N=n ACKBENCH_K=k    n Logs, k in flight at a time
 //	ACKBENCH_MODE=step     ACKBENCH_N=n                 n steps of one request one after another
 //	ACKBENCH_MODE=serve                                 answer every request at once
+//	ACKBENCH_MODE=raw      ACKBENCH_N=n                 latency mode without the client package
+//	                       ACKBENCH_HANDOFF=1           ... its wal_acks read on a second goroutine
 //	ACKBENCH_OUT=FILE                                   where the figures go
 //
 // In latency mode it also times, after each round trip, the same exchange
@@ -19,6 +21,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,6 +43,14 @@ func main() {
 	if os.Getenv("ACKBENCH_IDEAL") == "1" {
 		if err := idealSupervisor(); err != nil {
 			fmt.Fprintln(os.Stderr, "ackagent (ideal supervisor):", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if os.Getenv("ACKBENCH_MODE") == "raw" {
+		n, _ := strconv.Atoi(os.Getenv("ACKBENCH_N"))
+		if err := rawLatency(n, os.Getenv("ACKBENCH_HANDOFF") == "1"); err != nil {
+			fmt.Fprintln(os.Stderr, "ackagent (raw):", err)
 			os.Exit(1)
 		}
 		return
@@ -342,3 +353,139 @@ func idealSupervisor() error {
 		}
 	}
 }
+
+// rawLatency is latency mode without the client package, as issue 31
+// measured it: the agent's own frames, written and read on one goroutine
+// through one reused 1 MiB buffer, so the round trip is the supervisor's
+// alone. With handoff, a second goroutine reads the frames and hands each
+// wal_ack over a channel, as the client's reader goroutine does: the
+// difference is the cost of that one wake-up.
+func rawLatency(n int, handoff bool) error {
+	in, out := os.Stdin, os.Stdout
+	var wmu sync.Mutex
+	write := func(m schema.Message) error {
+		p, err := schema.Encode(m)
+		if err != nil {
+			return err
+		}
+		wmu.Lock()
+		defer wmu.Unlock()
+		_, err = out.Write(append(binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(p)), uint32(len(p))), p...))
+		return err
+	}
+	if err := write(&schema.Heartbeat{}); err != nil {
+		return err
+	}
+	go func() {
+		for range time.Tick(time.Second) {
+			if write(&schema.Heartbeat{}) != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 1<<20)
+	// nextAck reads frames until a wal_ack (a restore or a request is
+	// read and passed over).
+	nextAck := func() error {
+		for {
+			if _, err := io.ReadFull(in, buf[:4]); err != nil {
+				return err
+			}
+			size := int(binary.BigEndian.Uint32(buf[:4]))
+			if size > len(buf) {
+				if _, err := io.CopyN(io.Discard, in, int64(size)); err != nil {
+					return err
+				}
+				continue
+			}
+			if _, err := io.ReadFull(in, buf[:size]); err != nil {
+				return err
+			}
+			m, err := schema.Decode(schema.ToAgent, buf[:size])
+			switch {
+			case err != nil:
+			case m.MessageType() == schema.TypeWALAck:
+				return nil
+			case m.MessageType() == schema.TypeShutdown:
+				return errShutdown
+			}
+		}
+	}
+	var acks chan error
+	if handoff {
+		acks = make(chan error, 1)
+		go func() {
+			for {
+				err := nextAck()
+				acks <- err
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	params, err := schema.MarshalMap(map[string]any{"content": strings.Repeat("x", 1000)})
+	if err != nil {
+		return err
+	}
+	sync, err := newSyncProbe(os.Getenv("ACKBENCH_SYNCDIR"))
+	if err != nil {
+		return err
+	}
+	defer sync.close()
+	ideal, err := startIdeal(os.Getenv("ACKBENCH_SYNCDIR"))
+	if err != nil {
+		return err
+	}
+	defer ideal.close()
+	lat := make([]time.Duration, 0, n)
+	raw := make([]time.Duration, 0, n)
+	best := make([]time.Duration, 0, n)
+	for seq := uint64(1); seq <= uint64(n); seq++ {
+		m := &schema.WALEntry{Entry: schema.WALRecord{Operation: schema.OpMemoryAdd, Sequence: seq, Params: params}, Ack: true}
+		t0 := time.Now()
+		if err := write(m); err != nil {
+			return err
+		}
+		if handoff {
+			err = <-acks
+		} else {
+			err = nextAck()
+		}
+		if err != nil {
+			return err
+		}
+		lat = append(lat, time.Since(t0))
+		d, err := sync.once()
+		if err != nil {
+			return err
+		}
+		raw = append(raw, d)
+		if d, err = ideal.once(); err != nil {
+			return err
+		}
+		best = append(best, d)
+	}
+	slices.Sort(lat)
+	slices.Sort(raw)
+	slices.Sort(best)
+	if err := report(map[string]any{"n": n, "p50_ns": pct(lat, 0.50), "p99_ns": pct(lat, 0.99), "mean_ns": mean(lat),
+		"fdatasync_p50_ns": pct(raw, 0.50), "fdatasync_p99_ns": pct(raw, 0.99),
+		"ideal_p50_ns": pct(best, 0.50), "ideal_p99_ns": pct(best, 0.99)}); err != nil {
+		return err
+	}
+	// Until the supervisor says shutdown (or closes our input).
+	for err == nil {
+		if handoff {
+			err = <-acks
+		} else {
+			err = nextAck()
+		}
+	}
+	if errors.Is(err, errShutdown) || errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
+}
+
+var errShutdown = errors.New("shutdown")
