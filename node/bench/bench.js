@@ -11,6 +11,11 @@
 //     in the same run on the data directory's file system
 //   - cancel: DELETE /v1/requests/ID sent → the handler's AbortSignal aborted, p50
 //     (needs a supervisor that sends cancel_request)
+//   - floor: what bounds a step from Node on this machine — log() through the
+//     client, one at a time with an fdatasync probe after each (the pause a
+//     step inside a request sees), beside the same loop from an agent with no
+//     client code (floor_agent.js, under a second supervisor), each over the
+//     fdatasync p50 measured in its loop
 // BENCH_FLAGS adds supervisor flags (e.g. "--wal-sync none": the fixed cost
 // without the fsync); BENCH_DIR is where the data directory goes.
 import { execFileSync, spawn } from "node:child_process";
@@ -133,8 +138,37 @@ try {
     lat.push(n.t - t0);
   }
   result.cancel = cancelError ? { error: cancelError } : { delete_to_abort_p50_ms: round(p50(lat)), n: lat.length, target_ms: 1 };
+
+  // 4. the floor: the client's log() and a client-less agent's, same loop
+  const client = (await post("loggap", { n: 2000 }, "120s")).data;
+  const floor = await runFloor();
+  result.floor = {
+    client_log_p50_ms: round(client.log_p50_ms),
+    client_log_over_fdatasync: round(client.log_p50_ms / client.fdatasync_p50_ms, 2),
+    no_client_log_p50_ms: round(floor.log_p50_ms),
+    no_client_log_over_fdatasync: round(floor.log_p50_ms / floor.fdatasync_p50_ms, 2),
+    note: "a step is one such round trip: it cannot cost less than the no-client figure",
+  };
 } finally {
   sup.kill("SIGTERM");
   await new Promise((r) => sup.on("exit", r));
+}
+
+// runFloor runs floor_agent.js under a supervisor of its own and returns its figures.
+async function runFloor() {
+  const fdir = path.join(dir, "floor");
+  fs.mkdirSync(fdir);
+  const fout = path.join(fdir, "figures.json");
+  const flog = fs.openSync(path.join(fdir, "supervisor.log"), "a");
+  const fsup = spawn(bin, ["run", "--data-dir", path.join(fdir, "data"), "--http-addr", "127.0.0.1:0",
+    ...(process.env.BENCH_FLAGS ? process.env.BENCH_FLAGS.split(" ") : []), "--", process.execPath, path.join(HERE, "floor_agent.js")],
+    { env: { ...process.env, FLOOR_OUT: fout, FLOOR_SYNCDIR: fdir }, stdio: ["ignore", flog, flog] });
+  try {
+    await until(() => fs.existsSync(fout), "the no-client agent's figures", 120000);
+    return JSON.parse(fs.readFileSync(fout, "utf8"));
+  } finally {
+    fsup.kill("SIGTERM");
+    await new Promise((r) => fsup.on("exit", r));
+  }
 }
 console.log(JSON.stringify(result, null, 2));
