@@ -88,12 +88,16 @@ func BenchmarkWALAck(b *testing.B) {
 	})
 	// The same round trip from an agent with its own frames (no client
 	// package), written and read on one goroutine — how issue 31 measured
-	// it: the supervisor's figure alone. raw/handoff reads the wal_acks on
-	// a second goroutine that hands each over a channel, as the client's
-	// reader does: the difference is one goroutine wake-up's cost.
-	for _, mode := range []struct{ name, handoff string }{{"single/raw", "0"}, {"single/raw/handoff", "1"}} {
+	// it: the supervisor's figure alone. raw reads its stdin as inherited
+	// (blocking); raw/poller through Go's poller, as the client does;
+	// raw/poller/handoff reads the wal_acks on a second goroutine that
+	// hands each over a channel, as the client's reader does.
+	for _, mode := range []struct{ name, poll, handoff string }{
+		{"single/raw", "0", "0"}, {"single/raw/poller", "1", "0"}, {"single/raw/poller/handoff", "1", "1"},
+	} {
 		b.Run(mode.name, func(b *testing.B) {
-			fig, _ := runAckAgent(b, nil, "ACKBENCH_MODE=raw", "ACKBENCH_HANDOFF="+mode.handoff, "ACKBENCH_N="+strconv.Itoa(b.N), "ACKBENCH_SYNCDIR="+b.TempDir())
+			fig, _ := runAckAgent(b, nil, "ACKBENCH_MODE=raw", "ACKBENCH_POLL="+mode.poll, "ACKBENCH_HANDOFF="+mode.handoff,
+				"ACKBENCH_N="+strconv.Itoa(b.N), "ACKBENCH_SYNCDIR="+b.TempDir())
 			b.ReportMetric(fig["mean_ns"], "ns/op")
 			b.ReportMetric(fig["p50_ns"]/1e3, "ack-p50-µs")
 			b.ReportMetric(fig["p99_ns"]/1e3, "ack-p99-µs")

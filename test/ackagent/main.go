@@ -8,6 +8,7 @@
 //	ACKBENCH_MODE=step     ACKBENCH_N=n                 n steps of one request one after another
 //	ACKBENCH_MODE=serve                                 answer every request at once
 //	ACKBENCH_MODE=raw      ACKBENCH_N=n                 latency mode without the client package
+//	                       ACKBENCH_POLL=1              ... reading through Go's poller
 //	                       ACKBENCH_HANDOFF=1           ... its wal_acks read on a second goroutine
 //	ACKBENCH_OUT=FILE                                   where the figures go
 //
@@ -49,7 +50,7 @@ func main() {
 	}
 	if os.Getenv("ACKBENCH_MODE") == "raw" {
 		n, _ := strconv.Atoi(os.Getenv("ACKBENCH_N"))
-		if err := rawLatency(n, os.Getenv("ACKBENCH_HANDOFF") == "1"); err != nil {
+		if err := rawLatency(n, os.Getenv("ACKBENCH_POLL") == "1", os.Getenv("ACKBENCH_HANDOFF") == "1"); err != nil {
 			fmt.Fprintln(os.Stderr, "ackagent (raw):", err)
 			os.Exit(1)
 		}
@@ -360,8 +361,17 @@ func idealSupervisor() error {
 // alone. With handoff, a second goroutine reads the frames and hands each
 // wal_ack over a channel, as the client's reader goroutine does: the
 // difference is the cost of that one wake-up.
-func rawLatency(n int, handoff bool) error {
-	in, out := os.Stdin, os.Stdout
+func rawLatency(n int, poll, handoff bool) error {
+	in, out := os.Stdin, os.Stdout // blocking: the reading thread sleeps in read(2)
+	if poll {
+		// Through Go's poller (a non-blocking descriptor), as the client
+		// reads: a goroutine blocked in read(2) holds its P until sysmon
+		// takes it back, and a hand-off from it waits for that.
+		if err := syscall.SetNonblock(0, true); err != nil {
+			return err
+		}
+		in = os.NewFile(0, "stdin")
+	}
 	var wmu sync.Mutex
 	write := func(m schema.Message) error {
 		p, err := schema.Encode(m)
