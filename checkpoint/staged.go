@@ -152,7 +152,12 @@ func (s *Store) WriteData(id string, w io.Writer) (Meta, error) {
 	}
 	defer f.Close()
 	dec, err := zstd.NewReader(io.NewSectionReader(f, headerLen, int64(h.bodyLen)),
-		zstd.WithDecoderConcurrency(2),
+		// One goroutine: a concurrent decoder hands every block between
+		// its goroutines, and on a small VM those wake-ups cost more than
+		// they overlap (a 100 MB restore: 174–201 ms at 2, 131–155 at 1,
+		// BenchmarkBigStateRestore). The overlap that pays is with the
+		// pipe's writes (wire.WriteFrameStream's ring).
+		zstd.WithDecoderConcurrency(1),
 		zstd.WithDecoderMaxMemory(decoderWindowFloor),
 		zstd.WithDecoderMaxWindow(decoderWindowFloor))
 	if err != nil {

@@ -6,11 +6,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 )
 
-// streamBuffer batches a streamed frame's small writes (WAL entries of a
-// few hundred bytes) into pipe writes of this size.
-const streamBuffer = 64 << 10
+// A streamed frame's bytes go to the pipe through a ring of streamChunks
+// chunks of streamChunk bytes: its producer (a checkpoint's decompressor,
+// the WAL's reader) fills one while another goroutine writes the full ones,
+// so producing overlaps the pipe writes and the wake-ups of the pipe's
+// reader, instead of following each of them. The small writes (WAL entries
+// of a few hundred bytes) are batched into writes of a chunk.
+const (
+	streamChunk  = 1 << 20
+	streamChunks = 4
+)
 
 // errStreamOverrun: fill wrote more than the frame declared.
 var errStreamOverrun = errors.New("wire: streamed frame body longer than declared")
@@ -35,7 +43,22 @@ func (w *Writer) WriteFrameStream(head []byte, rest int64, fill func(io.Writer) 
 	if w.err != nil {
 		return w.err
 	}
-	bw := bufio.NewWriterSize(w.w, streamBuffer)
+	if total <= streamChunk {
+		return w.writeFrameStreamed(head, rest, fill, bufio.NewWriterSize(w.w, int(total)+HeaderSize))
+	}
+	rw := newRingWriter(w.w)
+	return w.writeFrameStreamed(head, rest, fill, rw)
+}
+
+// chunkWriter is where writeFrameStreamed puts a frame's bytes: Flush
+// sends what is left to the pipe and reports the first error on the way.
+type chunkWriter interface {
+	io.Writer
+	Flush() error
+}
+
+func (w *Writer) writeFrameStreamed(head []byte, rest int64, fill func(io.Writer) error, bw chunkWriter) error {
+	total := int64(len(head)) + rest
 	var hdr [HeaderSize]byte
 	binary.BigEndian.PutUint32(hdr[:], uint32(total))
 	_, err := bw.Write(hdr[:])
@@ -49,14 +72,133 @@ func (w *Writer) WriteFrameStream(head []byte, rest int64, fill func(io.Writer) 
 			err = fmt.Errorf("wire: streamed frame body %d bytes shorter than declared", lw.left)
 		}
 	}
-	if err == nil {
-		err = bw.Flush()
+	if rw, ok := bw.(*ringWriter); ok && err != nil {
+		rw.abort() // the frame is cut short: what is queued is not sent
+	} else if ferr := bw.Flush(); err == nil {
+		err = ferr
 	}
 	if err != nil {
 		w.err = fmt.Errorf("wire: writing streamed frame of %d bytes (stream now unusable): %w", total, err)
 		return w.err
 	}
 	return nil
+}
+
+// ringWriter copies its writes into chunks that its goroutine writes to w
+// in order (see streamChunk). It is made for one frame: Flush or abort ends
+// the goroutine and waits for it, so none outlives the call.
+type ringWriter struct {
+	w    io.Writer
+	cur  []byte
+	free chan []byte // empty chunks: the ring's bound
+	full chan []byte // chunks for the goroutine, in order
+	done chan struct{}
+	// failed is closed when the goroutine's write fails; err is then set.
+	failed chan struct{}
+	err    error
+	n      int         // chunks made so far (at most streamChunks)
+	stop   atomic.Bool // abort: the goroutine writes nothing more
+}
+
+func newRingWriter(w io.Writer) *ringWriter {
+	r := &ringWriter{w: w, free: make(chan []byte, streamChunks), full: make(chan []byte, streamChunks),
+		done: make(chan struct{}), failed: make(chan struct{})}
+	go r.run()
+	return r
+}
+
+// run writes the full chunks to w until the ring is closed; after a failed
+// write it drops the rest (the producer sees the error at its next chunk).
+func (r *ringWriter) run() {
+	defer close(r.done)
+	for c := range r.full {
+		if r.err == nil && !r.stop.Load() {
+			if _, err := r.w.Write(c); err != nil {
+				r.err = err
+				close(r.failed)
+			}
+		}
+		r.free <- c[:0]
+	}
+}
+
+func (r *ringWriter) Write(p []byte) (int, error) {
+	written := 0
+	for len(p) > 0 {
+		if r.cur == nil {
+			if err := r.take(); err != nil {
+				return written, err
+			}
+		}
+		n := copy(r.cur[len(r.cur):cap(r.cur)], p)
+		r.cur = r.cur[:len(r.cur)+n]
+		p, written = p[n:], written+n
+		if len(r.cur) == cap(r.cur) {
+			if err := r.send(); err != nil {
+				return written, err
+			}
+		}
+	}
+	return written, nil
+}
+
+// take makes r.cur an empty chunk: a new one while the ring has fewer than
+// streamChunks, else one the goroutine has written.
+func (r *ringWriter) take() error {
+	if r.n < streamChunks {
+		select {
+		case c := <-r.free:
+			r.cur = c
+		default:
+			r.n++
+			r.cur = make([]byte, 0, streamChunk)
+		}
+		return nil
+	}
+	select {
+	case c := <-r.free:
+		r.cur = c
+		return nil
+	case <-r.failed:
+		return r.err
+	}
+}
+
+// send queues r.cur for the goroutine (there is always room: at most
+// streamChunks chunks exist).
+func (r *ringWriter) send() error {
+	select {
+	case <-r.failed:
+		return r.err
+	default:
+	}
+	r.full <- r.cur
+	r.cur = nil
+	return nil
+}
+
+// Flush sends what is left, ends the goroutine and returns the first
+// write error.
+func (r *ringWriter) Flush() error {
+	var err error
+	if len(r.cur) > 0 {
+		err = r.send()
+	}
+	close(r.full)
+	<-r.done
+	if r.err != nil {
+		return r.err
+	}
+	return err
+}
+
+// abort ends the goroutine, sending nothing more (a chunk being written
+// is finished).
+func (r *ringWriter) abort() {
+	r.stop.Store(true)
+	r.cur = nil
+	close(r.full)
+	<-r.done
 }
 
 // limitedWriter passes at most left bytes on to w.
