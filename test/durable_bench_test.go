@@ -3,6 +3,7 @@ package test
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -121,6 +122,53 @@ func BenchmarkWALAck(b *testing.B) {
 			fig, _ := runAckAgent(b, nil, "ACKBENCH_MODE=inflight", "ACKBENCH_N="+strconv.Itoa(b.N), "ACKBENCH_K="+strconv.Itoa(k))
 			b.ReportMetric(1e9/fig["entries_per_second"], "ns/op")
 			b.ReportMetric(fig["entries_per_second"], "entries/s")
+		})
+	}
+}
+
+// BenchmarkPipeWakeFloor: what one round trip between two processes costs
+// on this machine, without the supervisor: 64 bytes to a child process
+// (test/ackagent in echo mode) and back over two pipes, back to back and
+// after a pause (an fsync's length and longer), p50 of each. A wal_ack
+// always follows such a pause on both sides; the difference between the
+// two is the cost of waking threads whose CPUs went idle.
+func BenchmarkPipeWakeFloor(b *testing.B) {
+	for _, pause := range []time.Duration{0, 200 * time.Microsecond, time.Millisecond} {
+		b.Run("pause="+pause.String(), func(b *testing.B) {
+			cmd := exec.Command(ackAgent(b))
+			cmd.Env = append(os.Environ(), "ACKBENCH_MODE=echo")
+			w, err := cmd.StdinPipe()
+			if err != nil {
+				b.Fatal(err)
+			}
+			r, err := cmd.StdoutPipe()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				b.Fatal(err)
+			}
+			defer func() { w.Close(); cmd.Wait() }()
+			msg := make([]byte, 64)
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for range b.N {
+				if pause > 0 {
+					time.Sleep(pause)
+				}
+				t0 := time.Now()
+				if _, err := w.Write(msg); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(r, msg); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(t0))
+			}
+			b.StopTimer()
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
 		})
 	}
 }

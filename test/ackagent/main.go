@@ -7,6 +7,7 @@
 //	ACKBENCH_MODE=inflight ACKBENCH_N=n ACKBENCH_K=k    n Logs, k in flight at a time
 //	ACKBENCH_MODE=step     ACKBENCH_N=n                 n steps of one request one after another
 //	ACKBENCH_MODE=serve                                 answer every request at once
+//	ACKBENCH_MODE=echo                                  (not under a supervisor) echo 64-byte messages
 //	ACKBENCH_MODE=raw      ACKBENCH_N=n                 latency mode without the client package
 //	                       ACKBENCH_POLL=1              ... reading through Go's poller
 //	                       ACKBENCH_HANDOFF=1           ... its wal_acks read on a second goroutine
@@ -47,6 +48,19 @@ func main() {
 			os.Exit(1)
 		}
 		return
+	}
+	if os.Getenv("ACKBENCH_MODE") == "echo" {
+		// The pipe wake-up floor (BenchmarkPipeWakeFloor): answer every
+		// 64 bytes read from stdin with the same bytes on stdout.
+		buf := make([]byte, 64)
+		for {
+			if _, err := io.ReadFull(os.Stdin, buf); err != nil {
+				return
+			}
+			if _, err := os.Stdout.Write(buf); err != nil {
+				return
+			}
+		}
 	}
 	if os.Getenv("ACKBENCH_MODE") == "raw" {
 		n, _ := strconv.Atoi(os.Getenv("ACKBENCH_N"))
