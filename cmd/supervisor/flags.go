@@ -100,6 +100,16 @@ func (f *flagSet) parse(args []string) (pos, afterDashDash []string, dashdash bo
 // split sorts args into flags (with their values), positional arguments,
 // and what follows a "--".
 func (f *flagSet) split(args []string) (flagArgs, pos, afterDashDash []string, dashdash bool) {
+	flagArgs, at, afterDashDash, dashdash := f.splitAt(args)
+	for _, i := range at {
+		pos = append(pos, args[i])
+	}
+	return flagArgs, pos, afterDashDash, dashdash
+}
+
+// splitAt is split with the positional arguments given by their index in
+// args.
+func (f *flagSet) splitAt(args []string) (flagArgs []string, pos []int, afterDashDash []string, dashdash bool) {
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if a == "--" {
@@ -107,7 +117,7 @@ func (f *flagSet) split(args []string) (flagArgs, pos, afterDashDash []string, d
 			break
 		}
 		if len(a) < 2 || a[0] != '-' {
-			pos = append(pos, a)
+			pos = append(pos, i)
 			continue
 		}
 		flagArgs = append(flagArgs, a)

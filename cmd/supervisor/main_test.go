@@ -95,6 +95,10 @@ func TestCLITraps(t *testing.T) {
 		{name: "version: extra argument", args: []string{"version", "x"}, code: 2, want: []string{`unexpected argument "x"`}},
 		{name: "run: agent without --", args: []string{"run", "--data-dir", dir, "./my-agent", "--model", "small"}, code: 2,
 			want: []string{`unexpected argument "./my-agent": the agent command goes after --`, "-- ./my-agent --model small"}},
+		// The suggestion starts at the agent command, not at a flag's value
+		// that reads the same.
+		{name: "run: agent without --, a flag value equal to it", args: []string{"run", "--wal-operations", "python3", "python3", "agent.py"}, code: 2,
+			want: []string{`unexpected argument "python3"`, "supervisor run [flags] -- python3 agent.py\n"}, not: []string{"-- python3 python3"}},
 		// Unknown words are named.
 		{name: "unknown command", args: []string{"frobnicate"}, code: 2, want: []string{`unknown command "frobnicate"`, "supervisor --help"}},
 		{name: "unknown checkpoints subcommand", args: []string{"checkpoints", "lst"}, code: 2, want: []string{`unknown subcommand "lst"`}},

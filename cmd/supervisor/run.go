@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -96,13 +95,13 @@ func parseRun(e env, args []string) (supervisor.Config, string, error) {
 	// An agent command without "--" is the likelier mistake than whatever
 	// flag of the agent's follows it: say so first — unless an unknown flag
 	// came before it, whose value it probably is (--bogus 3): name the flag.
-	if _, pos, _, _ := f.split(args); len(pos) > 0 {
+	if _, pos, _, _ := f.splitAt(args); len(pos) > 0 {
 		if stray, unknown := f.firstStray(args); unknown {
 			return cfg, "", usageErr("run", "unknown flag %s", truncate(stray, 64))
 		}
-		i := slices.Index(args, pos[0])
+		i := pos[0]
 		return cfg, "", usageErr("run", "unexpected argument %q: the agent command goes after --, as in: supervisor run [flags] -- %s",
-			truncate(pos[0], 64), truncate(strings.Join(args[i:], " "), 80))
+			truncate(args[i], 64), truncate(strings.Join(args[i:], " "), 80))
 	}
 	_, command, dashdash, err := f.parse(args)
 	if err != nil {
