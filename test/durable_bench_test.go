@@ -73,17 +73,7 @@ func BenchmarkWALAck(b *testing.B) {
 	b.Run("single", func(b *testing.B) {
 		syncDir := b.TempDir() // beside the data directory: the same filesystem
 		fig, _ := runAckAgent(b, nil, "ACKBENCH_MODE=latency", "ACKBENCH_N="+strconv.Itoa(b.N), "ACKBENCH_SYNCDIR="+syncDir)
-		b.ReportMetric(fig["mean_ns"], "ns/op")
-		b.ReportMetric(fig["p50_ns"]/1e3, "ack-p50-µs")
-		b.ReportMetric(fig["p99_ns"]/1e3, "ack-p99-µs")
-		b.ReportMetric(fig["fdatasync_p50_ns"]/1e3, "fdatasync-p50-µs")
-		b.ReportMetric(fig["fdatasync_p99_ns"]/1e3, "fdatasync-p99-µs")
-		b.ReportMetric(fig["p50_ns"]/fig["fdatasync_p50_ns"], "p50-ratio")
-		b.ReportMetric(fig["p99_ns"]/fig["fdatasync_p99_ns"], "p99-ratio")
-		// The floor: an ideal supervisor (two pipe hops around an fsync on
-		// the same thread, test/ackagent), timed in the same rounds.
-		b.ReportMetric(fig["ideal_p50_ns"]/1e3, "ideal-p50-µs")
-		b.ReportMetric(fig["p50_ns"]/fig["ideal_p50_ns"], "p50-ideal-ratio")
+		reportRoundTrips(b, fig)
 		// The WAL's own fdatasync, as the supervisor timed it (mean).
 		b.ReportMetric(fig["wal_fsync_mean_ns"]/1e3, "wal-fsync-mean-µs")
 	})
@@ -99,14 +89,7 @@ func BenchmarkWALAck(b *testing.B) {
 		b.Run(mode.name, func(b *testing.B) {
 			fig, _ := runAckAgent(b, nil, "ACKBENCH_MODE=raw", "ACKBENCH_POLL="+mode.poll, "ACKBENCH_HANDOFF="+mode.handoff,
 				"ACKBENCH_N="+strconv.Itoa(b.N), "ACKBENCH_SYNCDIR="+b.TempDir())
-			b.ReportMetric(fig["mean_ns"], "ns/op")
-			b.ReportMetric(fig["p50_ns"]/1e3, "ack-p50-µs")
-			b.ReportMetric(fig["p99_ns"]/1e3, "ack-p99-µs")
-			b.ReportMetric(fig["fdatasync_p50_ns"]/1e3, "fdatasync-p50-µs")
-			b.ReportMetric(fig["p50_ns"]/fig["fdatasync_p50_ns"], "p50-ratio")
-			b.ReportMetric(fig["p99_ns"]/fig["fdatasync_p99_ns"], "p99-ratio")
-			b.ReportMetric(fig["ideal_p50_ns"]/1e3, "ideal-p50-µs")
-			b.ReportMetric(fig["ideal_p50_ns"]/fig["fdatasync_p50_ns"], "ideal-ratio")
+			reportRoundTrips(b, fig)
 		})
 	}
 	// The same round trip with --wal-sync none: the cost of the messages
@@ -124,6 +107,22 @@ func BenchmarkWALAck(b *testing.B) {
 			b.ReportMetric(fig["entries_per_second"], "entries/s")
 		})
 	}
+}
+
+// reportRoundTrips reports test/ackagent's timed round trips beside the
+// fdatasync probe and the ideal supervisor (two pipe hops around an fsync
+// on one thread), all timed in the same rounds.
+func reportRoundTrips(b *testing.B, fig map[string]float64) {
+	b.ReportMetric(fig["mean_ns"], "ns/op")
+	b.ReportMetric(fig["p50_ns"]/1e3, "ack-p50-µs")
+	b.ReportMetric(fig["p99_ns"]/1e3, "ack-p99-µs")
+	b.ReportMetric(fig["fdatasync_p50_ns"]/1e3, "fdatasync-p50-µs")
+	b.ReportMetric(fig["fdatasync_p99_ns"]/1e3, "fdatasync-p99-µs")
+	b.ReportMetric(fig["p50_ns"]/fig["fdatasync_p50_ns"], "p50-ratio")
+	b.ReportMetric(fig["p99_ns"]/fig["fdatasync_p99_ns"], "p99-ratio")
+	b.ReportMetric(fig["ideal_p50_ns"]/1e3, "ideal-p50-µs")
+	b.ReportMetric(fig["p50_ns"]/fig["ideal_p50_ns"], "p50-ideal-ratio")
+	b.ReportMetric(fig["ideal_p50_ns"]/fig["fdatasync_p50_ns"], "ideal-ratio")
 }
 
 // BenchmarkPipeWakeFloor: what one round trip between two processes costs

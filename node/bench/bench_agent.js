@@ -2,6 +2,7 @@
 import fs from "node:fs";
 
 import { Agent } from "../src/index.js";
+import { openProbe, p50 } from "./probe.js";
 
 const agent = await Agent.connect();
 const out = process.env.BENCH_OUT;
@@ -36,25 +37,17 @@ async function handle(req) {
     case "loggap": {
       // log() one at a time, each followed by one fdatasync probe (as
       // floor_agent.js does without the client).
-      const probe = fs.openSync(`${out}.probe`, "w+");
-      fs.writeSync(probe, Buffer.alloc(1 << 20));
-      fs.fsyncSync(probe);
-      const block = Buffer.alloc(1024, 1);
+      const probe = openProbe(`${out}.probe`);
       const lat = [];
       const fsync = [];
       const params = { content: "x".repeat(900) };
       for (let i = 0; i < c.n; i++) {
-        let t = performance.now();
+        const t = performance.now();
         await agent.log("memory_add", params);
         lat.push(performance.now() - t);
-        t = performance.now();
-        fs.writeSync(probe, block, 0, block.length, (i % 1024) * 1024);
-        fs.fdatasyncSync(probe);
-        fsync.push(performance.now() - t);
+        fsync.push(probe.once());
       }
-      fs.closeSync(probe);
-      fs.rmSync(`${out}.probe`);
-      const p50 = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
+      probe.close();
       return req.reply({ log_p50_ms: p50(lat), fdatasync_p50_ms: p50(fsync) });
     }
     case "log": {

@@ -10,6 +10,8 @@ import path from "node:path";
 
 import { decode, encode } from "@msgpack/msgpack";
 
+import { openProbe, p50 } from "./probe.js";
+
 const N = Number(process.env.FLOOR_N ?? 2000);
 const frame = (m) => {
   const p = encode(m);
@@ -44,26 +46,19 @@ process.stdin.on("data", (d) => {
 });
 process.stdin.on("end", () => process.exit(0));
 
-const probe = fs.openSync(path.join(process.env.FLOOR_SYNCDIR, "floor-probe"), "w+");
-fs.writeSync(probe, Buffer.alloc(1 << 20));
-fs.fsyncSync(probe);
-const block = Buffer.alloc(1024, 1);
+const probe = openProbe(path.join(process.env.FLOOR_SYNCDIR, "floor-probe"));
 const lat = [];
 const fsync = [];
 const params = { content: "x".repeat(900) };
 for (let i = 1; i <= N; i++) {
   const fr = frame({ type: "wal_entry", timestamp: now(), ack: true, data: { sequence: i, operation: "memory_add", params } });
-  let t = performance.now();
+  const t = performance.now();
   const acked = new Promise((r) => (waiter = r));
   write(fr);
   await acked;
   lat.push(performance.now() - t);
-  t = performance.now();
-  fs.writeSync(probe, block, 0, block.length, (i % 1024) * 1024);
-  fs.fdatasyncSync(probe);
-  fsync.push(performance.now() - t);
+  fsync.push(probe.once());
 }
-fs.closeSync(probe);
-const p50 = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
+probe.close();
 fs.writeFileSync(process.env.FLOOR_OUT + ".tmp", JSON.stringify({ n: N, log_p50_ms: p50(lat), fdatasync_p50_ms: p50(fsync) }));
 fs.renameSync(process.env.FLOOR_OUT + ".tmp", process.env.FLOOR_OUT);

@@ -103,44 +103,9 @@ func run() error {
 	params := map[string]any{"content": strings.Repeat("x", 1000)}
 	switch os.Getenv("ACKBENCH_MODE") {
 	case "latency":
-		// Each round trip is followed by one raw fdatasync of 1 KiB in
-		// ACKBENCH_SYNCDIR (the data directory's filesystem), so both are
-		// measured under the same disk conditions.
-		sync, err := newSyncProbe(os.Getenv("ACKBENCH_SYNCDIR"))
-		if err != nil {
-			return err
-		}
-		defer sync.close()
-		ideal, err := startIdeal(os.Getenv("ACKBENCH_SYNCDIR"))
-		if err != nil {
-			return err
-		}
-		defer ideal.close()
-		lat := make([]time.Duration, 0, n)
-		raw := make([]time.Duration, 0, n)
-		best := make([]time.Duration, 0, n)
-		for seq := uint64(1); seq <= uint64(n); seq++ {
-			t0 := time.Now()
-			if err := conn.Log(ctx, schema.OpMemoryAdd, params, seq); err != nil {
-				return err
-			}
-			lat = append(lat, time.Since(t0))
-			d, err := sync.once()
-			if err != nil {
-				return err
-			}
-			raw = append(raw, d)
-			if d, err = ideal.once(); err != nil {
-				return err
-			}
-			best = append(best, d)
-		}
-		slices.Sort(lat)
-		slices.Sort(raw)
-		slices.Sort(best)
-		if err := report(map[string]any{"n": n, "p50_ns": pct(lat, 0.50), "p99_ns": pct(lat, 0.99), "mean_ns": mean(lat),
-			"fdatasync_p50_ns": pct(raw, 0.50), "fdatasync_p99_ns": pct(raw, 0.99),
-			"ideal_p50_ns": pct(best, 0.50), "ideal_p99_ns": pct(best, 0.99)}); err != nil {
+		if err := timeRoundTrips(n, func(seq uint64) error {
+			return conn.Log(ctx, schema.OpMemoryAdd, params, seq)
+		}); err != nil {
 			return err
 		}
 	case "step":
@@ -284,6 +249,48 @@ func report(v map[string]any) error {
 		return err
 	}
 	return os.Rename(tmp, os.Getenv("ACKBENCH_OUT"))
+}
+
+// timeRoundTrips times n round trips (seq 1..n), each followed by one raw
+// fdatasync of 1 KiB in ACKBENCH_SYNCDIR (the data directory's filesystem,
+// so both are measured under the same disk conditions) and by the same
+// exchange with the ideal supervisor, and reports the three.
+func timeRoundTrips(n int, roundTrip func(seq uint64) error) error {
+	sync, err := newSyncProbe(os.Getenv("ACKBENCH_SYNCDIR"))
+	if err != nil {
+		return err
+	}
+	defer sync.close()
+	ideal, err := startIdeal(os.Getenv("ACKBENCH_SYNCDIR"))
+	if err != nil {
+		return err
+	}
+	defer ideal.close()
+	lat := make([]time.Duration, 0, n)
+	raw := make([]time.Duration, 0, n)
+	best := make([]time.Duration, 0, n)
+	for seq := uint64(1); seq <= uint64(n); seq++ {
+		t0 := time.Now()
+		if err := roundTrip(seq); err != nil {
+			return err
+		}
+		lat = append(lat, time.Since(t0))
+		d, err := sync.once()
+		if err != nil {
+			return err
+		}
+		raw = append(raw, d)
+		if d, err = ideal.once(); err != nil {
+			return err
+		}
+		best = append(best, d)
+	}
+	slices.Sort(lat)
+	slices.Sort(raw)
+	slices.Sort(best)
+	return report(map[string]any{"n": n, "p50_ns": pct(lat, 0.50), "p99_ns": pct(lat, 0.99), "mean_ns": mean(lat),
+		"fdatasync_p50_ns": pct(raw, 0.50), "fdatasync_p99_ns": pct(raw, 0.99),
+		"ideal_p50_ns": pct(best, 0.50), "ideal_p99_ns": pct(best, 0.99)})
 }
 
 // ideal is the ideal supervisor child (see the package comment).
@@ -452,52 +459,16 @@ func rawLatency(n int, poll, handoff bool) error {
 	if err != nil {
 		return err
 	}
-	sync, err := newSyncProbe(os.Getenv("ACKBENCH_SYNCDIR"))
-	if err != nil {
-		return err
-	}
-	defer sync.close()
-	ideal, err := startIdeal(os.Getenv("ACKBENCH_SYNCDIR"))
-	if err != nil {
-		return err
-	}
-	defer ideal.close()
-	lat := make([]time.Duration, 0, n)
-	raw := make([]time.Duration, 0, n)
-	best := make([]time.Duration, 0, n)
-	for seq := uint64(1); seq <= uint64(n); seq++ {
+	err = timeRoundTrips(n, func(seq uint64) error {
 		m := &schema.WALEntry{Entry: schema.WALRecord{Operation: schema.OpMemoryAdd, Sequence: seq, Params: params}, Ack: true}
-		t0 := time.Now()
 		if err := write(m); err != nil {
 			return err
 		}
 		if handoff {
-			err = <-acks
-		} else {
-			err = nextAck()
+			return <-acks
 		}
-		if err != nil {
-			return err
-		}
-		lat = append(lat, time.Since(t0))
-		d, err := sync.once()
-		if err != nil {
-			return err
-		}
-		raw = append(raw, d)
-		if d, err = ideal.once(); err != nil {
-			return err
-		}
-		best = append(best, d)
-	}
-	slices.Sort(lat)
-	slices.Sort(raw)
-	slices.Sort(best)
-	if err := report(map[string]any{"n": n, "p50_ns": pct(lat, 0.50), "p99_ns": pct(lat, 0.99), "mean_ns": mean(lat),
-		"fdatasync_p50_ns": pct(raw, 0.50), "fdatasync_p99_ns": pct(raw, 0.99),
-		"ideal_p50_ns": pct(best, 0.50), "ideal_p99_ns": pct(best, 0.99)}); err != nil {
-		return err
-	}
+		return nextAck()
+	})
 	// Until the supervisor says shutdown (or closes our input).
 	for err == nil {
 		if handoff {
