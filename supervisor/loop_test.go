@@ -138,10 +138,19 @@ func (a *fakeAgent) send(t *testing.T, m schema.Message) {
 // exited, its input ended, or handle reports done.
 func (a *fakeAgent) serve(t *testing.T, d time.Duration, tick func(), handle func(schema.Message) (done bool)) {
 	msgs := make(chan schema.Message)
+	// serve may return (the agent exited, handle is done) while a message
+	// is being handed over: the forwarder then drops it and ends, instead
+	// of blocking on msgs for ever (synctest reports that as a deadlock).
+	served := make(chan struct{})
+	defer close(served)
 	go func() {
 		defer close(msgs)
 		for m := a.recv(t); m != nil; m = a.recv(t) {
-			msgs <- m
+			select {
+			case msgs <- m:
+			case <-served:
+				return
+			}
 		}
 	}()
 	ticker := time.NewTicker(d)
@@ -524,6 +533,9 @@ func TestLoopStopDuringTrialDoesNotWaitForTheShadow(t *testing.T) {
 		}
 
 		h.cancel()
+		// The owner takes the stop before the status call: both are ready
+		// to its select at once otherwise, and it may pick either.
+		synctest.Wait()
 		resp := h.control(ControlRequest{Op: OpStatus}) // fails unless taken within a second
 		if !resp.OK || resp.Status.State != string(StateStopping) {
 			t.Fatalf("status while stopping during a trial: %+v", resp)
