@@ -526,10 +526,15 @@ func (s *decodeState) numberMap(v []byte, field string) (map[string]float64, err
 			err.(*ValidationError).Field = clip.String(path(field, -1, string(key)), maxErrField)
 			return err
 		}
-		if _, dup := out[string(key)]; dup {
-			return s.fail(path(field, -1, string(key)), RuleMalformed, "key %q occurs more than once", key)
+		// Keys are made valid UTF-8 here, as Encode writes them, so a
+		// decoded map re-encodes to the same bytes and two keys that
+		// differ only in invalid bytes are caught as the duplicate they
+		// become.
+		k := clip.Valid(string(key))
+		if _, dup := out[k]; dup {
+			return s.fail(path(field, -1, k), RuleMalformed, "key %q occurs more than once", k)
 		}
-		out[string(key)] = f
+		out[k] = f
 		return nil
 	})
 	if err != nil {

@@ -193,18 +193,24 @@ func checkMap(v []byte) string {
 
 // numbers appends a map of numbers with sorted keys; nil encodes {}.
 func (e *encoder) numbers(field string, m map[string]float64) {
-	keys := make([]string, 0, len(m))
+	// Keys are sorted as written (made valid UTF-8), so a decoded map
+	// re-encodes to the same bytes.
+	type entry struct{ key, orig string }
+	keys := make([]entry, 0, len(m))
 	for k := range m {
-		keys = append(keys, k)
+		keys = append(keys, entry{clip.Valid(k), k})
 	}
-	sort.Strings(keys)
+	sort.Slice(keys, func(i, j int) bool { return keys[i].key < keys[j].key })
 	e.b = AppendMapHeader(e.b, len(keys))
-	for _, k := range keys {
-		v := m[k]
+	for i, k := range keys {
+		v := m[k.orig]
 		if math.IsNaN(v) || math.IsInf(v, 0) {
-			e.setErr(e.fail(path(field, -1, k), RuleFieldValue, "must be a finite number, got %v", v))
+			e.setErr(e.fail(path(field, -1, k.key), RuleFieldValue, "must be a finite number, got %v", v))
 		}
-		e.b = AppendStr(e.b, clip.Valid(k))
+		if i > 0 && keys[i-1].key == k.key {
+			e.setErr(e.fail(path(field, -1, k.key), RuleFieldValue, "two keys are the same once made valid UTF-8 (%q); rename one", k.key))
+		}
+		e.b = AppendStr(e.b, k.key)
 		e.b = appendFloat(e.b, v)
 	}
 }
