@@ -536,6 +536,32 @@ func (rb *RestoreBuilder) Add(entry []byte) error {
 // restore is so never held whole.
 func (rb *RestoreBuilder) Count(entry []byte) error { return rb.check(entry, false) }
 
+// CountStreamed counts n WAL entries of size bytes together as Count counts
+// one, without seeing them: the caller knows their number and size from
+// where they are stored, and checks each (CheckEntry) as it sends it. It
+// fails with a *ValidationError, counting nothing, when they would take the
+// restore over its limit.
+func (rb *RestoreBuilder) CountStreamed(n int, size int64) error {
+	e := &rb.e
+	if total := int64(len(e.b)) + rb.snapSize + rb.streamed + size; total > int64(rb.limit) {
+		return e.fail("wal_entries", RuleTooLarge, "restore of %d bytes with %d WAL entries would be over its %d-byte limit",
+			total, rb.count+n, rb.limit)
+	}
+	rb.streamed += size
+	rb.count += n
+	return nil
+}
+
+// CheckEntry fails with a *ValidationError when entry is not one
+// well-formed MessagePack map, as Add and Count do: for the entries counted
+// by CountStreamed, as they are sent.
+func CheckEntry(entry []byte) error {
+	if err := checkMap(entry); err != "" {
+		return &ValidationError{Type: TypeRestore, Field: "wal_entries", Rule: RuleMalformed, Reason: err}
+	}
+	return nil
+}
+
 // Streamed is the bytes of the entries counted by Count.
 func (rb *RestoreBuilder) Streamed() int64 { return rb.streamed }
 

@@ -237,17 +237,16 @@ func looksTorn(f io.ReaderAt, bad *badRecord, size int64) (bool, error) {
 
 // segmentScan is what scanning one segment found.
 type segmentScan struct {
-	name        string
-	index       uint64
-	size        int64 // file size
-	prevLast    uint64
-	first, last uint64 // 0 when the segment holds no entries
-	entries     int
-	end         int64 // end of the last good record: appends continue here
-	tornEnd     int64 // > end: [end, tornEnd) is a torn tail to clear
-	reordered   bool  // the torn tail has intact records after its damage (writes reached the disk out of order)
-	headerTorn  bool  // last segment whose header never reached the disk
-	corrupt     *CorruptionError
+	name       string
+	index      uint64
+	size       int64 // file size
+	prevLast   uint64
+	tally            // the good records, counted
+	end        int64 // end of the last good record: appends continue here
+	tornEnd    int64 // > end: [end, tornEnd) is a torn tail to clear
+	reordered  bool  // the torn tail has intact records after its damage (writes reached the disk out of order)
+	headerTorn bool  // last segment whose header never reached the disk
+	corrupt    *CorruptionError
 }
 
 // lastSeq is the last sequence in the log up to and including this segment.
@@ -344,11 +343,8 @@ func scanSegment(f *os.File, name string, index uint64, o scanOpts) (segmentScan
 				return sc, err
 			}
 		}
-		sc.entries += int(rh.count)
-		if sc.first == 0 {
-			sc.first = rh.first
-		}
-		sc.last, last = rh.last, rh.last
+		sc.add(rh, rr.off)
+		last = rh.last
 		sc.end = rr.off
 	}
 }

@@ -14,8 +14,10 @@
 // fixed-width hex (0000000000000001.wal, ...), so lexical order is log
 // order; a LOCK file (flock) so only one [Log] opens it; the DURABLE file,
 // the durable mark (below); temporary *.tmp files (a segment being created
-// or prepared), removed by Open; and, after corruption, damaged files set
-// aside as NAME.corrupt-TIME, never deleted by the log.
+// or prepared), removed by Open; next-segment.prepared, the next segment
+// already zero-filled and fsynced (below), kept between runs; and, after
+// corruption, damaged files set aside as NAME.corrupt-TIME, never deleted
+// by the log.
 //
 // Every directory change a durable entry depends on is fsynced: Open
 // creates the directory with internal/atomicfile.MkdirAll (each new
@@ -60,7 +62,11 @@
 // fsynced before it is used (the next one in the background, once the
 // active one is half full). Overwriting such a file makes each fsync cheap:
 // the filesystem does no allocation or journal work. Zeros after the last
-// record read as the end of the data. Options.NoPreallocate turns this off.
+// record read as the end of the data. A prepared file waits as
+// next-segment.prepared, and is kept when the log closes or the process
+// dies: the next Open adopts it rather than writing a segment's worth of
+// zeros again while a restart serves its restore. Options.NoPreallocate
+// turns this off (and removes a kept file).
 //
 // # Durability
 //

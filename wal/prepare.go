@@ -11,10 +11,19 @@ import (
 
 var errStopped = errors.New("wal: segment preparation stopped")
 
+// preparedName is the file a prepared segment waits under, between runs
+// too (never read as a segment: it has no segment name).
+const preparedName = "next-segment.prepared"
+
 // preparer creates the next segment file in the background: full size,
 // allocated and filled with zeros, fsynced. Overwriting such a file costs an
 // fsync no allocation or journal work, so appends into it are faster than
 // appends that grow a file. The zeros read as "end of data" in recovery.
+//
+// A file once prepared is renamed to preparedName and kept when the log
+// closes (or the process dies): the next Open adopts it instead of writing
+// and fsyncing a segment's worth of zeros again while a restart is serving
+// its restore.
 type preparer struct {
 	dir  string
 	size int64
@@ -128,10 +137,48 @@ func (p *preparer) prepare() (f *os.File, path string, err error) {
 	if err := p.ops.datasync(f); err != nil {
 		return nil, "", fmt.Errorf("fsync %s: %w", path, err)
 	}
-	return f, path, nil
+	// Whole and durable: kept under its waiting name from now on. The
+	// rename needs no directory fsync: lost in a power cut, the file is a
+	// leftover temporary file that recovery removes.
+	kept := filepath.Join(p.dir, preparedName)
+	if err := os.Rename(path, kept); err != nil {
+		p.log.Debug("could not keep the prepared WAL segment under its waiting name; it is used once and not kept", "err", err)
+		return f, path, nil
+	}
+	return f, kept, nil
 }
 
-// close stops the background work and removes an unused prepared file.
+// adopt makes the prepared file a previous run kept the ready one, if it is
+// whole (the segment size; only prepare creates it, renamed there once
+// zero-filled and fsynced). One of another size (the segment size changed)
+// is removed.
+func (p *preparer) adopt() {
+	path := filepath.Join(p.dir, preparedName)
+	f, err := os.OpenFile(path, os.O_RDWR|noFollow, 0)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			p.log.Warn("cannot open the WAL segment a previous run prepared; removing it", "err", err)
+			os.Remove(path)
+		}
+		return
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Size() != p.size {
+		f.Close()
+		os.Remove(path)
+		return
+	}
+	p.mu.Lock()
+	if p.ready != nil {
+		p.mu.Unlock()
+		f.Close()
+		return
+	}
+	p.ready, p.readyPath = f, path
+	p.mu.Unlock()
+}
+
+// close stops the background work. An unused prepared file is kept for the
+// next Open (adopt), unless it never got its waiting name.
 func (p *preparer) close() {
 	select {
 	case <-p.stop:
@@ -143,6 +190,8 @@ func (p *preparer) close() {
 	}
 	if f, path := p.take(); f != nil {
 		f.Close()
-		os.Remove(path)
+		if filepath.Base(path) != preparedName {
+			os.Remove(path)
+		}
 	}
 }

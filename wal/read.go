@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"slices"
 )
 
 // ReadAfter calls fn, in sequence order, for every entry with a sequence
@@ -23,26 +24,7 @@ import (
 func (l *Log) ReadAfter(after uint64, fn func(Entry) error) error {
 	l.reopenMu.RLock()
 	defer l.reopenMu.RUnlock()
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return ErrClosed
-	}
-	target := l.lastSeq
-	var stuck error
-	err := l.waitLocked(context.Background(), func() (bool, error) {
-		switch {
-		case l.readable >= min(target, l.lastSeq):
-			return true, nil
-		case l.stopped:
-			return true, ErrClosed
-		}
-		return false, nil
-	})
-	if l.failure != nil {
-		stuck = l.failure // serve what is durable, then say why no more
-	}
-	l.mu.Unlock()
+	stuck, err := l.waitReadable()
 	if err != nil {
 		return err
 	}
@@ -76,6 +58,128 @@ func (l *Log) ReadAfter(after uint64, fn func(Entry) error) error {
 		return fmt.Errorf("wal: served the entries up to sequence %d; the log stopped and must be reopened: %w", seen, stuck)
 	}
 	return nil
+}
+
+// waitReadable waits until everything Append accepted before the call is
+// written (readable). stuck is the failure of a stopped log: what is
+// durable may be read, then it is the reason there is no more.
+func (l *Log) waitReadable() (stuck, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, ErrClosed
+	}
+	target := l.lastSeq
+	err = l.waitLocked(context.Background(), func() (bool, error) {
+		switch {
+		case l.readable >= min(target, l.lastSeq):
+			return true, nil
+		case l.stopped:
+			return true, ErrClosed
+		}
+		return false, nil
+	})
+	if l.failure != nil {
+		stuck = l.failure
+	}
+	return stuck, err
+}
+
+// CountAfter returns how many entries the log holds above sequence after,
+// the bytes of their data (Entry.Data) and the last one's sequence (after,
+// when there are none), without reading them: it adds up the counts
+// recovery verified and the syncer wrote, per segment, and reads only in
+// the segment where after falls, from the count point before it: at most
+// countEvery bytes of record headers (payloads skipped) and the payload of
+// one record holding entries on both sides of after (verified). A
+// ReadAfter(after) serves exactly those entries unless the log changed in
+// between. It waits as ReadAfter does; it returns a *CorruptionError if the
+// records it reads no longer check out, and the *FailedError of a stopped
+// log until Reopen.
+func (l *Log) CountAfter(after uint64) (n int, bytes int64, last uint64, err error) {
+	l.reopenMu.RLock()
+	defer l.reopenMu.RUnlock()
+	stuck, err := l.waitReadable()
+	if err == nil && stuck != nil {
+		err = fmt.Errorf("wal: the log stopped and must be reopened: %w", stuck)
+	}
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	l.segMu.RLock()
+	segs := slices.Clone(l.segs)
+	l.segMu.RUnlock()
+	last = after
+	for i := range segs {
+		seg := &segs[i]
+		switch {
+		case seg.last == 0 || seg.last <= after:
+			continue
+		case seg.prevLast >= after:
+			n, bytes = n+seg.entries, bytes+seg.dataBytes
+		default:
+			below, belowBytes, err := l.countThrough(seg, after)
+			if err != nil {
+				return 0, 0, 0, err
+			}
+			n, bytes = n+seg.entries-below, bytes+seg.dataBytes-belowBytes
+		}
+		last = seg.last
+	}
+	return n, bytes, last, nil
+}
+
+// countThrough counts the entries of seg with a sequence ≤ after, and
+// their data bytes, from the last count point at or below after.
+func (l *Log) countThrough(seg *segment, after uint64) (n int, bytes int64, err error) {
+	from, prev := int64(segmentHeaderSize), seg.prevLast
+	for _, p := range seg.points {
+		if p.last > after || p.off > seg.size {
+			break
+		}
+		from, prev, n, bytes = p.off, p.last, p.entries, p.dataBytes
+	}
+	f, err := openRead(segmentPath(l.dir, seg.index))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return 0, 0, fmt.Errorf("%w: segment %s was deleted while its entries were being counted; count again", ErrTruncated, seg.name())
+		}
+		return 0, 0, fmt.Errorf("wal: open segment %s: %w", seg.name(), err)
+	}
+	defer f.Close()
+	rr := newRecordReader(f, from, seg.size)
+	for {
+		h, p, err := rr.next(prev, after, true)
+		if errors.Is(err, io.EOF) {
+			return n, bytes, nil
+		}
+		var bad *badRecord
+		if errors.As(err, &bad) {
+			if l.shrunk(seg.index, rr.off) {
+				return 0, 0, fmt.Errorf("%w: segment %s was cut while its entries were being counted; count again", ErrTruncated, seg.name())
+			}
+			ce := &CorruptionError{Segment: seg.name(), Offset: bad.off, Reason: bad.reason}
+			l.log.Error("WAL corruption found while counting entries; entries after it are not served", "err", ce)
+			return 0, 0, ce
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("wal: read segment %s: %w", seg.name(), err)
+		}
+		prev = h.last
+		if h.last <= after {
+			n, bytes = n+int(h.count), bytes+int64(h.plen)-int64(h.count)*entryHeaderSize
+			continue
+		}
+		if h.first <= after {
+			_ = forEachEntry(p, func(e Entry) error {
+				if e.Sequence <= after {
+					n, bytes = n+1, bytes+int64(len(e.Data))
+				}
+				return nil
+			})
+		}
+		return n, bytes, nil
+	}
 }
 
 // openNext opens the first segment after prevIndex (any, when !started) that

@@ -150,7 +150,7 @@ func (l *Log) recover() error {
 	entries := 0
 	for _, sc := range scans {
 		entries += sc.entries
-		l.segs = append(l.segs, segment{index: sc.index, prevLast: sc.prevLast, first: sc.first, last: sc.last, entries: sc.entries, size: sc.end})
+		l.segs = append(l.segs, segment{index: sc.index, prevLast: sc.prevLast, tally: sc.tally, size: sc.end})
 	}
 	// What recovery saw and changed (segments created, repaired, set aside,
 	// temporary files removed) is made durable before anything is served:
@@ -244,6 +244,9 @@ func (l *Log) createFirst(index, prevLast uint64) error {
 	var pf *os.File
 	var ppath string
 	if !l.opts.NoPreallocate {
+		pf, ppath = l.prep.take() // one a previous run prepared, if any
+	}
+	if !l.opts.NoPreallocate && pf == nil {
 		var err error
 		if pf, ppath, err = l.prep.prepare(); err != nil {
 			l.log.Warn("could not preallocate the first WAL segment; it will grow as written", "err", err)

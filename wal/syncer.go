@@ -375,8 +375,12 @@ func (l *Log) writeQueue() error {
 			return ioFailure(fmt.Sprintf("write %d bytes to segment %s at offset %d", end-start, s.cur.name(), s.writeOff), err)
 		}
 		entries := 0
-		for k := i; k < j; k++ {
-			entries += b.recs[k].count
+		for k, off := i, s.writeOff; k < j; k++ {
+			r := b.recs[k]
+			size := int64(r.end - b.start(k))
+			off += size
+			s.cur.add(recordHeader{first: r.first, last: r.last, count: uint32(r.count), plen: uint32(size - recordHeaderSize)}, off)
+			entries += r.count
 		}
 		if s.unsyncedBytes == 0 {
 			s.unsyncedSince = time.Now()
@@ -385,11 +389,6 @@ func (l *Log) writeQueue() error {
 		s.unsyncedEntries += entries
 		s.unsyncedBytes += end - start
 		s.writeOff += int64(end - start)
-		if s.cur.first == 0 {
-			s.cur.first = b.recs[i].first
-		}
-		s.cur.last = b.recs[j-1].last
-		s.cur.entries += entries
 		s.cur.size = s.writeOff
 		s.lastWritten = s.cur.last
 		b.written = j
@@ -712,7 +711,7 @@ func (l *Log) reopen() (uint64, error) {
 	l.mark.halt()
 	defer l.mark.start()
 	l.prep.close()
-	l.prep = newPreparer(l.dir, l.opts.SegmentSize, l.ops, l.log)
+	l.newPreparer()
 	*s = syncState{}
 	l.scan = Recovery{}
 	l.segMu.Lock()

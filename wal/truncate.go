@@ -141,7 +141,7 @@ func (l *Log) cutAfter(seg segment, seq uint64) (removed int, out segment, err e
 	}
 	defer f.Close()
 	out = seg
-	out.first, out.last, out.entries = 0, 0, 0
+	out.tally = tally{} // counted again: the points may not be shared with seg's
 	out.prevLast = min(seg.prevLast, seq)
 	var (
 		cut  int64 = -1
@@ -160,10 +160,7 @@ func (l *Log) cutAfter(seg segment, seq uint64) (removed int, out segment, err e
 		}
 		last = h.last
 		if cut < 0 && h.last <= seq {
-			if out.first == 0 {
-				out.first = h.first
-			}
-			out.last, out.entries = h.last, out.entries+int(h.count)
+			out.add(h, rr.off)
 			continue
 		}
 		if cut < 0 {
@@ -184,10 +181,9 @@ func (l *Log) cutAfter(seg segment, seq uint64) (removed int, out segment, err e
 		cut = seg.size
 	}
 	if len(kept) > 0 {
-		if out.first == 0 {
-			out.first = kept[0].Sequence
-		}
-		out.last, out.entries = kept[len(kept)-1].Sequence, out.entries+len(kept)
+		size := recordSize(kept)
+		out.add(recordHeader{first: kept[0].Sequence, last: kept[len(kept)-1].Sequence, count: uint32(len(kept)),
+			plen: uint32(size - recordHeaderSize)}, cut+size)
 	}
 	if len(kept) > 0 || out.prevLast != seg.prevLast {
 		head := segmentHeader{index: seg.index, prevLast: out.prevLast}.marshal()

@@ -109,11 +109,50 @@ type Recovery struct {
 
 // segment is the in-memory description of one segment file.
 type segment struct {
-	index       uint64
-	prevLast    uint64
+	index    uint64
+	prevLast uint64
+	tally          // its records, counted
+	size     int64 // bytes readers may read (the end of the readable records)
+}
+
+// tally counts a segment's records as they are verified (recovery) or
+// written (the syncer): its sequences, entries and the bytes of their data,
+// with a point every countEvery bytes of records, so CountAfter counts the
+// entries above a sequence without reading them.
+type tally struct {
 	first, last uint64 // 0 when the segment holds no entries
 	entries     int
-	size        int64 // bytes readers may read (the end of the readable records)
+	dataBytes   int64        // the entries' Entry.Data bytes
+	points      []countPoint // ascending offsets; never rewritten in place, only appended to
+}
+
+// countPoint is a tally at a record boundary.
+type countPoint struct {
+	off       int64  // file offset just after a record
+	last      uint64 // sequence of the record's last entry
+	entries   int    // the segment's entries before off
+	dataBytes int64  // and their data bytes
+}
+
+// countEvery is the spacing of count points: CountAfter reads at most this
+// many bytes of record headers (skipping payloads) beyond one.
+const countEvery = 256 << 10
+
+// add counts a record with header h ending at file offset end.
+func (t *tally) add(h recordHeader, end int64) {
+	if t.first == 0 {
+		t.first = h.first
+	}
+	t.last = h.last
+	t.entries += int(h.count)
+	t.dataBytes += int64(h.plen) - int64(h.count)*entryHeaderSize
+	at := int64(segmentHeaderSize)
+	if n := len(t.points); n > 0 {
+		at = t.points[n-1].off
+	}
+	if end-at >= countEvery {
+		t.points = append(t.points, countPoint{off: end, last: h.last, entries: t.entries, dataBytes: t.dataBytes})
+	}
 }
 
 func (s *segment) name() string { return segmentName(s.index) }
@@ -251,7 +290,7 @@ func Open(opts Options) (*Log, error) {
 		l.closeFiles()
 		return nil, err
 	}
-	l.prep = newPreparer(l.dir, opts.SegmentSize, l.ops, l.log)
+	l.newPreparer()
 	if err := l.recover(); err != nil {
 		l.prep.close()
 		l.closeFiles()
@@ -267,6 +306,17 @@ func Open(opts Options) (*Log, error) {
 	}
 	go l.run()
 	return l, nil
+}
+
+// newPreparer starts l.prep afresh, holding the segment a previous run
+// prepared (none with NoPreallocate: one left is removed).
+func (l *Log) newPreparer() {
+	l.prep = newPreparer(l.dir, l.opts.SegmentSize, l.ops, l.log)
+	if l.opts.NoPreallocate {
+		_ = os.Remove(filepath.Join(l.dir, preparedName))
+		return
+	}
+	l.prep.adopt()
 }
 
 func (l *Log) closeFiles() {

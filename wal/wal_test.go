@@ -349,19 +349,7 @@ func TestPreallocatedSegments(t *testing.T) {
 	if err := l.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(time.Minute)
-	for {
-		l.prep.mu.Lock()
-		ready := l.prep.ready != nil
-		l.prep.mu.Unlock()
-		if ready {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the next segment was not prepared")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitPrepared(t, l)
 	for ; s <= 600; s++ {
 		want = append(want, mustAppendOne(t, l, s))
 	}
@@ -393,6 +381,94 @@ func TestPreallocatedSegments(t *testing.T) {
 	info, err := Inspect(dir)
 	if err != nil || info.Corruption != nil || info.Entries != 600 || info.Last != 600 || info.First != 1 {
 		t.Fatalf("Inspect = %+v, %v", info, err)
+	}
+}
+
+// waitPrepared waits until l's preparer holds a ready file.
+func waitPrepared(t *testing.T, l *Log) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		l.prep.mu.Lock()
+		ready := l.prep.ready != nil
+		l.prep.mu.Unlock()
+		if ready {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the next segment was not prepared")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A prepared segment outlives the log that prepared it (a Close, or a
+// process killed): the next Open adopts the same file rather than writing
+// and fsyncing a segment of zeros again during a restart. One of another
+// size is removed, and so is one left when preallocation is off.
+func TestPreparedSegmentKeptAcrossRuns(t *testing.T) {
+	dir := t.TempDir()
+	o := testOptions(t, dir)
+	o.NoPreallocate = false
+	o.SegmentSize = 32 << 10
+	l := mustOpen(t, o)
+	var want []Entry
+	s := uint64(1)
+	for ; s <= 150; s++ { // past half of the first segment: the next is prepared
+		want = append(want, mustAppendOne(t, l, s))
+	}
+	waitPrepared(t, l)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	kept := filepath.Join(dir, preparedName)
+	before, err := os.Stat(kept)
+	if err != nil {
+		t.Fatalf("the prepared segment was not kept: %v", err)
+	}
+	l = mustOpen(t, o)
+	for ; s <= 300; s++ { // rolls into the second segment
+		want = append(want, mustAppendOne(t, l, s))
+	}
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	idx, _ := listSegments(dir)
+	if len(idx) < 2 {
+		t.Fatalf("only %d segments", len(idx))
+	}
+	second, err := os.Stat(segmentPath(dir, idx[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(before, second) {
+		t.Fatal("the second segment is not the file the first run prepared")
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = mustOpen(t, o)
+	sameEntries(t, "after adopting the prepared segment", readAll(t, l, 0), want)
+	l.Close()
+
+	// Another segment size: the kept file is not used.
+	if err := os.WriteFile(kept, make([]byte, 1000), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l = mustOpen(t, o)
+	l.Close()
+	if fi, err := os.Stat(kept); err == nil && fi.Size() != o.SegmentSize {
+		t.Fatalf("a prepared file of the wrong size (%d bytes) was kept", fi.Size())
+	}
+	// Preallocation off: a kept file is removed.
+	if err := os.WriteFile(kept, make([]byte, o.SegmentSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o.NoPreallocate = true
+	l = mustOpen(t, o)
+	l.Close()
+	if _, err := os.Stat(kept); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a kept prepared file with preallocation off: %v", err)
 	}
 }
 

@@ -130,26 +130,10 @@ func (st *Stores) BuildRestore(point Point) (*Plan, error) {
 	if int64(rb.Len()) > st.restoreLimit {
 		return nil, st.unrestorable("checkpoint %s alone makes a restore of %d bytes, over the %d-byte limit (--max-frame-size)", meta.ID, rb.Len(), st.restoreLimit)
 	}
-	tail := &WALTail{log: st.wal, after: meta.Watermark}
+	tail := &WALTail{st: st, after: meta.Watermark}
 	inline := 0 // bytes of the entries held in the frame
 	if !point.NoWAL {
-		err := st.wal.ReadAfter(meta.Watermark, func(e wal.Entry) error {
-			if int64(rb.Len()+len(e.Data)) > st.restoreLimit {
-				return fmt.Errorf("%w: checkpoint %q plus the WAL after it is more than %d bytes (--max-frame-size); at sequence %d",
-					ErrRestoreFull, meta.ID, st.restoreLimit, e.Sequence)
-			}
-			if tail.count == 0 && inline+len(e.Data) <= streamTailFrom {
-				inline += len(e.Data)
-				tail.after = e.Sequence
-				return rb.Add(e.Data)
-			}
-			if err := rb.Count(e.Data); err != nil {
-				return err
-			}
-			tail.last = e.Sequence
-			tail.count++
-			return nil
-		})
+		inline, err = st.readTail(rb, tail, meta.ID)
 		switch {
 		case errors.Is(err, wal.ErrCorrupt), errors.Is(err, ErrRestoreFull):
 			return nil, st.unrestorable("%v", err)
@@ -264,10 +248,13 @@ const streamTailFrom = 1 << 20
 // frame writer streams them from the log behind the restore's first bytes
 // (conn.Tail).
 type WALTail struct {
-	log         *wal.Log
+	st          *Stores
 	after, last uint64
 	count       int
 	size        int64
+	// counted: the entries were counted from the log's counts, not read
+	// and checked; streamEntries checks each as it sends it.
+	counted bool
 	// snap, when set, comes first: the snapshot, streamed from the store,
 	// and the restore's bytes up to the entries.
 	snap *snapshotStream
@@ -314,12 +301,20 @@ var errTailDone = errors.New("durable: restore tail written")
 func (t *WALTail) streamEntries(w io.Writer) error {
 	var n int
 	var written int64
-	err := t.log.ReadAfter(t.after, func(e wal.Entry) error {
+	err := t.st.wal.ReadAfter(t.after, func(e wal.Entry) error {
 		if e.Sequence > t.last {
 			return errTailDone
 		}
 		if n++; n > t.count || written+int64(len(e.Data)) > t.size {
 			return fmt.Errorf("the WAL after sequence %d no longer holds what the restore counted: more than %d entries of %d bytes", t.after, t.count, t.size)
+		}
+		if t.counted {
+			if err := schema.CheckEntry(e.Data); err != nil {
+				// The next restore reads and checks every entry first, and
+				// is refused with this reason.
+				t.st.tailSuspect.Store(true)
+				return fmt.Errorf("WAL entry %d cannot be sent: %w", e.Sequence, err)
+			}
 		}
 		written += int64(len(e.Data))
 		_, err := w.Write(e.Data)
@@ -335,6 +330,59 @@ func (t *WALTail) streamEntries(w io.Writer) error {
 		return fmt.Errorf("stream the restore's WAL entries %d to %d: %w", t.after+1, t.last, err)
 	}
 	return nil
+}
+
+// errInlineDone stops the read of the entries a restore holds.
+var errInlineDone = errors.New("durable: the restore's held entries read")
+
+// readTail adds the WAL entries above tail.after to rb: the first
+// streamTailFrom bytes held in the frame, the rest counted for tail to
+// stream. The rest is counted from the log's own counts (wal.CountAfter),
+// not read: a restart on a long tail reads it once, to send it, and
+// streamEntries checks each entry as it goes. After a streamed entry failed
+// that check (tailSuspect), every entry is read and checked here instead,
+// so the restore is refused with the reason. It returns the held bytes.
+func (st *Stores) readTail(rb *schema.RestoreBuilder, tail *WALTail, id string) (inline int, err error) {
+	verify := st.tailSuspect.Load()
+	err = st.wal.ReadAfter(tail.after, func(e wal.Entry) error {
+		if int64(rb.Len()+len(e.Data)) > st.restoreLimit {
+			return fmt.Errorf("%w: checkpoint %q plus the WAL after it is more than %d bytes (--max-frame-size); at sequence %d",
+				ErrRestoreFull, id, st.restoreLimit, e.Sequence)
+		}
+		if tail.count == 0 && inline+len(e.Data) <= streamTailFrom {
+			inline += len(e.Data)
+			tail.after = e.Sequence
+			return rb.Add(e.Data)
+		}
+		if !verify {
+			return errInlineDone
+		}
+		if err := rb.Count(e.Data); err != nil {
+			return err
+		}
+		tail.last = e.Sequence
+		tail.count++
+		return nil
+	})
+	if verify && err == nil {
+		st.tailSuspect.Store(false) // every entry checked out
+	}
+	if !errors.Is(err, errInlineDone) {
+		return inline, err
+	}
+	n, size, last, err := st.wal.CountAfter(tail.after)
+	if err != nil {
+		return inline, err
+	}
+	if total := int64(rb.Len()) + size; total > st.restoreLimit {
+		return inline, fmt.Errorf("%w: checkpoint %q plus the %d WAL entries after it (to sequence %d) make %d bytes, more than %d (--max-frame-size)",
+			ErrRestoreFull, id, rb.Entries()+n, last, total, st.restoreLimit)
+	}
+	if err := rb.CountStreamed(n, size); err != nil {
+		return inline, err
+	}
+	tail.count, tail.last, tail.counted = n, last, true
+	return inline, nil
 }
 
 // fallbackCandidate returns the newest good checkpoint older than id whose

@@ -108,6 +108,9 @@ type Stores struct {
 	trunc    sync.RWMutex
 	onRewind func()
 
+	// tailSuspect: a streamed WAL entry failed its check (streamEntries):
+	// the next restore reads and checks every entry before sending any.
+	tailSuspect atomic.Bool
 	// corrupt: checkpoints a streamed restore found damaged (noteCorrupt).
 	corruptMu sync.Mutex
 	corrupt   map[string]error
@@ -194,14 +197,31 @@ func (st *Stores) ensureAppended() error {
 	if st.appendedKnown.Load() {
 		return nil
 	}
-	var tail int64
-	err := st.wal.ReadAfter(st.openCovered, func(e wal.Entry) error { tail += int64(len(e.Data)); return nil })
-	if err != nil && !errors.Is(err, wal.ErrCorrupt) {
-		return fmt.Errorf("read the WAL after sequence %d: %w", st.openCovered, err)
+	tail, err := st.tailBytes(st.openCovered)
+	if err != nil {
+		return err
 	}
 	st.appended.Add(tail)
 	st.appendedKnown.Store(true)
 	return nil
+}
+
+// tailBytes is the bytes of the WAL entries above sequence after, from the
+// log's counts (wal.CountAfter); where they no longer check out, those
+// before the damage, read.
+func (st *Stores) tailBytes(after uint64) (int64, error) {
+	_, tail, _, err := st.wal.CountAfter(after)
+	if errors.Is(err, wal.ErrCorrupt) {
+		tail = 0
+		err = st.wal.ReadAfter(after, func(e wal.Entry) error { tail += int64(len(e.Data)); return nil })
+		if errors.Is(err, wal.ErrCorrupt) {
+			err = nil
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("count the WAL entries after sequence %d: %w", after, err)
+	}
+	return tail, nil
 }
 
 // learnAppended takes tail, the bytes of every entry above sequence after
@@ -245,10 +265,9 @@ func (st *Stores) ReopenWAL() (uint64, error) {
 	if m := st.newest.Load(); m != nil {
 		covered = m.Watermark
 	}
-	var tail int64
-	err = st.wal.ReadAfter(covered, func(e wal.Entry) error { tail += int64(len(e.Data)); return nil })
-	if err != nil && !errors.Is(err, wal.ErrCorrupt) {
-		return 0, fmt.Errorf("read the reopened WAL after sequence %d: %w", covered, err)
+	tail, err := st.tailBytes(covered)
+	if err != nil {
+		return 0, err
 	}
 	st.setAppended(tail)
 	st.base.Store(0)

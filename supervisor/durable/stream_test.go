@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
@@ -182,5 +183,38 @@ func TestRestorabilityAccountingAfterReopen(t *testing.T) {
 			t.Fatalf("restore first %v: %d more entries accepted after the restart, restore of %d", restoreFirst, accepted, plan.Entries)
 		}
 		st.Close()
+	}
+}
+
+// The entries a restore streams are counted from the WAL's own counts, not
+// read before they are sent; one that is not a MessagePack map (a WAL
+// written by something else: its checksums hold) is found as it is sent.
+// The frame is cut short, never whole with the bad entry in it, and the next
+// restore reads and checks every entry first: it is refused with the reason
+// and the sequence. An entry held in the frame is checked before anything
+// is sent.
+func TestRestoreStreamedEntryMalformed(t *testing.T) {
+	for _, at := range []struct {
+		name string
+		seq  int
+	}{{"streamed", 3000}, {"held", 10}} {
+		t.Run(at.name, func(t *testing.T) {
+			st := openStores(t)
+			appendEntries(t, st, 1, at.seq-1, 1000)
+			if _, err := st.wal.Append(wal.Entry{Sequence: uint64(at.seq), Data: []byte{0x92, 0x01, 0x02}}); err != nil {
+				t.Fatal(err)
+			}
+			appendEntries(t, st, at.seq+1, 10, 1000)
+			plan, err := st.BuildRestore(Point{})
+			if err == nil {
+				if r, err := restoreThrough(t, plan); err == nil {
+					t.Fatalf("a whole restore of %d entries came through with a malformed one", len(r.WALEntries))
+				}
+				plan, err = st.BuildRestore(Point{})
+			}
+			if !errors.Is(err, ErrUnrestorable) || !strings.Contains(err.Error(), "cannot be sent") {
+				t.Fatalf("restore after the malformed entry %d: %v, %v; want ErrUnrestorable naming it", at.seq, plan, err)
+			}
+		})
 	}
 }
