@@ -6,6 +6,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/agent-sidecar/supervisor/internal/clip"
 	"github.com/agent-sidecar/supervisor/schema"
 )
 
@@ -117,10 +118,19 @@ func FuzzDecodeAgreesWithMsgpack(f *testing.F) {
 			if err := msgpack.Unmarshal(top["data"], &data); err != nil {
 				t.Fatalf("msgpack/v5 cannot read the metrics Decode accepted: %v", err)
 			}
+			// Decode makes keys valid UTF-8 (clip.Valid), as Encode
+			// writes them.
+			clean := make(map[string]any, len(data))
+			for k, v := range data {
+				clean[clip.Valid(k)] = v
+			}
+			if len(clean) != len(m.Data) {
+				t.Fatalf("metrics: msgpack/v5 reads %d keys, Decode %d", len(clean), len(m.Data))
+			}
 			for k, v := range m.Data {
-				got, ok := asFloat(data[k])
+				got, ok := asFloat(clean[k])
 				if !ok || got != v {
-					t.Fatalf("metrics %q: msgpack/v5 reads %v (%T), Decode %v", k, data[k], data[k], v)
+					t.Fatalf("metrics %q: msgpack/v5 reads %v (%T), Decode %v", k, clean[k], clean[k], v)
 				}
 			}
 		case *schema.Restore:
