@@ -3,6 +3,7 @@ package durable
 import (
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +15,8 @@ import (
 
 // BenchmarkRestartPhases splits a restart on a long WAL tail (110,000
 // entries of 1 KiB above no checkpoint, warm page cache) into the stores'
-// Open (WAL recovery), BuildRestore and the tail's Stream to io.Discard:
+// Open (WAL recovery), BuildRestore and the restore written through a pipe
+// to a reader:
 // where test/BenchmarkRestartLongTail's time inside the supervisor goes.
 func BenchmarkRestartPhases(b *testing.B) {
 	dir := b.TempDir()
@@ -30,7 +32,7 @@ func BenchmarkRestartPhases(b *testing.B) {
 	st := open()
 	pad := strings.Repeat("p", 1000)
 	const n = 110_000
-	batch := make([]wal.Entry, 0, 1000)
+	batch := make([]wal.Entry, 0, 1) // one record per entry, as an agent logging step by step writes them
 	for i := 1; i <= n; i++ {
 		raw, err := schema.MarshalMap(map[string]any{"operation": "memory_add", "params": map[string]any{"pad": pad}, "sequence": i})
 		if err != nil {
@@ -61,8 +63,22 @@ func BenchmarkRestartPhases(b *testing.B) {
 		if plan.Tail == nil {
 			b.Fatal("want a streamed tail")
 		}
-		if err := plan.Tail.Stream(io.Discard); err != nil {
+		// Through a pipe, as to an agent that reads 1 MiB at a time.
+		pr, pw, err := os.Pipe()
+		if err != nil {
 			b.Fatal(err)
+		}
+		read := make(chan int64)
+		go func() {
+			n, _ := io.CopyBuffer(io.Discard, struct{ io.Reader }{pr}, make([]byte, 1<<20))
+			read <- n
+		}()
+		werr := wire.NewWriter(pw, 0).WriteFrameStream(plan.Frame, plan.Tail.Size(), plan.Tail.Stream)
+		pw.Close()
+		n := <-read
+		pr.Close()
+		if werr != nil || n != 4+int64(len(plan.Frame))+plan.Tail.Size() {
+			b.Fatalf("restore of %d bytes read, want %d: %v", n, 4+int64(len(plan.Frame))+plan.Tail.Size(), werr)
 		}
 		t3 := time.Now()
 		tOpen += t1.Sub(t0)
