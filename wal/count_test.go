@@ -132,3 +132,42 @@ func TestCountAfterAgreesWithReading(t *testing.T) {
 	l = mustOpen(t, o)
 	checkCounts(t, "all of it recovered", l, seqs[len(seqs)/3:], rng)
 }
+
+// CountAfter runs beside the syncer appending count points (for the race
+// detector), and what it counts never goes backwards while the log only
+// grows.
+func TestCountAfterConcurrentWithAppends(t *testing.T) {
+	o := testOptions(t, t.TempDir())
+	o.SegmentSize = 1 << 20
+	l := mustOpen(t, o)
+	defer l.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for s := uint64(1); s <= 4000; s++ {
+			if _, err := l.Append(Entry{Sequence: s, Data: make([]byte, 700)}); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	prev := 0
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		n, b, last, err := l.CountAfter(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n < prev || b != int64(n)*700 || (n > 0 && last != uint64(n)) {
+			t.Fatalf("CountAfter(0) = %d entries, %d bytes, last %d (before: %d entries)", n, b, last, prev)
+		}
+		prev = n
+	}
+	if n, _, _, _ := l.CountAfter(0); n != 4000 {
+		t.Fatalf("CountAfter(0) = %d at the end, want 4000", n)
+	}
+}

@@ -490,6 +490,9 @@ func (l *Log) rewind() {
 	}
 	s.writeOff = s.durOff
 	s.cur = s.syn
+	// Readers may hold the longer count points published before: the
+	// next point goes to a new array, never over one they read.
+	s.cur.points = slices.Clip(s.cur.points)
 	s.lastWritten = s.lastSynced
 	s.unsyncedEntries, s.unsyncedBytes = 0, 0
 	l.publishMeta(s.cur, false)
@@ -678,6 +681,7 @@ func (l *Log) reopenActive() error {
 	s.f = f
 	s.writeOff, s.durOff, s.allocSize, s.dirtyEnd = seg.size, seg.size, fi.Size(), 0
 	s.cur, s.syn = seg, seg
+	s.cur.points = slices.Clip(s.cur.points) // as in rewind
 	s.lastWritten, s.lastSynced = seg.lastSeq(), seg.lastSeq()
 	s.prepRequested = false // writeQueue asks for the next segment when this one is half full
 	return nil

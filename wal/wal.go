@@ -122,8 +122,13 @@ type segment struct {
 type tally struct {
 	first, last uint64 // 0 when the segment holds no entries
 	entries     int
-	dataBytes   int64        // the entries' Entry.Data bytes
-	points      []countPoint // ascending offsets; never rewritten in place, only appended to
+	dataBytes   int64 // the entries' Entry.Data bytes
+	// points ascend by offset. Copies of a segment (the syncer's, the
+	// published one readers clone) share the array: it is only appended
+	// to, and a copy that goes back to fewer points than were published
+	// is clipped first (rewind, reopenActive), so no element a reader may
+	// hold is written again.
+	points []countPoint
 }
 
 // countPoint is a tally at a record boundary.
