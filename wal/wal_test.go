@@ -334,18 +334,26 @@ func mustAppendOne(t testing.TB, l *Log, s uint64) Entry {
 	return e
 }
 
-func TestPreallocatedSegments(t *testing.T) {
-	dir := t.TempDir()
+// halfFull opens a preallocating log of 32 KiB segments in dir and fills
+// its first segment past half with entries 1..150: that starts preparing
+// the second.
+func halfFull(t *testing.T, dir string) (Options, *Log, []Entry) {
+	t.Helper()
 	o := testOptions(t, dir)
 	o.NoPreallocate = false
 	o.SegmentSize = 32 << 10
 	l := mustOpen(t, o)
 	var want []Entry
-	s := uint64(1)
-	// Fill the first segment past half: that starts preparing the second.
-	for ; s <= 150; s++ {
+	for s := uint64(1); s <= 150; s++ {
 		want = append(want, mustAppendOne(t, l, s))
 	}
+	return o, l, want
+}
+
+func TestPreallocatedSegments(t *testing.T) {
+	dir := t.TempDir()
+	o, l, want := halfFull(t, dir)
+	s := uint64(151)
 	if err := l.Sync(); err != nil {
 		t.Fatal(err)
 	}
@@ -408,15 +416,8 @@ func waitPrepared(t *testing.T, l *Log) {
 // size is removed, and so is one left when preallocation is off.
 func TestPreparedSegmentKeptAcrossRuns(t *testing.T) {
 	dir := t.TempDir()
-	o := testOptions(t, dir)
-	o.NoPreallocate = false
-	o.SegmentSize = 32 << 10
-	l := mustOpen(t, o)
-	var want []Entry
-	s := uint64(1)
-	for ; s <= 150; s++ { // past half of the first segment: the next is prepared
-		want = append(want, mustAppendOne(t, l, s))
-	}
+	o, l, want := halfFull(t, dir)
+	s := uint64(151)
 	waitPrepared(t, l)
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
