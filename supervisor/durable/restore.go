@@ -131,9 +131,8 @@ func (st *Stores) BuildRestore(point Point) (*Plan, error) {
 		return nil, st.unrestorable("checkpoint %s alone makes a restore of %d bytes, over the %d-byte limit (--max-frame-size)", meta.ID, rb.Len(), st.restoreLimit)
 	}
 	tail := &WALTail{st: st, after: meta.Watermark}
-	inline := 0 // bytes of the entries held in the frame
 	if !point.NoWAL {
-		inline, err = st.readTail(rb, tail, meta.ID)
+		err = st.readTail(rb, tail, meta.ID)
 		switch {
 		case errors.Is(err, wal.ErrCorrupt), errors.Is(err, ErrRestoreFull):
 			return nil, st.unrestorable("%v", err)
@@ -144,11 +143,6 @@ func (st *Stores) BuildRestore(point Point) (*Plan, error) {
 			}
 			return nil, fmt.Errorf("read WAL after sequence %d: %w", meta.Watermark, err)
 		}
-	}
-	if !point.NoWAL {
-		// The first restore after Open read the whole tail: the
-		// restorability accounting starts from it (Open did not read it).
-		st.learnAppended(meta.Watermark, int64(inline)+rb.Streamed())
 	}
 	if meta.ID == "" && rb.Entries() == 0 {
 		return nil, nil
@@ -341,10 +335,11 @@ var errInlineDone = errors.New("durable: the restore's held entries read")
 // not read: a restart on a long tail reads it once, to send it, and
 // streamEntries checks each entry as it goes. After a streamed entry failed
 // that check (tailSuspect), every entry is read and checked here instead,
-// so the restore is refused with the reason. It returns the held bytes.
-func (st *Stores) readTail(rb *schema.RestoreBuilder, tail *WALTail, id string) (inline int, err error) {
+// so the restore is refused with the reason.
+func (st *Stores) readTail(rb *schema.RestoreBuilder, tail *WALTail, id string) error {
 	verify := st.tailSuspect.Load()
-	err = st.wal.ReadAfter(tail.after, func(e wal.Entry) error {
+	inline := 0 // bytes of the entries held in the frame
+	err := st.wal.ReadAfter(tail.after, func(e wal.Entry) error {
 		if int64(rb.Len()+len(e.Data)) > st.restoreLimit {
 			return fmt.Errorf("%w: checkpoint %q plus the WAL after it is more than %d bytes (--max-frame-size); at sequence %d",
 				ErrRestoreFull, id, st.restoreLimit, e.Sequence)
@@ -368,21 +363,21 @@ func (st *Stores) readTail(rb *schema.RestoreBuilder, tail *WALTail, id string) 
 		st.tailSuspect.Store(false) // every entry checked out
 	}
 	if !errors.Is(err, errInlineDone) {
-		return inline, err
+		return err
 	}
 	n, size, last, err := st.wal.CountAfter(tail.after)
 	if err != nil {
-		return inline, err
+		return err
 	}
 	if total := int64(rb.Len()) + size; total > st.restoreLimit {
-		return inline, fmt.Errorf("%w: checkpoint %q plus the %d WAL entries after it (to sequence %d) make %d bytes, more than %d (--max-frame-size)",
+		return fmt.Errorf("%w: checkpoint %q plus the %d WAL entries after it (to sequence %d) make %d bytes, more than %d (--max-frame-size)",
 			ErrRestoreFull, id, rb.Entries()+n, last, total, st.restoreLimit)
 	}
 	if err := rb.CountStreamed(n, size); err != nil {
-		return inline, err
+		return err
 	}
 	tail.count, tail.last, tail.counted = n, last, true
-	return inline, nil
+	return nil
 }
 
 // fallbackCandidate returns the newest good checkpoint older than id whose

@@ -91,15 +91,9 @@ type Stores struct {
 	// newest stored checkpoint arrived (so the tail is appended − base), and
 	// snapCost what that checkpoint's snapshot takes in a restore.
 	appended atomic.Int64
-	// appendedKnown: appended includes the bytes above the newest
-	// checkpoint at Open (openCovered's tail); until then it holds only what
-	// was appended since. accMu serialises learning them.
-	appendedKnown atomic.Bool
-	accMu         sync.Mutex
-	openCovered   uint64
-	base          atomic.Int64
-	snapCost      atomic.Int64
-	newest        atomic.Pointer[checkpoint.Meta] // newest good checkpoint, nil: none
+	base     atomic.Int64
+	snapCost atomic.Int64
+	newest   atomic.Pointer[checkpoint.Meta] // newest good checkpoint, nil: none
 
 	// trunc is held (read) by the replicator while it reads the WAL
 	// (HoldTruncation), so no truncation moves the floor under it; written
@@ -177,33 +171,15 @@ func Open(o Options) (*Stores, error) {
 	if m := st.newest.Load(); m != nil {
 		st.snapCost.Store(st.snapshotCost(*m))
 	}
-	// The bytes already above the newest checkpoint (appended's start) are
-	// counted by the first restore, which reads that tail anyway
-	// (learnAppended), or at the first append or checkpoint that comes
-	// before it (ensureAppended): a restart reads the tail once less.
-	st.openCovered = covered
-	return st, nil
-}
-
-// ensureAppended counts the WAL's bytes above the newest checkpoint at
-// Open, if no restore has counted them yet. The frame reader calls it
-// before the accounting is used (Append, CheckpointArrived).
-func (st *Stores) ensureAppended() error {
-	if st.appendedKnown.Load() {
-		return nil
-	}
-	st.accMu.Lock()
-	defer st.accMu.Unlock()
-	if st.appendedKnown.Load() {
-		return nil
-	}
-	tail, err := st.tailBytes(st.openCovered)
+	// The bytes already above the newest checkpoint are appended's start,
+	// counted from the WAL's counts, not read.
+	tail, err := st.tailBytes(covered)
 	if err != nil {
-		return err
+		w.Close()
+		return nil, err
 	}
-	st.appended.Add(tail)
-	st.appendedKnown.Store(true)
-	return nil
+	st.appended.Store(tail)
+	return st, nil
 }
 
 // tailBytes is the bytes of the WAL entries above sequence after, from the
@@ -224,29 +200,8 @@ func (st *Stores) tailBytes(after uint64) (int64, error) {
 	return tail, nil
 }
 
-// learnAppended takes tail, the bytes of every entry above sequence after
-// that a restore just read, as appended's start when after is the newest
-// checkpoint's watermark at Open and nothing has counted them yet.
-func (st *Stores) learnAppended(after uint64, tail int64) {
-	if st.appendedKnown.Load() || after != st.openCovered {
-		return
-	}
-	st.accMu.Lock()
-	defer st.accMu.Unlock()
-	if st.appendedKnown.Load() {
-		return
-	}
-	st.appended.Add(tail)
-	st.appendedKnown.Store(true)
-}
-
 // setAppended restarts the accounting at tail (ReopenWAL, Rewind).
-func (st *Stores) setAppended(tail int64) {
-	st.accMu.Lock()
-	defer st.accMu.Unlock()
-	st.appended.Store(tail)
-	st.appendedKnown.Store(true)
-}
+func (st *Stores) setAppended(tail int64) { st.appended.Store(tail) }
 
 // Close closes the WAL (syncing what it holds).
 func (st *Stores) Close() error { return st.wal.Close() }
@@ -329,9 +284,6 @@ func (st *Stores) snapshotCost(m checkpoint.Meta) int64 {
 // checkpoint larger than restoreLimit.
 func (st *Stores) Append(entries []wal.Entry) (wal.AppendResult, error) {
 	last := st.wal.LastSequence()
-	if err := st.ensureAppended(); err != nil {
-		return wal.AppendResult{Last: last}, err
-	}
 	var add int64
 	for _, e := range entries {
 		if e.Sequence > last {
@@ -361,10 +313,6 @@ func (st *Stores) Append(entries []wal.Entry) (wal.AppendResult, error) {
 // in the log, so the WAL's last sequence is its watermark, and appended is
 // where its tail accounting restarts.
 func (st *Stores) CheckpointArrived() (watermark uint64, at int64) {
-	if err := st.ensureAppended(); err != nil {
-		// The accounting stays where it was: the next append counts again.
-		st.log.Warn("cannot count the WAL tail for the restorability accounting", "err", err)
-	}
 	return st.wal.LastSequence(), st.appended.Load()
 }
 
