@@ -84,6 +84,11 @@ type Config struct {
 	// giving up (--fallback-on-crash-loop). Off by default: OTP's back-off
 	// then give up, with the state intact.
 	FallbackOnCrashLoop bool
+	// SpawnDuringRecovery starts the first agent while the data directory
+	// is recovered, told SUPERVISOR_RESTORE_PENDING from the files present
+	// (early.go), instead of once its restore is built. For agents that
+	// wait for their restore when it is pending. Off by default.
+	SpawnDuringRecovery bool
 
 	WALSync         string        // always | batch | none
 	WALSyncInterval time.Duration // 10ms

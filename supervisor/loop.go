@@ -26,6 +26,7 @@ func (s *Supervisor) loop(ctx context.Context) error {
 	defer beat.Stop()
 	defer s.abortTrial("the supervisor stopped during the trial")
 	defer s.answerPending("the supervisor stopped before the restore was sent")
+	defer s.dropEarly()
 
 	for {
 		s.loopBeat.Store(time.Now().UnixNano())
@@ -147,6 +148,7 @@ func (s *Supervisor) storeDone(r storeResult) (stop bool, err error) {
 		if err := s.startPrepared(r.start); err != nil {
 			return s.startFailed(err)
 		}
+		return s.takeEarly()
 	}
 	return false, nil
 }
@@ -157,6 +159,9 @@ func (s *Supervisor) spawnDone(r spawnResult) (stop bool, err error) {
 	if r.trial != nil {
 		s.shadowSpawned(r)
 		return false, nil
+	}
+	if r.early {
+		return s.earlySpawned(r)
 	}
 	p := r.start
 	if p != s.lc.preparing || s.lc.shutting {

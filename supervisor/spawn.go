@@ -13,6 +13,7 @@ import "github.com/agent-sidecar/supervisor/supervisor/agentproc"
 // was started for: one of start and trial is set.
 type spawnResult struct {
 	start *startPrep // a primary's start
+	early bool       // the first primary, started during recovery (early.go)
 	trial *trialPrep // an evolution's shadows: proc the candidate, ctrl the control (if any)
 	proc  agentproc.Proc
 	ctrl  agentproc.Proc
@@ -28,6 +29,9 @@ func (s *Supervisor) spawnAsync(spec agentproc.Spec, r spawnResult) {
 	go func() {
 		defer s.spawns.Done()
 		r.proc, r.err = s.spawn(spec)
+		if r.early && r.err == nil {
+			s.log.Info("agent process started during recovery; it is sent nothing until its restore is built", "pid", r.proc.ID())
+		}
 		if r.err == nil && r.trial != nil && r.trial.t != nil && r.trial.t.control {
 			if r.ctrl, r.err = s.spawn(spec); r.err != nil {
 				agentproc.Discard(r.proc)

@@ -39,6 +39,11 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	// The reaper's half that must come first: orphaned descendants of an
+	// agent (one may start during open, early.go) are re-parented to us.
+	if err := agentproc.BecomeSubreaper(); err != nil {
+		s.log.Warn("cannot become a child subreaper; orphaned agent descendants will be reaped by init instead", "err", err)
+	}
 	probeLn, err := s.listenProbes()
 	if err == nil {
 		err = s.open()
@@ -49,13 +54,14 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 				ln.Close()
 			}
 		}
+		// An agent started during recovery (early.go) is killed unsent:
+		// its spawn's answer finds no loop.
+		close(s.inbox.loopDone)
+		s.spawns.Wait()
 		return err
 	}
 
 	// 1. The reaper: orphaned descendants of the agent are ours to reap.
-	if err := agentproc.BecomeSubreaper(); err != nil {
-		s.log.Warn("cannot become a child subreaper; orphaned agent descendants will be reaped by init instead", "err", err)
-	}
 	reaperCtx, stopReaper := context.WithCancel(context.Background())
 	reaper := goRun(func() { agentproc.Shared().RunReaper(reaperCtx, s.log) })
 	// 2. The store worker: checkpoint saves and the owner's storage jobs.
@@ -87,13 +93,15 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 		// 5. The owner loop, until ctx is cancelled or it gives up.
 		s.rec.Audit(observe.AuditStart, map[string]any{"pid": os.Getpid(), "command": s.cfg.Command, "data_dir": s.cfg.DataDir})
 		runErr = s.loop(ctx)
-		close(s.inbox.loopDone)
 		fields := map[string]any{"restarts": s.lc.restarts}
 		if runErr != nil {
 			fields["error"] = runErr.Error()
 		}
 		s.rec.Audit(observe.AuditStop, fields)
 	}
+	// No loop takes an answer from here on (nor took any, when the control
+	// socket could not be made: an agent started during recovery is killed).
+	close(s.inbox.loopDone)
 
 	// Stop, in the reverse order. 4: the control socket (calls waiting for
 	// the loop are answered "stopping").
@@ -169,6 +177,9 @@ func (s *Supervisor) open() error {
 		return plantedLink(err)
 	}
 	s.lock = lock
+	if s.cfg.SpawnDuringRecovery {
+		s.spawnEarly() // the agent starts up while the rest of open runs
+	}
 	if err := s.restoreFromReplica(); err != nil { // an empty data dir with --replica
 		return err
 	}

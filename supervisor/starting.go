@@ -48,7 +48,7 @@ func (s *Supervisor) prepareStart() {
 	if s.lc.preparing != nil {
 		return
 	}
-	p := &startPrep{point: s.lc.pendingPoint, fallbackFrom: s.lc.fallbackFrom}
+	p := &startPrep{point: s.lc.pendingPoint, fallbackFrom: s.lc.fallbackFrom, restorePending: s.earlyRestorePending()}
 	s.lc.preparing = p
 	s.work.Post(func() {
 		s.assembleStart(p)
@@ -80,13 +80,21 @@ func (s *Supervisor) startPrepared(p *startPrep) error {
 	}
 	if p.err != nil {
 		s.lc.preparing, s.lc.pendingPoint = nil, nil
+		s.dropEarly() // never sent a frame: it would not have started
 		s.publish()
 		return p.err
 	}
-	// Still preparing (s.lc.preparing) until spawnDone takes the process.
-	s.spawnAsync(agentproc.Spec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RolePrimary, p.plan != nil), Stdio: s.cfg.Stdio},
-		spawnResult{start: p})
+	// Still preparing (s.lc.preparing) until spawnDone takes the process:
+	// the one started during recovery (takeEarly), or a new one.
+	if !s.useEarly(p) {
+		s.spawnAsync(s.primarySpec(p.plan != nil), spawnResult{start: p})
+	}
 	return nil
+}
+
+// primarySpec is how a primary is started.
+func (s *Supervisor) primarySpec(restorePending bool) agentproc.Spec {
+	return agentproc.Spec{Path: s.cfg.Command[0], Args: s.cfg.Command[1:], Env: s.agentEnv(RolePrimary, restorePending), Stdio: s.cfg.Stdio}
 }
 
 // startSpawned makes a spawned process the primary and sends it its restore

@@ -53,6 +53,9 @@ type storeResult struct {
 type startPrep struct {
 	point        *durable.Point // the operator's restore point; nil: the newest checkpoint
 	fallbackFrom string         // the owner's fallbackFrom; cleared when a newer checkpoint was stored
+	// restorePending: the agent was started during recovery and told a
+	// restore is coming, so one is built even with no state (empty).
+	restorePending bool
 
 	plan      *durable.Plan // nil: no state yet (a fresh start)
 	usedPoint bool          // point was used (false: it could not be, the newest was)
@@ -129,7 +132,7 @@ func (s *Supervisor) assembleStart(p *startPrep) {
 		}
 	}
 	if !p.usedPoint {
-		plan, err := s.st.BuildRestore(durable.Point{OlderThan: p.fallbackFrom})
+		plan, err := s.st.BuildRestore(durable.Point{OlderThan: p.fallbackFrom, Always: p.restorePending})
 		if err != nil {
 			p.err = fmt.Errorf("assemble restore: %w", err)
 			return

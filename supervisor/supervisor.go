@@ -125,6 +125,9 @@ type lifecycle struct {
 	// preparing: a start whose restore the store worker is assembling
 	// (storeResult.start answers it); nil: none.
 	preparing *startPrep
+	// early: the first agent, started during recovery with
+	// --spawn-during-recovery (early.go), until a start takes it.
+	early *earlyStart
 	// fallbackFrom: with --fallback-on-crash-loop, restores come from the
 	// newest checkpoint older than this one ("" = the newest).
 	fallbackFrom string

@@ -13,7 +13,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -254,9 +256,61 @@ func TestCrashLoopKeepsState(t *testing.T) {
 // were deleted below it), no complete restore exists: the agent is not
 // started, the supervisor exits 3 with a message saying what to do, and the
 // refusal is audited and counted. The first build sent the partial state.
+// With --spawn-during-recovery the agent is started before the restore is
+// built, and is killed without having been sent a frame: it never starts
+// work, and the process is gone from the process table.
 func TestUnrestorableStateRefusesToStart(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "data")
-	flags := append(slices.Clone(fastFlags), "--checkpoint-retain", "1", "--wal-segment-size", "65536")
+	for _, early := range []bool{false, true} {
+		t.Run(map[bool]string{false: "default", true: "spawn-during-recovery"}[early], func(t *testing.T) {
+			dir, flags := unrestorableDataDir(t)
+			if early {
+				flags = append(flags, "--spawn-during-recovery")
+			}
+			o := scripted(t, dir, flags, []string{"AGENT_REPORT_LAUNCH=1"}, plan{{"stay": true}})
+			o.keepAlive = true
+			s2 := startSup(t, o)
+			if code := s2.wait(30 * time.Second); code != 3 {
+				t.Fatalf("exit %d, want 3 (state cannot be restored)\n%s", code, tail(s2.out.String(), 20))
+			}
+			if n := len(s2.eventsOf("start")); n != 1 {
+				t.Fatalf("the agent was started %d more times without its state", n-1)
+			}
+			out := s2.out.String()
+			for _, want := range []string{"cannot be restored completely", "no longer holds the entries", "supervisor restore --data-dir"} {
+				if !strings.Contains(out, want) {
+					t.Fatalf("output lacks %q:\n%s", want, tail(out, 10))
+				}
+			}
+			if auditKinds(t, dir)["restore_refused"] != 1 {
+				t.Fatalf("no restore_refused audit record: %v", auditKinds(t, dir))
+			}
+			launches := len(s2.eventsOf("launch"))
+			if !early {
+				if launches != 0 {
+					t.Fatalf("%d agents launched", launches)
+				}
+				return
+			}
+			// The process may be killed before Python has even reported its launch.
+			m := regexp.MustCompile(`agent process started during recovery.* pid=(\d+)`).FindStringSubmatch(out)
+			if m == nil || launches > 1 {
+				t.Fatalf("want one early agent (%d launched):\n%s", launches, tail(out, 20))
+			}
+			pid, _ := strconv.Atoi(m[1])
+			if err := syscall.Kill(pid, 0); err != syscall.ESRCH {
+				t.Fatalf("the early agent (pid %d) outlived the supervisor that refused to restore it: kill 0: %v", pid, err)
+			}
+		})
+	}
+}
+
+// unrestorableDataDir makes a data directory whose only checkpoint is gone
+// and whose WAL was truncated below it: no complete restore exists. flags
+// are the ones it was made with.
+func unrestorableDataDir(t *testing.T) (dir string, flags []string) {
+	t.Helper()
+	dir = filepath.Join(t.TempDir(), "data")
+	flags = append(slices.Clone(fastFlags), "--checkpoint-retain", "1", "--wal-segment-size", "65536")
 	s := startSup(t, scripted(t, dir, flags, []string{"AGENT_NO_FINAL_CHECKPOINT=1"},
 		plan{{"log": 400, "size": 400}, {"checkpoint": true}, {"log": 20, "size": 400}, {"stay": true}}))
 	s.waitEvents("staying", 1, 60*time.Second)
@@ -269,24 +323,7 @@ func TestUnrestorableStateRefusesToStart(t *testing.T) {
 		t.Fatalf("%d checkpoints, want 1", len(files))
 	}
 	os.Remove(files[0]) // the checkpoint the truncated WAL depends on
-	o := scripted(t, dir, flags, nil, plan{{"stay": true}})
-	o.keepAlive = true
-	s2 := startSup(t, o)
-	if code := s2.wait(30 * time.Second); code != 3 {
-		t.Fatalf("exit %d, want 3 (state cannot be restored)\n%s", code, tail(s2.out.String(), 20))
-	}
-	if n := len(s2.eventsOf("start")); n != 1 {
-		t.Fatalf("the agent was started %d more times without its state", n-1)
-	}
-	out := s2.out.String()
-	for _, want := range []string{"cannot be restored completely", "no longer holds the entries", "supervisor restore --data-dir"} {
-		if !strings.Contains(out, want) {
-			t.Fatalf("output lacks %q:\n%s", want, tail(out, 10))
-		}
-	}
-	if auditKinds(t, dir)["restore_refused"] != 1 {
-		t.Fatalf("no restore_refused audit record: %v", auditKinds(t, dir))
-	}
+	return dir, flags
 }
 
 // TestSequenceConflictsAreNeverSilent: an agent that does not keep its last

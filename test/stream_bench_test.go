@@ -203,7 +203,9 @@ var walOpenedRE = regexp.MustCompile(`msg="WAL opened".* open_seconds=([0-9.e-]+
 // transfer of the restore. Target ≤ 2×. Warm rounds, and cold ones (page
 // cache dropped) when run as root; the recovery scan rate (the WAL's bytes
 // over the time the stores took to open, from the "WAL opened" log line)
-// is reported beside the segment files' sequential read rate.
+// is reported beside the segment files' sequential read rate. With
+// RESTART_EARLY=1 the newest binary runs a second time with
+// --spawn-during-recovery ("+early"), alternated with the others.
 func BenchmarkRestartLongTail(b *testing.B) {
 	type run struct {
 		name, dir, dataDir string
@@ -211,10 +213,18 @@ func BenchmarkRestartLongTail(b *testing.B) {
 		s                  *sup
 	}
 	var runs []*run
-	for _, bin := range benchBins(b) {
+	bins := benchBins(b)
+	if os.Getenv("RESTART_EARLY") == "1" {
+		last := bins[len(bins)-1]
+		bins = append(bins, [2]string{last[0] + "+early", last[1]})
+	}
+	for _, bin := range bins {
 		dir := b.TempDir()
 		r := &run{name: bin[0], dir: dir, dataDir: filepath.Join(dir, "data")}
 		r.opts = bigStateOpts(bin[1], dir, r.dataDir, 200_000, 110000)
+		if strings.HasSuffix(bin[0], "+early") {
+			r.opts.flags = append(r.opts.flags, "--spawn-during-recovery")
+		}
 		r.s = startSup(b, r.opts)
 		notes := filepath.Join(dir, "notes")
 		waitFor(b, 5*time.Minute, "checkpoint and entries acknowledged", func() bool {

@@ -54,6 +54,7 @@ func runFlags(e env, cfg *supervisor.Config) (f *flagSet, restart, ops, logForma
 	f.IntVar(&cfg.MaxRestarts, "max-restarts", cfg.MaxRestarts, "give up after more restarts than this within --restart-window (0: never give up)")
 	f.duration(&cfg.RestartWindow, "restart-window", cfg.RestartWindow, "window for --max-restarts")
 	f.BoolVar(&cfg.FallbackOnCrashLoop, "fallback-on-crash-loop", cfg.FallbackOnCrashLoop, "at the crash-loop limit, restore from the next older checkpoint whose whole WAL tail is held instead of giving up (nothing is marked bad)")
+	f.BoolVar(&cfg.SpawnDuringRecovery, "spawn-during-recovery", cfg.SpawnDuringRecovery, "start the agent while the data directory is recovered, not after its restore is built (only for agents that wait for their restore when SUPERVISOR_RESTORE_PENDING=1)")
 	f.duration(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "on SIGTERM/SIGINT, time the agent gets to checkpoint and exit")
 	f.StringVar(&cfg.WALSync, "wal-sync", cfg.WALSync, "WAL durability: always (fsync each append), batch (group commit) or none")
 	f.duration(&cfg.WALSyncInterval, "wal-sync-interval", cfg.WALSyncInterval, "longest time between WAL fsyncs under a steady flood (batch policy)")

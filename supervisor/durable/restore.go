@@ -18,6 +18,10 @@ type Point struct {
 	// olderThan: the newest good checkpoint older than this id (the crash-loop
 	// fallback); ignored when checkpointID is set.
 	OlderThan string
+	// Always builds a restore even when there is no state: an empty one
+	// (no checkpoint, no entries) for an agent already told a restore is
+	// coming (--spawn-during-recovery).
+	Always bool
 }
 
 // Plan is an assembled restore, ready to send.
@@ -144,7 +148,7 @@ func (st *Stores) BuildRestore(point Point) (*Plan, error) {
 			return nil, fmt.Errorf("read WAL after sequence %d: %w", meta.Watermark, err)
 		}
 	}
-	if meta.ID == "" && rb.Entries() == 0 {
+	if meta.ID == "" && rb.Entries() == 0 && !point.Always {
 		return nil, nil
 	}
 	plan.Entries = rb.Entries()

@@ -104,6 +104,10 @@ plan = plans[min(incarnation, len(plans) - 1)]
 applied = set()
 last_sequence = 0
 restore_info = None
+if os.environ.get("AGENT_REPORT_LAUNCH") == "1":
+    # Before anything is read: with --spawn-during-recovery the process
+    # may run while the supervisor is still recovering.
+    report(event="launch", restore_pending=os.environ.get("SUPERVISOR_RESTORE_PENDING"))
 if os.environ.get("SUPERVISOR_RESTORE_PENDING") == "1":
     m = read_frame()
     assert m is not None and m["type"] == "restore", m
