@@ -205,7 +205,10 @@ var walOpenedRE = regexp.MustCompile(`msg="WAL opened".* open_seconds=([0-9.e-]+
 // over the time the stores took to open, from the "WAL opened" log line)
 // is reported beside the segment files' sequential read rate. With
 // RESTART_EARLY=1 the newest binary runs a second time with
-// --spawn-during-recovery ("+early"), alternated with the others.
+// --spawn-during-recovery ("+early"), alternated with the others. With
+// RESTART_AGENT=python the restarts run a Python agent that imports the
+// client package and times its restore (testdata/restore_reader.py), the
+// start-up that --spawn-during-recovery overlaps with the recovery.
 func BenchmarkRestartLongTail(b *testing.B) {
 	type run struct {
 		name, dir, dataDir string
@@ -230,6 +233,12 @@ func BenchmarkRestartLongTail(b *testing.B) {
 		waitFor(b, 5*time.Minute, "checkpoint and entries acknowledged", func() bool {
 			return len(noted(notes, "ack ")) == 1 && len(noted(notes, "walack 110000")) == 1
 		})
+		if os.Getenv("RESTART_AGENT") == "python" {
+			reader, _ := filepath.Abs("testdata/restore_reader.py")
+			pkg, _ := filepath.Abs("../python")
+			r.opts.command = []string{"/usr/bin/python3", reader}
+			r.opts.env = append(r.opts.env, "PYTHONPATH="+pkg)
+		}
 		runs = append(runs, r)
 	}
 	canDrop := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0) == nil
