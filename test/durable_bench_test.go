@@ -42,7 +42,8 @@ func ackAgent(b *testing.B) string {
 func runAckAgent(b *testing.B, flags []string, env ...string) (map[string]float64, string) {
 	b.Helper()
 	out := filepath.Join(b.TempDir(), "figures.json")
-	s := startSup(b, supOpts{command: []string{ackAgent(b)}, flags: flags, env: append(env, "ACKBENCH_OUT="+out)})
+	// SUP_BIN: another supervisor binary (an old build, for a comparison in one window).
+	s := startSup(b, supOpts{bin: os.Getenv("SUP_BIN"), command: []string{ackAgent(b)}, flags: flags, env: append(env, "ACKBENCH_OUT="+out)})
 	var figures map[string]float64
 	waitFor(b, 10*time.Minute, "the agent's figures", func() bool {
 		data, err := os.ReadFile(out)
@@ -123,6 +124,10 @@ func reportRoundTrips(b *testing.B, fig map[string]float64) {
 	b.ReportMetric(fig["ideal_p50_ns"]/1e3, "ideal-p50-µs")
 	b.ReportMetric(fig["p50_ns"]/fig["ideal_p50_ns"], "p50-ideal-ratio")
 	b.ReportMetric(fig["ideal_p50_ns"]/fig["fdatasync_p50_ns"], "ideal-ratio")
+	// The p99 target's floor: the ideal supervisor's own p99 over the
+	// fdatasync's, sampled in the same rounds.
+	b.ReportMetric(fig["ideal_p99_ns"]/fig["fdatasync_p99_ns"], "ideal-p99-ratio")
+	b.ReportMetric(fig["p99_ns"]/fig["ideal_p99_ns"], "p99-ideal-ratio")
 }
 
 // BenchmarkPipeWakeFloor: what one round trip between two processes costs
