@@ -37,6 +37,8 @@ func TestRestoreInvariantSoak(t *testing.T) {
 		restarts   int
 		agentKills int
 		supKills   int
+		// earlyEpochs ran with --spawn-during-recovery.
+		earlyEpochs int
 	)
 	var report string
 	keep := func() {
@@ -80,7 +82,13 @@ func TestRestoreInvariantSoak(t *testing.T) {
 			}
 		}
 		report = filepath.Join(t.TempDir(), "report.jsonl")
-		o := scripted(t, dir, flags, []string{"AGENT_REPORT=" + report, "AGENT_NO_FINAL_CHECKPOINT=1"}, plans...)
+		// Half the epochs start their first agent during recovery.
+		epochFlags := flags
+		if rng.IntN(2) == 0 {
+			epochFlags = append(slices.Clone(flags), "--spawn-during-recovery")
+			earlyEpochs++
+		}
+		o := scripted(t, dir, epochFlags, []string{"AGENT_REPORT=" + report, "AGENT_NO_FINAL_CHECKPOINT=1"}, plans...)
 		o.keepAlive = true
 		s := startSup(t, o)
 		seen := 0
@@ -138,8 +146,8 @@ func TestRestoreInvariantSoak(t *testing.T) {
 			floor = max(floor, maxWrittenExited(events))
 		}
 	}
-	t.Logf("%d epochs, %d restarts checked, %d agent kill -9s, %d supervisor kill -9s: every restore was gap-free and complete",
-		epochs, restarts, agentKills, supKills)
+	t.Logf("%d epochs (%d with --spawn-during-recovery), %d restarts checked, %d agent kill -9s, %d supervisor kill -9s: every restore was gap-free and complete",
+		epochs, earlyEpochs, restarts, agentKills, supKills)
 }
 
 // maxWritten is the highest sequence pid reported sending.
