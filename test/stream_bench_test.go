@@ -164,6 +164,12 @@ func BenchmarkBigStateRestore(b *testing.B) {
 	for _, bin := range benchBins(b) {
 		dir := b.TempDir()
 		o := bigStateOpts(bin[1], dir, filepath.Join(dir, "data"), 100_000_000, 10000)
+		// Each round is one death of a healthy agent. Rounds come faster
+		// than --backoff's healthy reset (10 s), so without a cap the
+		// restart delay would double round after round (10, 20, 40, 80 ms…)
+		// and the later rounds would time the crash-loop back-off (and
+		// --max-restarts would give up).
+		o.flags = append(o.flags, "--backoff-max", "10ms", "--max-restarts", "0")
 		h := &hostileRun{sup: startSup(b, o), notes: filepath.Join(dir, "notes")}
 		waitFor(b, 5*time.Minute, "checkpoint and entries acknowledged", func() bool {
 			return len(noted(h.notes, "ack ")) == 1 && len(noted(h.notes, "walack 10000")) == 1
