@@ -6,6 +6,8 @@
 Builds the supervisor (go build) unless --supervisor is given, runs this same
 file as the agent under it (BENCH_ROLE=agent), and prints:
   - log() durable calls per second, 1 thread and 8 threads (each call waits for its wal_ack)
+  - log() of a 1 KiB entry, one in flight: p50 and p99 round trip (compare with the
+    Go client's BenchmarkWALAck/single ack-p50-µs in the same window)
   - checkpoint() of a 10 MiB state: seconds until acknowledged
   - per-message cost of Agent.send (SDK) beside msgpack.packb + os.write to a pipe
 """
@@ -38,6 +40,17 @@ def agent_main():
             agent.log("memory_add", {"content": "x" * 100, "n": n})
             n += 1
         res["log_1_thread_per_s"] = n / (time.perf_counter() - t0)
+
+        # The round trip issue 31 compares with the Go client's
+        # (test BenchmarkWALAck/single: 1 KiB entries, one in flight): p50, p99.
+        lat = []
+        for i in range(3000):
+            t0 = time.perf_counter()
+            agent.log("memory_add", {"content": "x" * 1000, "i": i})
+            lat.append(time.perf_counter() - t0)
+        lat.sort()
+        res["log_1k_p50_us"] = lat[len(lat) // 2] * 1e6
+        res["log_1k_p99_us"] = lat[int(len(lat) * 0.99)] * 1e6
 
         counts = [0] * 8
         stop = time.perf_counter() + 3
@@ -120,6 +133,7 @@ def main():
     res = json.load(open(out))
     print(f"supervisor_agent benchmark (python {sys.version.split()[0]}, --wal-sync {args.wal_sync}, data dir {tmp})")
     print(f"  log() durable, 1 thread        : {res['log_1_thread_per_s']:9.0f} calls/s")
+    print(f"  log() 1 KiB, one in flight     : p50 {res['log_1k_p50_us']:.0f} us, p99 {res['log_1k_p99_us']:.0f} us")
     print(f"  log() durable, 8 threads       : {res['log_8_threads_per_s']:9.0f} calls/s")
     print(f"  log_nowait x64 then wait last  : {res['log_nowait_64_in_flight_per_s']:9.0f} entries/s")
     ct = res["checkpoint_10MiB_seconds"]
