@@ -124,7 +124,8 @@ func procStat(b testing.TB, pid int) (cpu time.Duration, rssKiB int) {
 // and 20 MiB. Run it with -benchtime=1x.
 func BenchmarkIdleSupervisor(b *testing.B) {
 	for i := 0; i < b.N; i++ {
-		s := startSup(b, supOpts{noEvents: true, agent: []string{"--heartbeat-interval", "1s", "--metrics-interval", "10s"}})
+		// SUP_BIN: another supervisor binary (an old build, for a comparison in one window).
+		s := startSup(b, supOpts{bin: os.Getenv("SUP_BIN"), noEvents: true, agent: []string{"--heartbeat-interval", "1s", "--metrics-interval", "10s"}})
 		waitFor(b, 30*time.Second, "agent ready", func() bool { c, _ := s.get("/readyz"); return c == 200 })
 		time.Sleep(3 * time.Second) // settle
 		pid := s.cmd.Process.Pid
