@@ -209,3 +209,48 @@ func TestSpawnDuringRecoveryUnrestorableKillsTheAgentUnsent(t *testing.T) {
 }
 
 var _ agentproc.Proc = (*fakeProc)(nil)
+
+// A wrong "no restore" guess (state the files did not show when the agent
+// was started): that process is killed without having been sent a frame,
+// and a second one is started the ordinary way, told a restore is coming,
+// and restored.
+func TestSpawnDuringRecoveryWrongGuessStartsAnother(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.SpawnDuringRecovery = true
+	seedWAL(t, cfg, 5, 1<<20)
+	synctest.Test(t, func(t *testing.T) {
+		firsts := make(chan schema.Message, 2)
+		h := startLoop(t, cfg, firstThenHeartbeat(t, firsts), func(s *Supervisor) {
+			s.lc.early.pending = false // as if the files had shown nothing
+		})
+		defer h.stop()
+		early := h.next()
+		second := h.next()
+		<-early.exited
+		if sig := early.signalsSeen(); !slices.Contains(sig, syscall.SIGKILL) {
+			t.Fatalf("signals %v, want SIGKILL", sig)
+		}
+		if got := pendingEnv(second); got != "1" {
+			t.Fatalf("the second agent has SUPERVISOR_RESTORE_PENDING=%q, want 1", got)
+		}
+		// One first frame each, in either order: none for the killed agent
+		// (nil: its input ended), the restore for the second.
+		var restores, nothing int
+		for range 2 {
+			switch m := (<-firsts).(type) {
+			case nil:
+				nothing++
+			case *schema.Restore:
+				if len(m.WALEntries) != 5 {
+					t.Fatalf("restore with %d entries, want 5", len(m.WALEntries))
+				}
+				restores++
+			default:
+				t.Fatalf("first frame %T", m)
+			}
+		}
+		if restores != 1 || nothing != 1 {
+			t.Fatalf("%d restores and %d agents sent nothing, want 1 and 1", restores, nothing)
+		}
+	})
+}
