@@ -89,7 +89,8 @@ func (s *Supervisor) useEarly(p *startPrep) bool {
 		return false
 	}
 	if e.pending != (p.plan != nil) {
-		s.log.Warn("the agent started during recovery was told no restore is coming, but one is; starting another", "restore_pending", e.pending)
+		s.log.Warn("the agent started during recovery was told the wrong SUPERVISOR_RESTORE_PENDING; stopping it unsent and starting another",
+			"told_restore_pending", e.pending, "restore_built", p.plan != nil)
 		s.dropEarly()
 		return false
 	}

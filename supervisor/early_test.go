@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/agent-sidecar/supervisor/schema"
-	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
 	"github.com/agent-sidecar/supervisor/supervisor/durable"
 	"github.com/agent-sidecar/supervisor/wal"
 )
@@ -21,12 +20,21 @@ import (
 // restore is built, told SUPERVISOR_RESTORE_PENDING from the files, and sent
 // nothing until the restore is ready — then the restore, first.
 
-// seedWAL writes n entries (sequences 1..n) to the WAL of a data directory
-// with segments of segSize bytes, as an earlier run would have.
-func seedWAL(t *testing.T, cfg Config, n int, segSize int64) {
+// earlyConfig is testConfig with --spawn-during-recovery and 1 MiB WAL
+// segments.
+func earlyConfig(t *testing.T) Config {
+	cfg := testConfig(t)
+	cfg.SpawnDuringRecovery = true
+	cfg.WALSegmentSize = 1 << 20
+	return cfg
+}
+
+// seedWAL writes n entries (sequences 1..n) to the WAL of cfg's data
+// directory, with its segment size, as an earlier run would have.
+func seedWAL(t *testing.T, cfg Config, n int) {
 	t.Helper()
 	st, err := durable.Open(durable.Options{Dir: cfg.DataDir, Codec: newCodec(cfg), Log: cfg.Logger, MaxFrameSize: cfg.MaxFrameSize,
-		WALSegmentSize: segSize, WALSync: wal.SyncNone})
+		WALSegmentSize: cfg.WALSegmentSize, WALSync: wal.SyncNone})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,9 +79,8 @@ func pendingEnv(a *fakeAgent) string {
 // the restore as its first frame once it can be built — the same process,
 // not a second one.
 func TestSpawnDuringRecoveryHoldsTheAgentUntilItsRestore(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.SpawnDuringRecovery = true
-	seedWAL(t, cfg, 5, 1<<20)
+	cfg := earlyConfig(t)
+	seedWAL(t, cfg, 5)
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		first := make(chan schema.Message, 1)
@@ -117,8 +124,7 @@ func TestSpawnDuringRecoveryHoldsTheAgentUntilItsRestore(t *testing.T) {
 // A data directory with no WAL segment and no checkpoint: the agent is told
 // no restore is coming, and none is sent.
 func TestSpawnDuringRecoveryFreshDirectory(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.SpawnDuringRecovery = true
+	cfg := earlyConfig(t)
 	synctest.Test(t, func(t *testing.T) {
 		restored := make(chan struct{}, 1)
 		h := startLoop(t, cfg, func(a *fakeAgent) {
@@ -150,9 +156,8 @@ func TestSpawnDuringRecoveryFreshDirectory(t *testing.T) {
 // Segments but no entries (a run that logged nothing): the guess is
 // "pending", and the agent gets the empty restore it was promised.
 func TestSpawnDuringRecoveryEmptyRestoreKeepsThePromise(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.SpawnDuringRecovery = true
-	seedWAL(t, cfg, 0, 1<<20)
+	cfg := earlyConfig(t)
+	seedWAL(t, cfg, 0)
 	synctest.Test(t, func(t *testing.T) {
 		first := make(chan schema.Message, 1)
 		h := startLoop(t, cfg, firstThenHeartbeat(t, first))
@@ -175,10 +180,9 @@ func TestSpawnDuringRecoveryEmptyRestoreKeepsThePromise(t *testing.T) {
 // checkpoint covers it): the early agent is killed without having been sent
 // a frame, and the loop ends with ErrUnrestorable, as without the flag.
 func TestSpawnDuringRecoveryUnrestorableKillsTheAgentUnsent(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.SpawnDuringRecovery = true
+	cfg := earlyConfig(t)
 	cfg.WALSegmentSize = 4096
-	seedWAL(t, cfg, 60, 4096)
+	seedWAL(t, cfg, 60)
 	segs, _ := filepath.Glob(filepath.Join(cfg.DataDir, "wal", "*.wal"))
 	slices.Sort(segs)
 	if len(segs) < 3 {
@@ -208,16 +212,13 @@ func TestSpawnDuringRecoveryUnrestorableKillsTheAgentUnsent(t *testing.T) {
 	})
 }
 
-var _ agentproc.Proc = (*fakeProc)(nil)
-
 // A wrong "no restore" guess (state the files did not show when the agent
 // was started): that process is killed without having been sent a frame,
 // and a second one is started the ordinary way, told a restore is coming,
 // and restored.
 func TestSpawnDuringRecoveryWrongGuessStartsAnother(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.SpawnDuringRecovery = true
-	seedWAL(t, cfg, 5, 1<<20)
+	cfg := earlyConfig(t)
+	seedWAL(t, cfg, 5)
 	synctest.Test(t, func(t *testing.T) {
 		firsts := make(chan schema.Message, 2)
 		h := startLoop(t, cfg, firstThenHeartbeat(t, firsts), func(s *Supervisor) {
