@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -42,6 +43,11 @@ func ackAgent(b *testing.B) string {
 func runAckAgent(b *testing.B, flags []string, env ...string) (map[string]float64, string) {
 	b.Helper()
 	out := filepath.Join(b.TempDir(), "figures.json")
+	// ACKBENCH_SAMPLES=prefix: each benchmark's round trips, in the order
+	// timed, into prefix.<benchmark>.csv (test/ackagent's writeSamples).
+	if prefix := os.Getenv("ACKBENCH_SAMPLES"); prefix != "" {
+		env = append(env, "ACKBENCH_SAMPLES="+prefix+"."+strings.NewReplacer("/", "_", "=", "-").Replace(b.Name())+".csv")
+	}
 	// SUP_BIN: another supervisor binary (an old build, for a comparison in one window).
 	s := startSup(b, supOpts{bin: os.Getenv("SUP_BIN"), command: []string{ackAgent(b)}, flags: flags, env: append(env, "ACKBENCH_OUT="+out)})
 	var figures map[string]float64

@@ -285,12 +285,32 @@ func timeRoundTrips(n int, roundTrip func(seq uint64) error) error {
 		}
 		best = append(best, d)
 	}
+	if path := os.Getenv("ACKBENCH_SAMPLES"); path != "" {
+		if err := writeSamples(path, lat, raw, best); err != nil {
+			return err
+		}
+	}
 	slices.Sort(lat)
 	slices.Sort(raw)
 	slices.Sort(best)
 	return report(map[string]any{"n": n, "p50_ns": pct(lat, 0.50), "p99_ns": pct(lat, 0.99), "mean_ns": mean(lat),
 		"fdatasync_p50_ns": pct(raw, 0.50), "fdatasync_p99_ns": pct(raw, 0.99),
 		"ideal_p50_ns": pct(best, 0.50), "ideal_p99_ns": pct(best, 0.99)})
+}
+
+// writeSamples writes the round trips in the order they were timed, one
+// line each (ACKBENCH_SAMPLES): round trip, fdatasync probe and ideal, in
+// nanoseconds — to see when the slow ones came, not only how many.
+func writeSamples(path string, lat, raw, best []time.Duration) error {
+	var b strings.Builder
+	b.WriteString("round_trip_ns,fdatasync_ns,ideal_ns\n")
+	for i := range lat {
+		fmt.Fprintf(&b, "%d,%d,%d\n", lat[i].Nanoseconds(), raw[i].Nanoseconds(), best[i].Nanoseconds())
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		return fmt.Errorf("writing the samples: %w", err)
+	}
+	return nil
 }
 
 // ideal is the ideal supervisor child (see the package comment).
