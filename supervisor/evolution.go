@@ -239,6 +239,17 @@ func (s *Supervisor) trialVerdict() <-chan struct{} {
 	return s.lc.trial.verdict
 }
 
+// trialTicks is tick while a trial is undecided, else nil. Go's timers
+// (1.23 on) leave a ticker out of the runtime's heap while no goroutine
+// waits on its channel: with no trial, the loop is not woken four times a
+// second for nothing (an idle supervisor's timers are its CPU, issue 31).
+func (s *Supervisor) trialTicks(tick <-chan time.Time) <-chan time.Time {
+	if s.lc.trial == nil || s.lc.trial.decided {
+		return nil
+	}
+	return tick
+}
+
 // shadowEvent handles events from a shadow instance (owner only).
 func (s *Supervisor) shadowEvent(ev conn.Event) {
 	t := s.lc.trial

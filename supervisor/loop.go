@@ -86,7 +86,7 @@ func (s *Supervisor) loop(ctx context.Context) error {
 		case <-s.trialVerdict():
 			s.concludeTrial()
 
-		case <-trialTick.C:
+		case <-s.trialTicks(trialTick.C):
 			s.checkTrial()
 
 		case ev := <-s.inbox.events:

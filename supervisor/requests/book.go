@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agent-sidecar/supervisor/schema"
@@ -154,7 +155,8 @@ type Book struct {
 	closed    bool
 	// resultBytes: the answers' data held (MaxResultBytes).
 	resultBytes int64
-	full        bool // the agent's queue refused a request: retried at the next tick
+	full        bool         // the agent's queue refused a request: retried at the next tick
+	ticks       atomic.Int64 // run's timer wake-ups (tests)
 
 	wake chan struct{}
 	stop chan struct{}
@@ -848,11 +850,18 @@ func (b *Book) frame(id string, raw json.RawMessage, attempt int) []byte {
 	return frame
 }
 
+// bookTick: how often run retries deliveries while requests are open (a
+// full queue, a journal write to retry, a suspect waiting for its turn).
+const bookTick = 50 * time.Millisecond
+
 // run delivers, retries a full queue, expires and forgets, and compacts.
+// While no request is open it wakes only to sweep (at most once a second):
+// an idle supervisor's timers are what costs it CPU (issue 31, item 4).
 func (b *Book) run() {
 	defer b.wg.Done()
-	tick := time.NewTicker(50 * time.Millisecond)
+	tick := time.NewTimer(bookTick)
 	defer tick.Stop()
+	fast := true // tick is armed for bookTick (or less)
 	var lastSweep time.Time
 	for {
 		select {
@@ -860,19 +869,45 @@ func (b *Book) run() {
 			return
 		case <-b.wake:
 			b.deliver(false)
+			if !fast && b.busy() {
+				tick.Reset(bookTick)
+				fast = true
+			}
 			continue
 		case <-tick.C:
 		}
+		b.ticks.Add(1)
 		b.deliver(true)
 		b.mu.Lock()
 		now := b.cfg.Now()
-		if now.Sub(lastSweep) >= min(time.Second, max(min(b.cfg.Retention, b.cfg.Timeout)/4, 10*time.Millisecond)) {
+		if now.Sub(lastSweep) >= b.sweepEvery() {
 			lastSweep = now
 			b.sweepLocked(now)
 		}
+		next := max(bookTick, b.sweepEvery())
+		if b.busyLocked() {
+			next = bookTick
+		}
 		b.mu.Unlock()
+		tick.Reset(next)
+		fast = next == bookTick
 	}
 }
+
+// sweepEvery: how often expiry, forgetting and the gauges are looked at.
+func (b *Book) sweepEvery() time.Duration {
+	return min(time.Second, max(min(b.cfg.Retention, b.cfg.Timeout)/4, 10*time.Millisecond))
+}
+
+// busy reports whether a request is open or a delivery is owed: run then
+// ticks every bookTick.
+func (b *Book) busy() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.busyLocked()
+}
+
+func (b *Book) busyLocked() bool { return b.full || len(b.open) > 0 }
 
 // expireLocked expires a pending request whose --request-timeout is up.
 func (b *Book) expireLocked(r *Request, now time.Time) {

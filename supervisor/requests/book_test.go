@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -183,3 +185,61 @@ type nopAgent struct{}
 func (nopAgent) SendRequest([]byte) bool     { return true }
 func (nopAgent) SendMsg(schema.Message) bool { return true }
 func (nopAgent) AcceptsCancel() bool         { return false }
+
+// TestIdleBookSleeps: a book with no open request wakes only to sweep (once
+// a second), not every bookTick: an idle supervisor's timers are its CPU
+// (issue 31, item 4; the book used to wake 20 times a second for nothing).
+// A request the agent's full queue refused is still retried every bookTick.
+func TestIdleBookSleeps(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := testBook(t, t.TempDir(), Config{MaxBytes: 1 << 30})
+		agent := &fullAgent{}
+		b.AgentUp(agent)
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if n := b.ticks.Load(); n > 11 {
+			t.Fatalf("an idle book woke %d times in 10 s, want at most 11 (once a second)", n)
+		}
+		// A request arrives; the agent's queue refuses it: retried at the
+		// fast pace although the book was asleep.
+		agent.refuse.Store(true)
+		if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), "r1", false); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		tried := agent.tries.Load()
+		if tried != 1 {
+			t.Fatalf("delivery attempts on arrival: %d, want 1", tried)
+		}
+		agent.refuse.Store(false)
+		time.Sleep(bookTick)
+		synctest.Wait()
+		if n := agent.tries.Load(); n != 2 {
+			t.Fatalf("a refused delivery was tried %d times one bookTick later, want 2 (retried at the fast pace)", n)
+		}
+		// Answered: the book goes back to sleep.
+		if _, _, err := b.Answer("r1", json.RawMessage(`"done"`), nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second) // the tick that sees it closed, then the slow pace
+		synctest.Wait()
+		before := b.ticks.Load()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if n := b.ticks.Load() - before; n > 11 {
+			t.Fatalf("after the answer the book woke %d times in 10 s, want at most 11", n)
+		}
+	})
+}
+
+// fullAgent refuses requests (a full queue) while refuse is set.
+type fullAgent struct {
+	nopAgent
+	refuse atomic.Bool
+	tries  atomic.Int64
+}
+
+func (a *fullAgent) SendRequest([]byte) bool {
+	a.tries.Add(1)
+	return !a.refuse.Load()
+}
