@@ -52,3 +52,10 @@ func (s *Supervisor) stallLimit() time.Duration {
 	}
 	return 60 * time.Second
 }
+
+// beatEvery is how often an idle owner loop turns to beat: a dozen times
+// within the stall limit, at most every 5 s (the default 60 s limit), so
+// that an idle supervisor is not woken for nothing (issue 31, item 4).
+func (s *Supervisor) beatEvery() time.Duration {
+	return min(5*time.Second, max(s.stallLimit()/12, 10*time.Millisecond))
+}

@@ -21,8 +21,9 @@ func (s *Supervisor) loop(ctx context.Context) error {
 	done := ctx.Done()
 	trialTick := time.NewTicker(250 * time.Millisecond)
 	defer trialTick.Stop()
-	// The loop's own heartbeat: /healthz fails when it stops beating.
-	beat := time.NewTicker(time.Second)
+	// The loop's own heartbeat: /healthz fails when it stops beating
+	// for the stall limit; a dozen beats within it are enough.
+	beat := time.NewTicker(s.beatEvery())
 	defer beat.Stop()
 	defer s.abortTrial("the supervisor stopped during the trial")
 	defer s.answerPending("the supervisor stopped before the restore was sent")

@@ -855,13 +855,14 @@ func (b *Book) frame(id string, raw json.RawMessage, attempt int) []byte {
 const bookTick = 50 * time.Millisecond
 
 // run delivers, retries a full queue, expires and forgets, and compacts.
-// While no request is open it wakes only to sweep (at most once a second):
-// an idle supervisor's timers are what costs it CPU (issue 31, item 4).
+// While no request is open it wakes only to sweep (idleSweep): an idle
+// supervisor's timers are what costs it CPU (issue 31, item 4).
 func (b *Book) run() {
 	defer b.wg.Done()
 	tick := time.NewTimer(bookTick)
 	defer tick.Stop()
-	fast := true // tick is armed for bookTick (or less)
+	fast := true    // tick is armed for bookTick
+	wasBusy := true // the last tick found a request open: sweep when none is
 	var lastSweep time.Time
 	for {
 		select {
@@ -880,23 +881,35 @@ func (b *Book) run() {
 		b.deliver(true)
 		b.mu.Lock()
 		now := b.cfg.Now()
-		if now.Sub(lastSweep) >= b.sweepEvery() {
+		busy := b.busyLocked()
+		// The last request closed: one sweep now, so that the gauges
+		// say so before the book goes to sleep.
+		if now.Sub(lastSweep) >= b.sweepEvery() || wasBusy && !busy {
 			lastSweep = now
 			b.sweepLocked(now)
-		}
-		next := max(bookTick, b.sweepEvery())
-		if b.busyLocked() {
-			next = bookTick
+			busy = b.busyLocked() // the sweep may have expired one
 		}
 		b.mu.Unlock()
+		wasBusy = busy
+		next := bookTick
+		if !busy {
+			next = max(bookTick, b.idleSweep())
+		}
 		tick.Reset(next)
 		fast = next == bookTick
 	}
 }
 
-// sweepEvery: how often expiry, forgetting and the gauges are looked at.
+// sweepEvery: how often expiry, forgetting and the gauges are looked at
+// while a request is open.
 func (b *Book) sweepEvery() time.Duration {
 	return min(time.Second, max(min(b.cfg.Retention, b.cfg.Timeout)/4, 10*time.Millisecond))
+}
+
+// idleSweep: how often they are while none is: all that is left to do is
+// forget the finished requests after --request-retention (and compact).
+func (b *Book) idleSweep() time.Duration {
+	return min(5*time.Second, max(b.cfg.Retention/4, 10*time.Millisecond))
 }
 
 // busy reports whether a request is open or a delivery is owed: run then
