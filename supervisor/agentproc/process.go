@@ -35,8 +35,8 @@ type Process struct {
 	pidfd int
 
 	// Parent ends of the pipes.
-	toAgent   *os.File // the agent's frame input
-	fromAgent *os.File // the agent's frame output
+	toAgent   *os.File   // the agent's frame input
+	fromAgent *framePipe // the agent's frame output (read on the reader's thread, framepipe.go)
 	logs      []*os.File
 
 	exited   chan struct{} // closed when the leader has exited (not yet reaped)
@@ -72,14 +72,15 @@ func (t *Table) Start(spec Spec) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create agent input pipe: %w", err)
 	}
-	outR, outW, err := os.Pipe() // agent → supervisor
+	outR, outW, err := newFramePipe() // agent → supervisor
 	if err != nil {
 		closeAll(inR, inW)
 		return nil, fmt.Errorf("create agent output pipe: %w", err)
 	}
 	errR, errW, err := os.Pipe() // agent stderr
 	if err != nil {
-		closeAll(inR, inW, outR, outW)
+		closeAll(inR, inW, outW)
+		outR.Close()
 		return nil, fmt.Errorf("create agent stderr pipe: %w", err)
 	}
 	childEnds := []*os.File{inR, outW, errW}
@@ -97,7 +98,8 @@ func (t *Table) Start(spec Spec) (*Process, error) {
 		// fd 3 = agent reads frames, fd 4 = agent writes frames; stdout is a log.
 		logR, logW, err := os.Pipe()
 		if err != nil {
-			closeAll(inR, inW, outR, outW, errR, errW)
+			closeAll(inR, inW, outW, errR, errW)
+			outR.Close()
 			return nil, fmt.Errorf("create agent stdout pipe: %w", err)
 		}
 		childEnds = append(childEnds, logW)
@@ -140,7 +142,8 @@ func (t *Table) Start(spec Spec) (*Process, error) {
 	err = <-started
 	closeAll(childEnds...)
 	if err != nil {
-		closeAll(p.toAgent, p.fromAgent)
+		closeAll(p.toAgent)
+		p.fromAgent.Close()
 		closeAll(p.logs...)
 		return nil, fmt.Errorf("start agent %q: %w", spec.Path, err)
 	}
@@ -230,7 +233,7 @@ func (p *Process) reapState() *os.ProcessState {
 // closeReaders closes the parent's read ends, unblocking any reader still
 // waiting on them (for example when an escaped grandchild holds a pipe).
 func (p *Process) CloseReaders() {
-	closeAll(p.fromAgent)
+	p.fromAgent.Close()
 	closeAll(p.logs...)
 }
 
