@@ -32,6 +32,8 @@ type framePipe struct {
 	wake    int  // eventfd; -1 once closed
 	reading bool // a Read is under way (it closes wake if Close came meanwhile)
 	closed  bool
+
+	pfds [2]unix.PollFd // Read's poll set, the pipe and wake (one reader at a time)
 }
 
 // newFramePipe makes the agent → supervisor frame pipe: ours (a framePipe)
@@ -61,7 +63,9 @@ func newFramePipe() (*framePipe, *os.File, error) {
 		unix.Close(wake)
 		return nil, nil, fmt.Errorf("agent frame pipe: %w", err)
 	}
-	return &framePipe{f: r, rc: rc, wake: wake}, w, nil
+	p := &framePipe{f: r, rc: rc, wake: wake}
+	p.pfds = [2]unix.PollFd{{Fd: int32(fds[0]), Events: unix.POLLIN}, {Fd: int32(wake), Events: unix.POLLIN}}
+	return p, w, nil
 }
 
 // Read reads what the agent wrote, waiting on this thread while the pipe is
@@ -76,22 +80,20 @@ func (p *framePipe) Read(b []byte) (int, error) {
 		return 0, os.ErrClosed
 	}
 	p.reading = true
-	wake := p.wake
 	p.mu.Unlock()
 	defer p.endRead()
 	var n int
 	var err error
 	// Control holds the descriptor open for the call: a Close meanwhile
 	// defers the close(2), so the number is never reused under us.
-	if cerr := p.rc.Control(func(fd uintptr) { n, err = readOrWait(int(fd), wake, b) }); cerr != nil {
+	if cerr := p.rc.Control(func(fd uintptr) { n, err = readOrWait(int(fd), p.pfds[:], b) }); cerr != nil {
 		return 0, os.ErrClosed
 	}
 	return n, err
 }
 
-// readOrWait reads fd, polling it and wake while it is empty.
-func readOrWait(fd, wake int, b []byte) (int, error) {
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(wake), Events: unix.POLLIN}}
+// readOrWait reads fd, polling fds (fd, then the eventfd) while it is empty.
+func readOrWait(fd int, fds []unix.PollFd, b []byte) (int, error) {
 	for {
 		n, err := unix.Read(fd, b)
 		switch {
