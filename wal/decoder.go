@@ -32,6 +32,16 @@ type badRecord struct {
 	reason string
 }
 
+// asBad returns the *badRecord in err's chain, or nil. (A helper, so that
+// only a failed read pays for the pointer errors.As moves to the heap.)
+func asBad(err error) *badRecord {
+	var bad *badRecord
+	if errors.As(err, &bad) {
+		return bad
+	}
+	return nil
+}
+
 func (e *badRecord) Error() string { return fmt.Sprintf("record at offset %d: %s", e.off, e.reason) }
 
 func (e *badRecord) Unwrap() error {
@@ -42,20 +52,71 @@ func (e *badRecord) Unwrap() error {
 }
 
 // recordReader reads the records of one segment sequentially, verifying each.
+// It reads a file through a mapping (segMap), falling back to pread into a
+// buffer where the file cannot be mapped; a caller must run under
+// trapFaults and close it.
 type recordReader struct {
-	br    *bufio.Reader
-	off   int64 // file offset of the next record
-	limit int64 // bytes of the file that may be read
+	f     io.ReaderAt
+	m     *segMap       // nil when reading with pread
+	br    *bufio.Reader // the pread path, from the first read that could not map
+	off   int64         // file offset of the next record
+	limit int64         // bytes of the file that may be read
 	hdr   [recordHeaderSize]byte
 	buf   []byte
 }
 
 func newRecordReader(f io.ReaderAt, off, limit int64) *recordReader {
-	return &recordReader{
-		br:    bufio.NewReaderSize(io.NewSectionReader(f, off, limit-off), 256<<10),
-		off:   off,
-		limit: limit,
+	r := &recordReader{f: f, off: off, limit: limit}
+	if of, ok := f.(*os.File); ok {
+		r.m = &segMap{f: of, limit: limit}
 	}
+	return r
+}
+
+// close releases the mapping.
+func (r *recordReader) close() {
+	if r.m != nil {
+		r.m.close()
+	}
+}
+
+// read returns the n bytes at file offset at, which must follow the bytes
+// read (or skipped) before: a view of the mapping, or (pread) the record
+// header's array when hdr is set and the payload buffer otherwise; valid
+// until the next call. It is short, with the error
+// io.ReadFull gives, where the file ends first on the pread path (on the
+// mapped path a file that ends before limit faults: trapFaults).
+func (r *recordReader) read(at int64, n int, hdr bool) ([]byte, error) {
+	if r.m != nil {
+		v, err := r.m.view(at, n)
+		if err == nil {
+			return v, nil
+		}
+		r.m = nil // not mappable: pread from here on
+	}
+	if r.br == nil {
+		r.br = bufio.NewReaderSize(io.NewSectionReader(r.f, at, r.limit-at), 256<<10)
+	}
+	var dst []byte
+	if hdr {
+		dst = r.hdr[:n]
+	} else {
+		if cap(r.buf) < n {
+			r.buf = make([]byte, n)
+		}
+		dst = r.buf[:n]
+	}
+	got, err := io.ReadFull(r.br, dst)
+	return dst[:got], err
+}
+
+// skip passes over n bytes after the ones read.
+func (r *recordReader) skip(n int) error {
+	if r.br == nil {
+		return nil // mapped: the next read maps where it needs
+	}
+	_, err := r.br.Discard(n)
+	return err
 }
 
 // next returns the next record. Its payload is verified and returned unless
@@ -70,22 +131,23 @@ func (r *recordReader) next(minFirst, skipTo uint64, skip bool) (recordHeader, [
 		return recordHeader{}, nil, io.EOF
 	}
 	if rem < recordHeaderSize {
-		n, err := io.ReadFull(r.br, r.hdr[:rem])
-		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		b, err := r.read(r.off, int(rem), true)
+		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
 			return recordHeader{}, nil, fmt.Errorf("read record header at offset %d: %w", r.off, err)
 		}
-		if isZero(r.hdr[:n]) {
+		if isZero(b) {
 			return recordHeader{}, nil, &badRecord{off: r.off, kind: badZero, reason: "zero bytes at the end of the segment"}
 		}
 		return recordHeader{}, nil, &badRecord{off: r.off, kind: badIncomplete, reason: "record header cut short by the end of the segment"}
 	}
-	if _, err := io.ReadFull(r.br, r.hdr[:]); err != nil {
+	hb, err := r.read(r.off, recordHeaderSize, true)
+	if err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			return recordHeader{}, nil, &badRecord{off: r.off, kind: badIncomplete, reason: "record header cut short by the end of the file"}
 		}
 		return recordHeader{}, nil, fmt.Errorf("read record header at offset %d: %w", r.off, err)
 	}
-	h, zero, reason := parseRecordHeader(r.hdr[:])
+	h, zero, reason := parseRecordHeader(hb)
 	switch {
 	case zero:
 		return h, nil, &badRecord{off: r.off, kind: badZero, reason: reason}
@@ -99,17 +161,14 @@ func (r *recordReader) next(minFirst, skipTo uint64, skip bool) (recordHeader, [
 			reason: fmt.Sprintf("record starts at sequence %d, not after the previous sequence %d", h.first, minFirst)}
 	}
 	if skip && h.last <= skipTo {
-		if _, err := r.br.Discard(int(h.plen)); err != nil {
+		if err := r.skip(int(h.plen)); err != nil {
 			return h, nil, &badRecord{off: r.off, kind: badIncomplete, reason: "record payload cut short by the end of the file"}
 		}
 		r.off += h.size()
 		return h, nil, nil
 	}
-	if cap(r.buf) < int(h.plen) {
-		r.buf = make([]byte, h.plen)
-	}
-	p := r.buf[:h.plen]
-	if _, err := io.ReadFull(r.br, p); err != nil {
+	p, err := r.read(r.off+recordHeaderSize, int(h.plen), false)
+	if err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			return h, nil, &badRecord{off: r.off, kind: badIncomplete, reason: "record payload cut short by the end of the file"}
 		}
@@ -272,7 +331,8 @@ type scanOpts struct {
 // above o.after in order. Damage is reported in the result, never as an
 // error; the error is for failed reads, another format version, and fn's own
 // errors (returned as they are).
-func scanSegment(f *os.File, name string, index uint64, o scanOpts) (segmentScan, error) {
+func scanSegment(f *os.File, name string, index uint64, o scanOpts) (_ segmentScan, err error) {
+	defer trapFaults(name)(&err)
 	sc := segmentScan{name: name, index: index}
 	fi, err := f.Stat()
 	if err != nil {
@@ -320,16 +380,16 @@ func scanSegment(f *os.File, name string, index uint64, o scanOpts) (segmentScan
 	sc.end = segmentHeaderSize
 	last := h.prevLast
 	rr := newRecordReader(f, segmentHeaderSize, sc.size)
+	defer rr.close()
 	for {
 		rh, payload, err := rr.next(last, o.after, o.fn != nil)
 		if errors.Is(err, io.EOF) {
 			return sc, nil
 		}
-		var bad *badRecord
-		if errors.As(err, &bad) {
-			return classify(f, sc, bad, o.isLast, o.durableEnd)
-		}
 		if err != nil {
+			if bad := asBad(err); bad != nil {
+				return classify(f, sc, bad, o.isLast, o.durableEnd)
+			}
 			return sc, fmt.Errorf("segment %s: %w", name, err)
 		}
 		if payload != nil && o.fn != nil {

@@ -148,22 +148,29 @@ func (l *Log) countThrough(seg *segment, after uint64) (n int, bytes int64, err 
 	}
 	defer f.Close()
 	rr := newRecordReader(f, from, seg.size)
+	defer func() { // after trapFaults
+		if errors.Is(err, errMapFault) && l.shrunk(seg.index, from) {
+			n, bytes, err = 0, 0, fmt.Errorf("%w: segment %s was cut while its entries were being counted; count again", ErrTruncated, seg.name())
+		}
+	}()
+	defer rr.close()
+	defer trapFaults(seg.name())(&err)
 	for {
 		h, p, err := rr.next(prev, after, true)
 		if errors.Is(err, io.EOF) {
 			return n, bytes, nil
 		}
-		var bad *badRecord
-		if errors.As(err, &bad) {
+		if err != nil {
+			bad := asBad(err)
+			if bad == nil {
+				return 0, 0, fmt.Errorf("wal: read segment %s: %w", seg.name(), err)
+			}
 			if l.shrunk(seg.index, rr.off) {
 				return 0, 0, fmt.Errorf("%w: segment %s was cut while its entries were being counted; count again", ErrTruncated, seg.name())
 			}
 			ce := &CorruptionError{Segment: seg.name(), Offset: bad.off, Reason: bad.reason}
 			l.log.Error("WAL corruption found while counting entries; entries after it are not served", "err", ce)
 			return 0, 0, ce
-		}
-		if err != nil {
-			return 0, 0, fmt.Errorf("wal: read segment %s: %w", seg.name(), err)
 		}
 		prev = h.last
 		if h.last <= after {
@@ -209,14 +216,22 @@ func (l *Log) openNext(prevIndex uint64, started bool, after uint64) (segment, *
 // (TruncateAfter), so nothing after it is valid either.
 func (l *Log) readSegment(f *os.File, seg segment, after uint64, seen *uint64, fn func(Entry) error) (stop bool, err error) {
 	rr := newRecordReader(f, segmentHeaderSize, seg.size)
+	defer func() { // after trapFaults
+		// A fault is a read past the file's end: cut, as a short read is.
+		if errors.Is(err, errMapFault) && l.shrunk(seg.index, rr.off) {
+			stop, err = true, nil
+		}
+	}()
+	defer rr.close()
+	defer trapFaults(seg.name())(&err)
 	last := seg.prevLast
 	for {
 		h, p, err := rr.next(last, after, true)
 		if errors.Is(err, io.EOF) {
 			return false, nil
 		}
-		var bad *badRecord
-		if errors.As(err, &bad) || err != nil {
+		if err != nil {
+			bad := asBad(err)
 			if l.shrunk(seg.index, rr.off) {
 				return true, nil
 			}

@@ -33,6 +33,7 @@ func recordSpans(t testing.TB, path string) []recordSpan {
 	defer f.Close()
 	fi, _ := f.Stat()
 	rr := newRecordReader(f, segmentHeaderSize, fi.Size())
+	defer rr.close()
 	var spans []recordSpan
 	last := uint64(0)
 	for {

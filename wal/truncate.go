@@ -147,7 +147,9 @@ func (l *Log) cutAfter(seg segment, seq uint64) (removed int, out segment, err e
 		cut  int64 = -1
 		kept []Entry
 	)
+	defer trapFaults(seg.name())(&err)
 	rr := newRecordReader(f, segmentHeaderSize, seg.size)
+	defer rr.close()
 	last := seg.prevLast
 	for {
 		off := rr.off
