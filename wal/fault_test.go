@@ -315,3 +315,41 @@ func TestRealDiskFull(t *testing.T) {
 		})
 	}
 }
+
+// A segment whose preparation fails (the disk full while it is zero-filled,
+// or the log closing) leaves neither its temporary file nor its descriptor
+// behind. (Both were left: the cleanup read the results the failing return
+// had already set to nil and "".)
+func TestFailedPreparationLeavesNothing(t *testing.T) {
+	for _, stop := range []bool{false, true} {
+		dir := t.TempDir()
+		ops := &faultOps{}
+		ops.failWrites(syscall.ENOSPC, nil)
+		p := newPreparer(dir, 1<<20, ops, testLogger(t))
+		if stop {
+			ops.heal()
+			close(p.stop)
+		}
+		fds := openFDs(t)
+		f, path, err := p.prepare()
+		if err == nil {
+			f.Close()
+			t.Fatalf("prepare (stop=%v) succeeded: %s", stop, path)
+		}
+		if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
+			t.Errorf("prepare failed (%v) and left %v", err, left)
+		}
+		if now := openFDs(t); now != fds {
+			t.Errorf("prepare failed (%v): %d descriptors open, %d before", err, now, fds)
+		}
+	}
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	return len(ents)
+}

@@ -113,10 +113,13 @@ func (p *preparer) prepare() (f *os.File, path string, err error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("create %s: %w", path, err)
 	}
+	// The results are overwritten by each return below before this runs:
+	// the file and its name are held apart.
+	created, tmp := f, path
 	defer func() {
 		if err != nil {
-			f.Close()
-			os.Remove(path)
+			created.Close()
+			os.Remove(tmp)
 		}
 	}()
 	if err := fallocate(f, p.size); err != nil {
