@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agent-sidecar/supervisor/wal"
 )
 
 // --spawn-during-recovery through the binary (issue 31, item 3): a
@@ -19,6 +21,14 @@ func TestSpawnDuringRecoveryRestoresThroughTheBinary(t *testing.T) {
 	s := startSup(t, scripted(t, dir, fastFlags, nil,
 		plan{{"log": 50}, {"checkpoint": true}, {"log": 20}, {"stay": true}}))
 	s.waitEvents("staying", 1, 60*time.Second)
+	// The agent sends its last 20 entries without waiting for acks: they
+	// may still be in the pipe when it reports. Kill only once they are
+	// written to the WAL's files (a process kill keeps what was written).
+	waitFor(t, 30*time.Second, "entries up to 70 written to the WAL", func() bool {
+		var last uint64
+		_ = wal.ReadDir(filepath.Join(dir, "wal"), 0, func(e wal.Entry) error { last = e.Sequence; return nil })
+		return last >= 70
+	})
 	s.signal(syscall.SIGKILL)
 	s.wait(30 * time.Second)
 
