@@ -58,6 +58,9 @@ func (e *badRecord) Unwrap() error {
 type recordReader struct {
 	f     io.ReaderAt
 	m     *segMap       // nil when reading with pread
+	// views: payloads are returned as views of the mapping, not copies;
+	// only for a reader that hands no entry on (recovery's scan).
+	views bool
 	br    *bufio.Reader // the pread path, from the first read that could not map
 	off   int64         // file offset of the next record
 	limit int64         // bytes of the file that may be read
@@ -90,7 +93,17 @@ func (r *recordReader) read(at int64, n int, hdr bool) ([]byte, error) {
 	if r.m != nil {
 		v, err := r.m.view(at, n)
 		if err == nil {
-			return v, nil
+			if hdr || r.views {
+				return v, nil
+			}
+			// A payload whose entries go to a caller is copied out of
+			// the mapping: the bytes the caller sees are the ones whose
+			// checksum was checked, even if the file is cut and written
+			// again in place meanwhile (TruncateAfter), as with pread.
+			if cap(r.buf) < n {
+				r.buf = make([]byte, n)
+			}
+			return append(r.buf[:0], v...), nil
 		}
 		r.m = nil // not mappable: pread from here on
 	}
@@ -380,6 +393,7 @@ func scanSegment(f *os.File, name string, index uint64, o scanOpts) (_ segmentSc
 	sc.end = segmentHeaderSize
 	last := h.prevLast
 	rr := newRecordReader(f, segmentHeaderSize, sc.size)
+	rr.views = o.fn == nil // verify only: no entry leaves the reader
 	defer rr.close()
 	for {
 		rh, payload, err := rr.next(last, o.after, o.fn != nil)
