@@ -12,13 +12,13 @@ import (
 
 // A segment is read through a read-only memory mapping of the file, a
 // window of mapWindow bytes at a time, rather than with pread into a
-// buffer: the records' checksums are computed on the page cache itself
-// and the entries are handed to their reader (a restore's frame writer,
-// say) as views of it. That is one copy of every byte less for recovery's
-// verified scan and for a restore streamed from the log (the long WAL tail
-// of a restart is read by both). A window is unmapped when the reader
-// moves past it, so the pages it holds count towards the process's
-// resident memory only while they are read.
+// buffer and a copy out of it. Recovery's verified scan computes the
+// records' checksums on the page cache itself, with no copy at all; a read
+// whose entries go to a caller (a restore's frame writer, say) copies each
+// payload out of the mapping once and checks the copy, so the caller sees
+// exactly the bytes that were checked (recordReader.views). A window is
+// unmapped when the reader moves past it, so the pages it holds count
+// towards the process's resident memory only while they are read.
 //
 // A file cut shorter under a mapping (TruncateAfter, which may run while a
 // restore streams; or a person with a shell) makes a read past its new end
