@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/wal"
 	"github.com/agent-sidecar/supervisor/wire"
@@ -67,6 +69,10 @@ func BenchmarkRestartPhases(b *testing.B) {
 		pr, pw, err := os.Pipe()
 		if err != nil {
 			b.Fatal(err)
+		}
+		// 1 MiB, as agentproc makes the agent's input pipe.
+		if rc, err := pw.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) { unix.FcntlInt(fd, unix.F_SETPIPE_SZ, 1<<20) })
 		}
 		read := make(chan int64)
 		go func() {
