@@ -52,6 +52,10 @@ func (l *Log) recover() error {
 		return fmt.Errorf("wal: list segments in %s: %w", l.dir, err)
 	}
 	mark, markOK := readMark(l.dir)
+	ahead := startScanAhead(l.dir, idx, func(i int) scanOpts {
+		return scanOpts{isLast: i == len(idx)-1, durableEnd: markOffset(mark, markOK, idx[i])}
+	})
+	defer ahead.close()
 	var (
 		scans   []segmentScan
 		corrupt *CorruptionError
@@ -79,15 +83,18 @@ func (l *Log) recover() error {
 			}
 			break
 		}
-		f, err := openRead(segmentPath(l.dir, index))
-		if err != nil {
-			return fmt.Errorf("wal: open segment %s: %w (the log will not skip an unreadable segment: fix its permissions or restore it from a backup)", name, err)
-		}
-		sc, err := scanSegment(f, name, index, scanOpts{isLast: i == len(idx)-1, prev: prev, havePrev: i > start,
-			durableEnd: markOffset(mark, markOK, index)})
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("wal: recover: %w", err)
+		sc, ok := ahead.take(i, prev, i > start)
+		if !ok {
+			f, err := openRead(segmentPath(l.dir, index))
+			if err != nil {
+				return fmt.Errorf("wal: open segment %s: %w (the log will not skip an unreadable segment: fix its permissions or restore it from a backup)", name, err)
+			}
+			sc, err = scanSegment(f, name, index, scanOpts{isLast: i == len(idx)-1, prev: prev, havePrev: i > start,
+				durableEnd: markOffset(mark, markOK, index)})
+			f.Close()
+			if err != nil {
+				return fmt.Errorf("wal: recover: %w", err)
+			}
 		}
 		if sc.corrupt != nil {
 			if i < len(idx)-1 {
