@@ -35,6 +35,9 @@ var errMapFault = errors.New("wal: a segment file's mapped bytes could not be re
 
 var pageSize = int64(os.Getpagesize())
 
+// mmap is unix.Mmap; tests make it fail to take the pread path.
+var mmap = unix.Mmap
+
 // segMap is the current window of a segment's mapping.
 type segMap struct {
 	f     *os.File
@@ -57,7 +60,7 @@ func (m *segMap) view(off int64, n int) ([]byte, error) {
 	if length <= 0 || int64(int(length)) != length {
 		return nil, fmt.Errorf("wal: cannot map %d bytes at offset %d", length, start)
 	}
-	win, err := unix.Mmap(int(m.f.Fd()), start, int(length), unix.PROT_READ, unix.MAP_SHARED)
+	win, err := mmap(int(m.f.Fd()), start, int(length), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("wal: map segment bytes at offset %d: %w", start, err)
 	}

@@ -118,3 +118,66 @@ func TestMappedReadAcrossWindows(t *testing.T) {
 		t.Fatalf("ReadAfter: %d entries, %v", n, err)
 	}
 }
+
+// A file that cannot be mapped (a filesystem without mmap, or a mapping
+// refused midway) is read with pread from where the mapping stopped:
+// recovery, ReadAfter from the start and from the middle, CountAfter and
+// ReadDir return exactly what they return through the mapping.
+func TestReadsWithoutMapping(t *testing.T) {
+	dir := t.TempDir()
+	o := testOptions(t, dir)
+	o.SegmentSize = 12 << 20 // several windows in each segment
+	l := mustOpen(t, o)
+	const n = 30000 // about 20 MB: two segments, the second one half full
+	want := make([]Entry, 0, n)
+	for s := uint64(1); s <= n; s++ {
+		want = append(want, mustAppendOne(t, l, s))
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	unixMmap := mmap
+	defer func() { mmap = unixMmap }()
+	for _, mode := range []struct {
+		name string
+		maps int // mappings that succeed before the first refusal; -1: all
+	}{{"mapped", -1}, {"never mapped", 0}, {"refused after the first window", 1}, {"refused after three windows", 3}} {
+		t.Run(mode.name, func(t *testing.T) {
+			var calls, refused int
+			mmap = func(fd int, off int64, length, prot, flags int) ([]byte, error) {
+				if calls++; mode.maps >= 0 && calls > mode.maps {
+					refused++
+					return nil, errors.New("mapping refused by the test")
+				}
+				return unixMmap(fd, off, length, prot, flags)
+			}
+			l := mustOpen(t, testOptions(t, dir))
+			defer l.Close()
+			if r := l.Recovery(); r.Entries != n || r.Corruption != nil || r.TruncatedBytes != 0 {
+				t.Fatalf("recovery: %+v, want %d entries and no damage", r, n)
+			}
+			sameEntries(t, "ReadAfter(0)", readAll(t, l, 0), want)
+			sameEntries(t, "ReadAfter(17000)", readAll(t, l, 17000), want[17000:])
+			count, bytes, last, err := l.CountAfter(12345)
+			var wantBytes int64
+			for _, e := range want[12345:] {
+				wantBytes += int64(len(e.Data))
+			}
+			if err != nil || count != n-12345 || bytes != wantBytes || last != n {
+				t.Fatalf("CountAfter(12345) = %d entries, %d bytes, last %d, %v; want %d, %d, %d", count, bytes, last, err, n-12345, wantBytes, n)
+			}
+			var dumped []Entry
+			if err := ReadDir(dir, 0, func(e Entry) error {
+				dumped = append(dumped, Entry{Sequence: e.Sequence, Data: append([]byte(nil), e.Data...)})
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			sameEntries(t, "ReadDir", dumped, want)
+			if mode.maps >= 0 && refused == 0 {
+				t.Fatalf("no mapping was refused (%d made): the pread path was not taken", calls)
+			}
+			t.Logf("%d mappings asked, %d refused", calls, refused)
+		})
+	}
+}
