@@ -125,6 +125,7 @@ func TestEvolutionJudgeThroughBinary(t *testing.T) {
 		t.Run(strings.ReplaceAll(sc.name, " ", "_"), func(t *testing.T) {
 			right := 0
 			var samples []float64
+			var wrong []string // the decisions not as expected, with their reasons
 			for i := range n {
 				// A subtest per trial: its supervisor is stopped before the next starts.
 				t.Run(strconv.Itoa(i), func(t *testing.T) {
@@ -145,6 +146,7 @@ func TestEvolutionJudgeThroughBinary(t *testing.T) {
 						return
 					}
 					t.Logf("%s: %s", got, res.str("reason"))
+					wrong = append(wrong, fmt.Sprintf("trial %d after %v pairs: %s: %s", i, smp, got, res.str("reason")))
 					if rec := evolutionRecord(t, s); rec != nil {
 						t.Logf("bounds over time: %v", rec["path"])
 					}
@@ -154,7 +156,8 @@ func TestEvolutionJudgeThroughBinary(t *testing.T) {
 			// One wrong decision in 20 is within the judge's 95% confidence;
 			// a single CI run must be right.
 			if n == 1 && right != 1 || n > 1 && right < n-1 {
-				t.Fatalf("%s: %d of %d trials decided as expected (%s, reason with %q)", sc.name, right, n, sc.decision, sc.reason)
+				t.Fatalf("%s: %d of %d trials decided as expected (%s, reason with %q); the others: %s", sc.name, right, n, sc.decision, sc.reason,
+					strings.Join(wrong, "; "))
 			}
 		})
 	}
