@@ -51,6 +51,13 @@ func recordSpans(t testing.TB, path string) []recordSpan {
 func copyDir(t testing.TB, src string) string {
 	t.Helper()
 	dst := t.TempDir()
+	copyFiles(t, src, dst)
+	return dst
+}
+
+// copyFiles copies the regular files of src into the directory dst.
+func copyFiles(t testing.TB, src, dst string) {
+	t.Helper()
 	des, err := os.ReadDir(src)
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +74,6 @@ func copyDir(t testing.TB, src string) string {
 			t.Fatal(err)
 		}
 	}
-	return dst
 }
 
 // corruptFunc damages a log directory; tests apply it to a copy.

@@ -182,21 +182,6 @@ func damageLog(rng *rand.Rand, segs []uint64) logDamage {
 	}
 }
 
-func copyFiles(t *testing.T, from, to string) {
-	t.Helper()
-	des, err := os.ReadDir(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, de := range des {
-		if b, err := os.ReadFile(filepath.Join(from, de.Name())); err != nil {
-			t.Fatal(err)
-		} else if err := os.WriteFile(filepath.Join(to, de.Name()), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // stamp is a quarantined file's time suffix, which differs between runs.
 var stamp = regexp.MustCompile(`\.corrupt-\d{8}T\d{6}Z`)
 
