@@ -8,6 +8,7 @@ package test
 // lost acknowledged data, and asserts on what the agent was given back.
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -312,6 +313,71 @@ func TestUnrestorableStateRefusesToStart(t *testing.T) {
 				t.Fatalf("the early agent (pid %d) outlived the supervisor that refused to restore it: kill 0: %v", pid, err)
 			}
 		})
+	}
+}
+
+// TestWALDamagedAfterRecoveryRefusesRestore: a record recovery verified
+// is changed on disk while the supervisor runs (its pages are read back
+// from a disk that no longer holds what it confirmed). The agent's next
+// restore streams the tail and finds the damage as it sends it: that
+// restore is cut short (the agent never reads it whole), and the start
+// after it reads the whole tail first and is refused with the damage named
+// (exit 3, restore_refused), instead of the agent being restarted into the
+// same cut restore until it counts as a crash loop.
+func TestWALDamagedAfterRecoveryRefusesRestore(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "data")
+	gate := filepath.Join(root, "damaged")
+	o := scripted(t, dir, fastFlags, []string{"AGENT_NO_FINAL_CHECKPOINT=1"},
+		plan{{"log": 3000, "size": 1000}, {"stay": true}}, // about 3 MB: a restore streams all but its first 1 MiB
+		plan{{"wait_file": gate}, {"crash": 1}},
+		plan{{"stay": true}})
+	s := startSup(t, o)
+	s.waitEvents("staying", 1, 60*time.Second)
+	s.signal(syscall.SIGTERM)
+	if code := s.wait(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+
+	o.keepAlive = true
+	s2 := startSup(t, o)
+	s2.waitEvents("start", 2, 60*time.Second) // restored whole from what recovery verified
+	segs, _ := filepath.Glob(filepath.Join(dir, "wal", "*.wal"))
+	if len(segs) != 1 {
+		t.Fatalf("segments %v, want one", segs)
+	}
+	b, err := os.ReadFile(segs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := bytes.LastIndexByte(b, 'x') // the file is preallocated: zeros follow the records
+	at := bytes.IndexByte(b[end*2/3:], 'x') + end*2/3
+	f, err := os.OpenFile(segs[0], os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{'y'}, int64(at)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := os.WriteFile(gate, nil, 0o600); err != nil { // the agent crashes now
+		t.Fatal(err)
+	}
+
+	if code := s2.wait(60 * time.Second); code != 3 {
+		t.Fatalf("exit %d, want 3 (state cannot be restored)\n%s", code, tail(s2.out.String(), 30))
+	}
+	if n := len(s2.eventsOf("start")); n != 2 {
+		t.Fatalf("%d starts, want 2: an agent started from a restore with the damaged record in it", n)
+	}
+	out := s2.out.String()
+	for _, want := range []string{"checksum mismatch", "cannot be restored completely", "supervisor wal dump --data-dir"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("output lacks %q:\n%s", want, tail(out, 20))
+		}
+	}
+	if auditKinds(t, dir)["restore_refused"] != 1 {
+		t.Fatalf("no restore_refused audit record: %v", auditKinds(t, dir))
 	}
 }
 

@@ -325,6 +325,13 @@ func (t *WALTail) streamEntries(w io.Writer) error {
 		err = fmt.Errorf("the WAL after sequence %d no longer holds what the restore counted: %d entries of %d bytes, want %d of %d", t.after, n, written, t.count, t.size)
 	}
 	if err != nil {
+		if errors.Is(err, wal.ErrCorrupt) {
+			// A record that recovery verified no longer reads back as
+			// written (the disk changed it): the next restore reads and
+			// checks every entry before it sends any, and is refused with
+			// the damage named, instead of being cut short at it again.
+			t.st.tailSuspect.Store(true)
+		}
 		return fmt.Errorf("stream the restore's WAL entries %d to %d: %w", t.after+1, t.last, err)
 	}
 	return nil

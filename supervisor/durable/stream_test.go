@@ -218,3 +218,60 @@ func TestRestoreStreamedEntryMalformed(t *testing.T) {
 		})
 	}
 }
+
+// A WAL record in the streamed part of a restore that is damaged after
+// recovery verified it (a disk that changed what it had confirmed, read back
+// once its pages left the cache) is found as it is sent: the frame is cut
+// short, never whole with the damaged entry in it, and no later restore
+// comes through whole with it either.
+func TestRestoreStreamedRecordDamagedAfterOpen(t *testing.T) {
+	st := openStores(t)
+	appendEntries(t, st, 1, 3000, 1000) // about 3 MB: all but the first 1 MiB streamed
+	plan, err := st.BuildRestore(Point{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan.Tail == nil {
+		t.Fatal("want the tail streamed")
+	}
+	segs, err := filepath.Glob(filepath.Join(st.dir, "wal", "*.wal"))
+	if err != nil || len(segs) == 0 {
+		t.Fatalf("segments: %v %v", segs, err)
+	}
+	path := segs[len(segs)-1]
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A byte of an entry's padding about two thirds of the way into the
+	// records (the file is preallocated: zeros follow them).
+	end := bytes.LastIndexByte(b, 'p')
+	at := int64(bytes.IndexByte(b[end*2/3:], 'p') + end*2/3)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{'q'}, at); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	r, err := restoreThrough(t, plan)
+	if err == nil {
+		t.Fatalf("a whole restore of %d entries came through a damaged record", len(r.WALEntries))
+	}
+	if !errors.Is(err, wal.ErrCorrupt) {
+		t.Fatalf("the cut restore: %v, want the damage named", err)
+	}
+	// The next restores read the whole tail first: refused, with the
+	// damage and what to do, as for damage recovery finds.
+	for i := range 2 {
+		plan, err = st.BuildRestore(Point{})
+		if !errors.Is(err, ErrUnrestorable) || !strings.Contains(err.Error(), "corrupt data in segment") || !strings.Contains(err.Error(), "checksum mismatch") {
+			if err == nil {
+				_, err = restoreThrough(t, plan)
+			}
+			t.Fatalf("restore %d after the damage was found: %v; want it refused (ErrUnrestorable) naming the damage", i+1, err)
+		}
+	}
+}
