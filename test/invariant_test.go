@@ -323,7 +323,8 @@ func TestUnrestorableStateRefusesToStart(t *testing.T) {
 // restore is cut short (the agent never reads it whole), and the start
 // after it reads the whole tail first and is refused with the damage named
 // (exit 3, restore_refused), instead of the agent being restarted into the
-// same cut restore until it counts as a crash loop.
+// same cut restore until it counts as a crash loop. Started again, the
+// supervisor recovers as from any damage to durable data.
 func TestWALDamagedAfterRecoveryRefusesRestore(t *testing.T) {
 	root := t.TempDir()
 	dir := filepath.Join(root, "data")
@@ -378,6 +379,28 @@ func TestWALDamagedAfterRecoveryRefusesRestore(t *testing.T) {
 	}
 	if auditKinds(t, dir)["restore_refused"] != 1 {
 		t.Fatalf("no restore_refused audit record: %v", auditKinds(t, dir))
+	}
+
+	// Started again, the supervisor's recovery meets the damage itself and
+	// does what it does with damage to durable data (SPEC §4): the log is
+	// cut there, loudly, the damaged file kept, and the agent restored from
+	// the good prefix — never with the damaged entry.
+	s3 := startSup(t, o)
+	r := restored(t, s3.waitEvents("start", 3, 60*time.Second)[2])
+	got := r.state()
+	if len(got) == 0 || len(got) >= 3000 {
+		t.Fatalf("restore after the restart: %d entries, want the good prefix of the 3000", len(got))
+	}
+	sameSeqs(t, "restore after the restart", got, seqRange(1, uint64(len(got))))
+	if out := s3.out.String(); !strings.Contains(out, "WAL CORRUPTION") || !strings.Contains(out, "checksum mismatch") {
+		t.Fatalf("the restart did not report the damage:\n%s", tail(out, 20))
+	}
+	if kept, _ := filepath.Glob(filepath.Join(dir, "wal", "*.corrupt-*")); len(kept) == 0 {
+		t.Fatal("the damaged segment was not kept for inspection")
+	}
+	s3.signal(syscall.SIGTERM)
+	if code := s3.wait(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d after the restart", code)
 	}
 }
 
