@@ -539,6 +539,50 @@ func TestTruncateBefore(t *testing.T) {
 	}
 }
 
+// A reader whose next segments are deleted under it (TruncateBefore, as a
+// checkpoint moves the floor while a restore or the replicator reads) gets
+// ErrTruncated, never the entries after them as if nothing were missing.
+func TestReadAfterSegmentsDeletedUnderIt(t *testing.T) {
+	o := testOptions(t, t.TempDir())
+	o.SegmentSize = MinSegmentSize
+	l := mustOpen(t, o)
+	defer l.Close()
+	for s := uint64(1); s <= 100; s++ {
+		mustAppendOne(t, l, s)
+	}
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	l.segMu.RLock()
+	if len(l.segs) < 6 {
+		l.segMu.RUnlock()
+		t.Fatalf("only %d segments", len(l.segs))
+	}
+	firstOf2, wm := l.segs[1].prevLast+1, l.segs[3].last // reading segment 2; segments 1..4 are wholly ≤ wm
+	l.segMu.RUnlock()
+	var got []uint64
+	err := l.ReadAfter(0, func(e Entry) error {
+		got = append(got, e.Sequence)
+		if e.Sequence == firstOf2 {
+			if n, err := l.TruncateBefore(wm); err != nil || n != 4 {
+				t.Fatalf("TruncateBefore(%d) = %d, %v; want 4 segments", wm, n, err)
+			}
+		}
+		return nil
+	})
+	if !errors.Is(err, ErrTruncated) {
+		t.Fatalf("ReadAfter with segments 3 and 4 deleted under it: %v after %d entries (last %d); want ErrTruncated", err, len(got), got[len(got)-1])
+	}
+	for i, s := range got {
+		if s != uint64(i+1) {
+			t.Fatalf("entry %d served has sequence %d: a gap", i, s)
+		}
+	}
+	if last := got[len(got)-1]; last > wm {
+		t.Fatalf("served up to %d, past the deleted segments (%d)", last, wm)
+	}
+}
+
 func TestTruncateAfter(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
