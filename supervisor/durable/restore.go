@@ -41,12 +41,14 @@ type Plan struct {
 	Skipped      []checkpoint.Skipped
 }
 
-// unrestorable wraps ErrUnrestorable with what is missing and what to do.
+// unrestorable wraps ErrUnrestorable with what is missing and what to do;
+// an error among args formatted with %w stays in the chain (wal.ErrCorrupt,
+// say).
 func (st *Stores) unrestorable(format string, args ...any) error {
-	return fmt.Errorf("%w: %s. The agent is not started without its state. Inspect with `supervisor checkpoints list --data-dir %s` "+
+	return fmt.Errorf("%w: %w. The agent is not started without its state. Inspect with `supervisor checkpoints list --data-dir %s` "+
 		"and `supervisor wal dump --data-dir %s`; restore the data directory from a backup, or choose a checkpoint to roll back to "+
 		"with `supervisor restore --data-dir %s --checkpoint ID --no-wal` (that discards the WAL entries after it)",
-		ErrUnrestorable, fmt.Sprintf(format, args...), st.dir, st.dir, st.dir)
+		ErrUnrestorable, fmt.Errorf(format, args...), st.dir, st.dir, st.dir)
 }
 
 // BuildRestore assembles a restore from point plus the WAL after its
@@ -129,7 +131,7 @@ func (st *Stores) BuildRestore(point Point) (*Plan, error) {
 		rb, err = st.codec.NewRestore(schema.Header{}, meta.ID, data, zdata, plan.Compressed, lastSeq, hint)
 	}
 	if err != nil {
-		return nil, st.unrestorable("checkpoint %s cannot be sent: %v", meta.ID, err)
+		return nil, st.unrestorable("checkpoint %s cannot be sent: %w", meta.ID, err)
 	}
 	if int64(rb.Len()) > st.restoreLimit {
 		return nil, st.unrestorable("checkpoint %s alone makes a restore of %d bytes, over the %d-byte limit (--max-frame-size)", meta.ID, rb.Len(), st.restoreLimit)
@@ -139,11 +141,11 @@ func (st *Stores) BuildRestore(point Point) (*Plan, error) {
 		err = st.readTail(rb, tail, meta.ID)
 		switch {
 		case errors.Is(err, wal.ErrCorrupt), errors.Is(err, ErrRestoreFull):
-			return nil, st.unrestorable("%v", err)
+			return nil, st.unrestorable("%w", err)
 		case err != nil:
 			var ve *schema.ValidationError
 			if errors.As(err, &ve) {
-				return nil, st.unrestorable("a WAL entry after checkpoint %q cannot be sent: %v", meta.ID, err)
+				return nil, st.unrestorable("a WAL entry after checkpoint %q cannot be sent: %w", meta.ID, err)
 			}
 			return nil, fmt.Errorf("read WAL after sequence %d: %w", meta.Watermark, err)
 		}

@@ -267,7 +267,7 @@ func TestRestoreStreamedRecordDamagedAfterOpen(t *testing.T) {
 	// damage and what to do, as for damage recovery finds.
 	for i := range 2 {
 		plan, err = st.BuildRestore(Point{})
-		if !errors.Is(err, ErrUnrestorable) || !strings.Contains(err.Error(), "corrupt data in segment") || !strings.Contains(err.Error(), "checksum mismatch") {
+		if !errors.Is(err, ErrUnrestorable) || !errors.Is(err, wal.ErrCorrupt) || !strings.Contains(err.Error(), "checksum mismatch") {
 			if err == nil {
 				_, err = restoreThrough(t, plan)
 			}
