@@ -538,3 +538,211 @@ func TestDamageBelowCheckpointIsFree(t *testing.T) {
 		})
 	}
 }
+
+// TestDamageOutsideRecords covers what recovery must call damage that no
+// bit flip in a record shows: a segment whose header is gone, names another
+// segment, or continues another history; bytes after the last record of a
+// complete segment; a record whose checksum holds over a payload laid out
+// wrong. Each cuts the log at the damage, loudly (Recovery.Corruption),
+// with the reason named, and keeps every entry before it.
+func TestDamageOutsideRecords(t *testing.T) {
+	entriesIn := func(t *testing.T, dir string, idx []uint64) int {
+		n := 0
+		for _, x := range idx {
+			for _, s := range recordSpans(t, segmentPath(dir, x)) {
+				n += s.count
+			}
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name string
+		// damage returns the segments whose entries stay and the one the
+		// damage is reported in.
+		damage func(t *testing.T, dir string, idx []uint64) (keep []uint64, at uint64)
+		reason string
+	}{
+		{"a middle segment zeroed (its blocks lost)", func(t *testing.T, dir string, idx []uint64) ([]uint64, uint64) {
+			fi, err := os.Stat(segmentPath(dir, idx[2]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			writeAt(t, segmentPath(dir, idx[2]), 0, make([]byte, fi.Size()))
+			return idx[:2], idx[2]
+		}, "segment header is missing"},
+		{"a middle segment's header checksum damaged", func(t *testing.T, dir string, idx []uint64) ([]uint64, uint64) {
+			b, _ := os.ReadFile(segmentPath(dir, idx[2]))
+			writeAt(t, segmentPath(dir, idx[2]), 29, []byte{b[29] ^ 0x04})
+			return idx[:2], idx[2]
+		}, "segment header checksum mismatch"},
+		{"a middle segment holding another segment's bytes", func(t *testing.T, dir string, idx []uint64) ([]uint64, uint64) {
+			b, err := os.ReadFile(segmentPath(dir, idx[3]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(segmentPath(dir, idx[2]), b, 0o600)
+			return idx[:2], idx[2]
+		}, "header says this is segment"},
+		{"a middle segment from another history", func(t *testing.T, dir string, idx []uint64) ([]uint64, uint64) {
+			// The same index, from a log whose segments end elsewhere.
+			other := t.TempDir()
+			o := testOptions(t, other)
+			o.SegmentSize = MinSegmentSize
+			l := mustOpen(t, o)
+			for s := uint64(1); s <= 200; s++ {
+				mustAppend(t, l, Entry{Sequence: s, Data: bytes.Repeat([]byte{byte(s)}, 40)})
+			}
+			l.Close()
+			b, err := os.ReadFile(segmentPath(other, idx[2]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(segmentPath(dir, idx[2]), b, 0o600)
+			return idx[:2], idx[2]
+		}, "entries are missing"},
+		{"bytes after the last record of a complete segment", func(t *testing.T, dir string, idx []uint64) ([]uint64, uint64) {
+			f, err := os.OpenFile(segmentPath(dir, idx[2]), os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.Write(append(make([]byte, 100), "not a record"...)) // zeros, as preallocated space reads, then not
+			f.Close()
+			return idx[:3], idx[2] // its records stay; the damage is after them
+		}, "after the last record of a complete segment"},
+		{"the newest segment's header zeroed over its records", func(t *testing.T, dir string, idx []uint64) ([]uint64, uint64) {
+			writeAt(t, segmentPath(dir, idx[len(idx)-1]), 0, make([]byte, segmentHeaderSize))
+			return idx[:len(idx)-1], idx[len(idx)-1]
+		}, "header is missing but data follows"},
+		{"entries out of order under a valid checksum", func(t *testing.T, dir string, idx []uint64) ([]uint64, uint64) {
+			// Sequences first, first+2, first+1: the header's first, last
+			// and count agree; only the payload's order is wrong.
+			path := segmentPath(dir, idx[2])
+			spans := recordSpans(t, path)
+			s := spans[0]
+			rec := appendRecord(nil, []Entry{{Sequence: s.first, Data: []byte("a")}, {Sequence: s.first + 2, Data: []byte("b")}, {Sequence: s.first + 1, Data: []byte("c")}})
+			if int64(len(rec)) > s.end-s.off+int64(recordHeaderSize) {
+				t.Fatalf("crafted record of %d bytes does not fit", len(rec))
+			}
+			// Over the segment's records: the rest of the file is zeros.
+			b, _ := os.ReadFile(path)
+			clear(b[s.off:])
+			copy(b[s.off:], rec)
+			os.WriteFile(path, b, 0o600)
+			return idx[:2], idx[2]
+		}, "out of order"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			o := testOptions(t, dir)
+			o.SegmentSize = MinSegmentSize
+			want := buildLog(t, o, 100, 1)
+			idx, _ := listSegments(dir)
+			if len(idx) < 5 {
+				t.Fatalf("only %d segments", len(idx))
+			}
+			kept, damaged := tc.damage(t, dir, idx)
+			keep := entriesIn(t, dir, kept)
+			l := mustOpen(t, o)
+			defer l.Close()
+			rec := l.Recovery()
+			var ce *CorruptionError
+			at := segmentName(damaged)
+			if !errors.As(rec.Corruption, &ce) || !strings.Contains(ce.Reason, tc.reason) || ce.Segment != at {
+				t.Fatalf("Recovery = %+v; want damage %q in %s", rec, tc.reason, at)
+			}
+			sameEntries(t, "entries before the damage", readAll(t, l, 0), want[:keep])
+		})
+	}
+}
+
+// A record damaged in the newest segment with intact records after it is
+// damage in the middle of the log, not a torn write, when no durable mark
+// says where a power cut may have torn the tail: the log is cut there
+// loudly (the records after it set aside), never truncated quietly as a
+// torn tail would be.
+func TestDamageBeforeValidRecordsWithoutMark(t *testing.T) {
+	dir := t.TempDir()
+	o := testOptions(t, dir)
+	l := mustOpen(t, o)
+	var want []Entry
+	for s := uint64(1); s <= 6; s++ {
+		e := Entry{Sequence: s, Data: bytes.Repeat([]byte{byte('a' + s)}, 3000)}
+		mustAppend(t, l, e)
+		want = append(want, e)
+	}
+	l.Close()
+	os.Remove(filepath.Join(dir, markName))
+	path := segmentPath(dir, 1)
+	spans := recordSpans(t, path)
+	s := spans[2]
+	// A lost sector inside record 3's payload: what a torn write leaves,
+	// but records 4..6 follow it intact.
+	at := (s.off + recordHeaderSize + 1024 + 511) / 512 * 512
+	writeAt(t, path, at, make([]byte, 512))
+	l = mustOpen(t, o)
+	defer l.Close()
+	rec := l.Recovery()
+	if rec.Corruption == nil || rec.TruncatedBytes != 0 {
+		t.Fatalf("Recovery = %+v; want damage reported, not a torn tail truncated", rec)
+	}
+	sameEntries(t, "entries before the damage", readAll(t, l, 0), want[:2])
+}
+
+func writeAt(t *testing.T, path string, off int64, b []byte) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The last record of the newest segment, with no durable mark to say where
+// a power cut could have torn the tail: what a torn write leaves (a lost
+// sector inside the payload) is truncated quietly; a damaged header over an
+// intact payload is damage, even when the payload ends in a zero byte (as
+// a torn payload's end would be).
+func TestLastRecordTornOrDamagedWithoutMark(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		end     byte // the entries' last byte
+		damage  func(t *testing.T, path string, s recordSpan)
+		corrupt bool
+	}{
+		{"a lost sector in its payload", 'z', func(t *testing.T, path string, s recordSpan) {
+			at := (s.off + recordHeaderSize + 1024 + 511) / 512 * 512
+			writeAt(t, path, at, make([]byte, 512))
+		}, false},
+		{"a damaged header over its intact payload", 0, func(t *testing.T, path string, s recordSpan) {
+			b, _ := os.ReadFile(path)
+			writeAt(t, path, s.off+24, []byte{b[s.off+24] ^ 0x01}) // a bit of the first sequence
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			o := testOptions(t, dir)
+			l := mustOpen(t, o)
+			var want []Entry
+			for s := uint64(1); s <= 4; s++ {
+				e := Entry{Sequence: s, Data: append(bytes.Repeat([]byte{byte('a' + s)}, 3000), tc.end)}
+				mustAppend(t, l, e)
+				want = append(want, e)
+			}
+			l.Close()
+			os.Remove(filepath.Join(dir, markName))
+			path := segmentPath(dir, 1)
+			spans := recordSpans(t, path)
+			tc.damage(t, path, spans[len(spans)-1])
+			l = mustOpen(t, o)
+			defer l.Close()
+			rec := l.Recovery()
+			if (rec.Corruption != nil) != tc.corrupt || (rec.TruncatedBytes > 0) == tc.corrupt {
+				t.Fatalf("Recovery = %+v; want corruption %v, else a torn tail truncated", rec, tc.corrupt)
+			}
+			sameEntries(t, "entries before the last record", readAll(t, l, 0), want[:3])
+		})
+	}
+}
