@@ -464,6 +464,52 @@ func TestDamageBelowTheMarkIsCorruption(t *testing.T) {
 	}
 }
 
+// The durable mark follows the log while it runs, not only at a clean
+// close: after a crash (no Close), damage to records fsynced while it ran
+// is still told apart from a torn tail. A mark written only at Close would
+// leave the last close's position, and the damaged acknowledged records
+// above it would be truncated as a torn tail without a word.
+func TestMarkFollowsTheRunningLog(t *testing.T) {
+	dir := t.TempDir()
+	o := testOptions(t, dir)
+	o.SegmentSize = 1 << 20
+	l := mustOpen(t, o)
+	mustAppend(t, l, bigEntries(1, 20)...)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	closed, ok := readMark(dir)
+	if !ok {
+		t.Fatal("no durable mark after a clean close")
+	}
+	l = mustOpen(t, o)
+	mustAppend(t, l, bigEntries(21, 40)...)
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	// The mark trails the fsyncs by up to markInterval.
+	deadline := time.Now().Add(10 * time.Second)
+	m, _ := readMark(dir)
+	for m.seq != 40 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		m, _ = readMark(dir)
+	}
+	if m.seq != 40 || m.offset <= closed.offset {
+		t.Fatalf("durable mark at sequence %d offset %d while the log ran (at the last close: %d, %d); want sequence 40", m.seq, m.offset, closed.seq, closed.offset)
+	}
+	l.lock.Close() // the crash: no Close
+	// A sector of an acknowledged record written in this run comes back
+	// as zeros, after the last close's mark, before this run's.
+	zeroSector(t, segmentPath(dir, m.index), m.offset-100)
+	l2 := mustOpen(t, testOptions(t, dir))
+	defer l2.Close()
+	var ce *CorruptionError
+	if r := l2.Recovery(); !errors.As(r.Corruption, &ce) || !strings.Contains(ce.Reason, "durable mark") {
+		t.Fatalf("Recovery = %+v, want corruption below the durable mark", r)
+	}
+	l.Close()
+}
+
 // Reopen on a healthy log keeps everything accepted: it makes it durable
 // first.
 func TestReopenHealthyKeepsAccepted(t *testing.T) {

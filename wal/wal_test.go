@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -534,7 +535,7 @@ func TestTruncateBefore(t *testing.T) {
 		t.Fatalf("replay after truncation: %+v, %v", res, err)
 	}
 	var ce *SequenceConflictError
-	if _, err := l2.Append(seqEntries(floor, 101)...); !errors.As(err, &ce) || ce.Sequence != floor {
+	if _, err := l2.Append(seqEntries(floor, 101)...); !errors.As(err, &ce) || ce.Sequence != floor || !strings.Contains(ce.Reason, "oldest sequence the log still holds") {
 		t.Fatalf("replay from below the floor: %v, want a SequenceConflictError at %d", err, floor)
 	}
 }
@@ -581,6 +582,41 @@ func TestReadAfterSegmentsDeletedUnderIt(t *testing.T) {
 	if last := got[len(got)-1]; last > wm {
 		t.Fatalf("served up to %d, past the deleted segments (%d)", last, wm)
 	}
+}
+
+// A batch whose record would be over the largest payload a record may have
+// (which recovery refuses to read back) is refused before anything is
+// written: never acknowledged, then unreadable after a restart.
+func TestAppendOverRecordLimitRefused(t *testing.T) {
+	l := mustOpen(t, testOptions(t, t.TempDir()))
+	defer l.Close()
+	mustAppendOne(t, l, 1)
+	data := make([]byte, 1<<20) // shared by every entry: the batch costs 1 MiB, its record over 1 GiB
+	var es []Entry
+	for s := uint64(2); int64(len(es))*int64(len(data)) <= maxRecordPayload; s++ {
+		es = append(es, Entry{Sequence: s, Data: data})
+	}
+	if _, err := l.Append(es...); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("Append of a %d-entry batch of 1 MiB each: %v, want ErrTooLarge", len(es), err)
+	}
+	if l.LastSequence() != 1 {
+		t.Fatalf("LastSequence = %d after the refused batch, want 1", l.LastSequence())
+	}
+	mustAppendOne(t, l, 2)
+}
+
+// A replay that names a sequence the log skipped (sequences may have gaps)
+// is a conflict that says so, not a duplicate.
+func TestReplayIntoAGapIsAConflict(t *testing.T) {
+	l := mustOpen(t, testOptions(t, t.TempDir()))
+	defer l.Close()
+	held := []Entry{{Sequence: 1, Data: payload(1)}, {Sequence: 2, Data: payload(2)}, {Sequence: 5, Data: payload(5)}, {Sequence: 6, Data: payload(6)}}
+	mustAppend(t, l, held...)
+	var ce *SequenceConflictError
+	if _, err := l.Append(Entry{Sequence: 2, Data: payload(2)}, Entry{Sequence: 3, Data: payload(3)}); !errors.As(err, &ce) || ce.Sequence != 3 || !strings.Contains(ce.Reason, "falls in a gap") {
+		t.Fatalf("replay of 2 and 3 over a log holding 1, 2, 5, 6: %v, want a conflict at 3 naming the gap", err)
+	}
+	sameEntries(t, "the log after the refused replay", readAll(t, l, 0), held)
 }
 
 func TestTruncateAfter(t *testing.T) {
