@@ -275,3 +275,46 @@ func TestRestoreStreamedRecordDamagedAfterOpen(t *testing.T) {
 		}
 	}
 }
+
+// --max-frame-size lowered between two runs, below what the state needs: a
+// checkpoint alone over the new limit, the entries held in the frame over
+// it, or the streamed entries over it. Each restore is refused, naming the
+// limit, never built and sent over it.
+func TestRestoreOverALoweredFrameLimitRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ckpt  int // bytes of checkpoint data; 0: none
+		limit int
+	}{
+		{"checkpoint alone", 200 << 10, 100 << 10},
+		{"entries held in the frame", 0, 200 << 10},
+		{"entries streamed", 0, 2 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			open := func(limit int) *Stores {
+				st, err := Open(Options{Dir: dir, Codec: schema.NewCodec(schema.Options{}), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+					MaxFrameSize: limit})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return st
+			}
+			st := open(wire.DefaultMaxFrameSize)
+			if tc.ckpt > 0 {
+				if _, _, _, _, err := st.SaveCheckpoint(bigData(t, tc.ckpt), nil, 0, 0); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				appendEntries(t, st, 1, 3000, 1000) // about 3 MB
+			}
+			st.Close()
+			st = open(tc.limit)
+			defer st.Close()
+			plan, err := st.BuildRestore(Point{})
+			if !errors.Is(err, ErrUnrestorable) || !strings.Contains(err.Error(), "--max-frame-size") {
+				t.Fatalf("restore under a %d-byte limit: plan %v, %v; want it refused naming --max-frame-size", tc.limit, plan != nil, err)
+			}
+		})
+	}
+}
