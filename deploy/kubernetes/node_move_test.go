@@ -210,25 +210,33 @@ func (p *supervisorProc) agentPID(t *testing.T, readyz string) int {
 // to (its "restored" log line, which the supervisor's JSON log carries).
 func (p *supervisorProc) agentRestoredTo(t *testing.T) int {
 	t.Helper()
-	for _, line := range strings.Split(p.stderr.String(), "\n") {
-		var rec struct {
-			Msg  string `json:"msg"`
-			Line struct {
-				Msg     string `json:"msg"`
-				LastSeq string `json:"last_seq"`
-			} `json:"line"`
+	// The agent's stderr reaches the supervisor's log on a goroutine of its
+	// own: readiness can come first (a CI run read the output a moment after
+	// "restore sent", before the agent's line was relayed).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		for _, line := range strings.Split(p.stderr.String(), "\n") {
+			var rec struct {
+				Msg  string `json:"msg"`
+				Line struct {
+					Msg     string `json:"msg"`
+					LastSeq string `json:"last_seq"`
+				} `json:"line"`
+			}
+			if json.Unmarshal([]byte(line), &rec) != nil || rec.Msg != "agent output" || rec.Line.Msg != "restored" {
+				continue
+			}
+			n, err := strconv.Atoi(rec.Line.LastSeq)
+			if err != nil {
+				t.Fatalf("restored line %q: %v", line, err)
+			}
+			return n
 		}
-		if json.Unmarshal([]byte(line), &rec) != nil || rec.Msg != "agent output" || rec.Line.Msg != "restored" {
-			continue
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent logged no \"restored\" line within 30 s (was it started empty?); output:\n%s", p.stderr)
 		}
-		n, err := strconv.Atoi(rec.Line.LastSeq)
-		if err != nil {
-			t.Fatalf("restored line %q: %v", line, err)
-		}
-		return n
+		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("the agent logged no \"restored\" line (was it started empty?); output:\n%s", p.stderr)
-	return 0
 }
 
 // lastWALSequence asks `supervisor status --json` what the stopped
