@@ -3,7 +3,6 @@ package wal
 import (
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -375,14 +374,7 @@ func bigEntries(from, to uint64) []Entry {
 // page that never reached the disk.
 func zeroSector(t *testing.T, path string, off int64) {
 	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.WriteAt(make([]byte, 512), off/512*512); err != nil {
-		t.Fatal(err)
-	}
+	writeAt(t, path, off/512*512, make([]byte, 512))
 }
 
 // Issue 22 item 4: a power cut that let the last unsynced pages reach the
@@ -437,12 +429,11 @@ func TestOutOfOrderTornTailIsNotCorruption(t *testing.T) {
 	l.Close()
 }
 
-// Damage below the durable mark is corruption even when it looks like a
-// torn write: those bytes were fsynced and acknowledged. Before the mark, a
-// zeroed last sector of the newest segment was silently truncated as a
-// torn tail, losing acknowledged entries without a word.
-func TestDamageBelowTheMarkIsCorruption(t *testing.T) {
-	dir := t.TempDir()
+// closedWithMark writes entries 1..20 (1,500 bytes each) to a new log in
+// dir and closes it cleanly; it returns the log's options and its durable
+// mark.
+func closedWithMark(t *testing.T, dir string) (Options, markPos) {
+	t.Helper()
 	o := testOptions(t, dir)
 	o.SegmentSize = 1 << 20
 	l := mustOpen(t, o)
@@ -454,6 +445,16 @@ func TestDamageBelowTheMarkIsCorruption(t *testing.T) {
 	if !ok {
 		t.Fatal("no durable mark after a clean close")
 	}
+	return o, m
+}
+
+// Damage below the durable mark is corruption even when it looks like a
+// torn write: those bytes were fsynced and acknowledged. Before the mark, a
+// zeroed last sector of the newest segment was silently truncated as a
+// torn tail, losing acknowledged entries without a word.
+func TestDamageBelowTheMarkIsCorruption(t *testing.T) {
+	dir := t.TempDir()
+	_, m := closedWithMark(t, dir)
 	// The last record's final sector comes back as zeros.
 	zeroSector(t, segmentPath(dir, m.index), m.offset-100)
 	l2 := mustOpen(t, testOptions(t, dir))
@@ -471,18 +472,8 @@ func TestDamageBelowTheMarkIsCorruption(t *testing.T) {
 // above it would be truncated as a torn tail without a word.
 func TestMarkFollowsTheRunningLog(t *testing.T) {
 	dir := t.TempDir()
-	o := testOptions(t, dir)
-	o.SegmentSize = 1 << 20
+	o, closed := closedWithMark(t, dir)
 	l := mustOpen(t, o)
-	mustAppend(t, l, bigEntries(1, 20)...)
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	closed, ok := readMark(dir)
-	if !ok {
-		t.Fatal("no durable mark after a clean close")
-	}
-	l = mustOpen(t, o)
 	mustAppend(t, l, bigEntries(21, 40)...)
 	if err := l.Sync(); err != nil {
 		t.Fatal(err)

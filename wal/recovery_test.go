@@ -66,13 +66,19 @@ func copyFiles(t testing.TB, src, dst string) {
 		if !de.Type().IsRegular() {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(src, de.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dst, de.Name()), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		copyFile(t, filepath.Join(src, de.Name()), filepath.Join(dst, de.Name()))
+	}
+}
+
+// copyFile writes the bytes of the file src to dst, replacing it.
+func copyFile(t testing.TB, src, dst string) {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, b, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -576,11 +582,7 @@ func TestDamageOutsideRecords(t *testing.T) {
 			return idx[:2], idx[2]
 		}, "segment header checksum mismatch"},
 		{"a middle segment holding another segment's bytes", func(t *testing.T, dir string, idx []uint64) ([]uint64, uint64) {
-			b, err := os.ReadFile(segmentPath(dir, idx[3]))
-			if err != nil {
-				t.Fatal(err)
-			}
-			os.WriteFile(segmentPath(dir, idx[2]), b, 0o600)
+			copyFile(t, segmentPath(dir, idx[3]), segmentPath(dir, idx[2]))
 			return idx[:2], idx[2]
 		}, "header says this is segment"},
 		{"a middle segment from another history", func(t *testing.T, dir string, idx []uint64) ([]uint64, uint64) {
@@ -593,11 +595,7 @@ func TestDamageOutsideRecords(t *testing.T) {
 				mustAppend(t, l, Entry{Sequence: s, Data: bytes.Repeat([]byte{byte(s)}, 40)})
 			}
 			l.Close()
-			b, err := os.ReadFile(segmentPath(other, idx[2]))
-			if err != nil {
-				t.Fatal(err)
-			}
-			os.WriteFile(segmentPath(dir, idx[2]), b, 0o600)
+			copyFile(t, segmentPath(other, idx[2]), segmentPath(dir, idx[2]))
 			return idx[:2], idx[2]
 		}, "entries are missing"},
 		{"bytes after the last record of a complete segment", func(t *testing.T, dir string, idx []uint64) ([]uint64, uint64) {
