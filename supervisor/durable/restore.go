@@ -310,9 +310,6 @@ func (t *WALTail) streamEntries(w io.Writer) error {
 		}
 		if t.counted {
 			if err := schema.CheckEntry(e.Data); err != nil {
-				// The next restore reads and checks every entry first, and
-				// is refused with this reason.
-				t.st.tailSuspect.Store(true)
 				return fmt.Errorf("WAL entry %d cannot be sent: %w", e.Sequence, err)
 			}
 		}
@@ -327,11 +324,13 @@ func (t *WALTail) streamEntries(w io.Writer) error {
 		err = fmt.Errorf("the WAL after sequence %d no longer holds what the restore counted: %d entries of %d bytes, want %d of %d", t.after, n, written, t.count, t.size)
 	}
 	if err != nil {
-		if errors.Is(err, wal.ErrCorrupt) {
-			// A record that recovery verified no longer reads back as
-			// written (the disk changed it): the next restore reads and
-			// checks every entry before it sends any, and is refused with
-			// the damage named, instead of being cut short at it again.
+		var ve *schema.ValidationError
+		if errors.Is(err, wal.ErrCorrupt) || errors.As(err, &ve) {
+			// An entry that cannot be sent, or a record that recovery
+			// verified and that no longer reads back as written (the disk
+			// changed it): the next restore reads and checks every entry
+			// before it sends any, and is refused with the reason, instead
+			// of being cut short at it again.
 			t.st.tailSuspect.Store(true)
 		}
 		return fmt.Errorf("stream the restore's WAL entries %d to %d: %w", t.after+1, t.last, err)
