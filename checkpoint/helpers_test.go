@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"bytes"
 	"encoding/binary"
+	"hash/crc32"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/klauspost/compress/zstd"
 )
 
 func openStore(t testing.TB, opts Options) *Store {
@@ -64,6 +66,24 @@ func rawHeader(b []byte) header {
 func forge(id uuid.UUID, size, bodyLen uint64, crc uint32, body []byte) []byte {
 	h := header{id: id, size: size, bodyLen: bodyLen, crc: crc, watermark: 1}
 	return append(h.marshal(), body...)
+}
+
+// reseal makes a checkpoint file's header checksum match its (edited)
+// header again.
+func reseal(b []byte) []byte {
+	binary.BigEndian.PutUint32(b[64:68], crc32.Checksum(b[:64], castagnoli))
+	return b
+}
+
+// zstdFrame compresses b as one zstd frame that declares its size.
+func zstdFrame(t testing.TB, b []byte) []byte {
+	t.Helper()
+	e, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	return e.EncodeAll(b, nil)
 }
 
 // zstdRLEBomb returns a zstd frame of RLE blocks that decodes to total zero

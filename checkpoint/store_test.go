@@ -528,66 +528,88 @@ func TestLatestAndPrevious(t *testing.T) {
 	}
 }
 
+// TestLoadDamaged: every kind of damage or forgery is ErrCorrupt, for Load
+// and for WriteData (a restore's streamed snapshot), which return no data
+// with it. Where the header's own checksum is valid (forged, or written by
+// another build), want is what the error must name: the check that caught
+// it, not a later one that happens to.
 func TestLoadDamaged(t *testing.T) {
 	data := genCheckpoint(256<<10, 11)
 	crc := crc32.Checksum(data, castagnoli)
 	tests := []struct {
 		name string
 		edit func(id uuid.UUID, b []byte) []byte
+		want string
 	}{
-		{"empty file", func(_ uuid.UUID, b []byte) []byte { return nil }},
-		{"truncated in magic", func(_ uuid.UUID, b []byte) []byte { return b[:5] }},
-		{"truncated in header", func(_ uuid.UUID, b []byte) []byte { return b[:headerLen-1] }},
-		{"header only", func(_ uuid.UUID, b []byte) []byte { return b[:headerLen] }},
-		{"truncated body", func(_ uuid.UUID, b []byte) []byte { return b[:len(b)/2] }},
-		{"last byte missing", func(_ uuid.UUID, b []byte) []byte { return b[:len(b)-1] }},
-		{"trailing garbage", func(_ uuid.UUID, b []byte) []byte { return append(b, 0) }},
-		{"bad magic", func(_ uuid.UUID, b []byte) []byte { b[0] = 'X'; return b }},
-		{"future version", func(_ uuid.UUID, b []byte) []byte { b[9] = 2; return b }},
-		{"header bit flip", func(_ uuid.UUID, b []byte) []byte { b[40] ^= 4; return b }},
-		{"body bit flip", func(_ uuid.UUID, b []byte) []byte { b[headerLen+len(b)/3] ^= 4; return b }},
-		{"data checksum bit flip", func(_ uuid.UUID, b []byte) []byte { b[61] ^= 4; return b }},
-		{"zstd checksum flip", func(_ uuid.UUID, b []byte) []byte { b[len(b)-2] ^= 1; return b }},
+		{"empty file", func(_ uuid.UUID, b []byte) []byte { return nil }, ""},
+		{"truncated in magic", func(_ uuid.UUID, b []byte) []byte { return b[:5] }, ""},
+		{"truncated in header", func(_ uuid.UUID, b []byte) []byte { return b[:headerLen-1] }, ""},
+		{"header only", func(_ uuid.UUID, b []byte) []byte { return b[:headerLen] }, ""},
+		{"truncated body", func(_ uuid.UUID, b []byte) []byte { return b[:len(b)/2] }, "(truncated)"},
+		{"last byte missing", func(_ uuid.UUID, b []byte) []byte { return b[:len(b)-1] }, "(truncated)"},
+		{"trailing garbage", func(_ uuid.UUID, b []byte) []byte { return append(b, 0) }, "(trailing bytes)"},
+		{"bad magic", func(_ uuid.UUID, b []byte) []byte { b[0] = 'X'; return b }, ""},
+		{"future version", func(_ uuid.UUID, b []byte) []byte { b[9] = 2; return b }, ""},
+		{"other magic, header checksum valid", func(_ uuid.UUID, b []byte) []byte { copy(b, "SUPVWAL!"); return reseal(b) }, "bad magic"},
+		{"newer format version, header checksum valid", func(_ uuid.UUID, b []byte) []byte { b[9] = 2; return reseal(b) }, "format version 2"},
+		{"other header length, header checksum valid", func(_ uuid.UUID, b []byte) []byte { b[11] = 72; return reseal(b) }, "header length 72"},
+		{"body longer than its size allows", func(id uuid.UUID, b []byte) []byte {
+			body := bytes.Repeat([]byte{0x42}, 4096)
+			return forge(id, 100, uint64(len(body)), crc, body)
+		}, "cannot hold 100 uncompressed bytes"},
+		{"another checkpoint's body", func(id uuid.UUID, b []byte) []byte {
+			// A valid zstd frame of the right size and another content:
+			// only the data checksum tells.
+			other := bytes.Clone(data)
+			other[len(other)/2] ^= 1
+			body := zstdFrame(t, other)
+			h := rawHeader(b)
+			return forge(id, h.size, uint64(len(body)), h.crc, body)
+		}, "checksum mismatch"},
+		{"header bit flip", func(_ uuid.UUID, b []byte) []byte { b[40] ^= 4; return b }, ""},
+		{"body bit flip", func(_ uuid.UUID, b []byte) []byte { b[headerLen+len(b)/3] ^= 4; return b }, ""},
+		{"data checksum bit flip", func(_ uuid.UUID, b []byte) []byte { b[61] ^= 4; return b }, ""},
+		{"zstd checksum flip", func(_ uuid.UUID, b []byte) []byte { b[len(b)-2] ^= 1; return b }, ""},
 		{"wrong id in header", func(_ uuid.UUID, b []byte) []byte {
 			h := rawHeader(b)
 			return forge(uuid.Must(uuid.NewV7()), h.size, h.bodyLen, h.crc, b[headerLen:])
-		}},
+		}, ""},
 		{"data checksum lies", func(id uuid.UUID, b []byte) []byte {
 			h := rawHeader(b)
 			return forge(id, h.size, h.bodyLen, h.crc+1, b[headerLen:])
-		}},
+		}, ""},
 		{"header size smaller than body", func(id uuid.UUID, b []byte) []byte {
 			h := rawHeader(b)
 			return forge(id, h.size-1, h.bodyLen, h.crc, b[headerLen:])
-		}},
+		}, "more than"},
 		{"header size larger than body", func(id uuid.UUID, b []byte) []byte {
 			h := rawHeader(b)
 			return forge(id, h.size+1000, h.bodyLen, h.crc, b[headerLen:])
-		}},
+		}, ""},
 		{"header size over MaxSize", func(id uuid.UUID, b []byte) []byte {
 			h := rawHeader(b)
 			return forge(id, 1<<40, h.bodyLen, h.crc, b[headerLen:])
-		}},
+		}, ""},
 		{"body length lies", func(id uuid.UUID, b []byte) []byte {
 			h := rawHeader(b)
 			return forge(id, h.size, h.bodyLen+1, h.crc, b[headerLen:])
-		}},
+		}, ""},
 		{"body not zstd", func(id uuid.UUID, b []byte) []byte {
 			body := bytes.Repeat([]byte{0x42}, 1000)
 			return forge(id, uint64(len(data)), uint64(len(body)), crc, body)
-		}},
+		}, ""},
 		{"zstd bomb, no content size", func(id uuid.UUID, b []byte) []byte {
 			body := zstdRLEBomb(1<<30, false)
 			return forge(id, uint64(len(data)), uint64(len(body)), crc, body)
-		}},
+		}, ""},
 		{"zstd bomb, declared content size", func(id uuid.UUID, b []byte) []byte {
 			body := zstdRLEBomb(1<<30, true)
 			return forge(id, uint64(len(data)), uint64(len(body)), crc, body)
-		}},
+		}, ""},
 		{"zstd window over the cap", func(id uuid.UUID, b []byte) []byte {
 			body := []byte{0x28, 0xb5, 0x2f, 0xfd, 0x00, 0xf8, 0x01, 0, 0} // window 2^41
 			return forge(id, uint64(len(data)), uint64(len(body)), crc, body)
-		}},
+		}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -604,7 +626,14 @@ func TestLoadDamaged(t *testing.T) {
 			if got != nil {
 				t.Errorf("Load returned %d bytes with its error", len(got))
 			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Load: err = %v, want it to name %q", err, tt.want)
+			}
 			t.Logf("error: %v", err)
+			_, err = s.WriteData(m.ID, io.Discard)
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("WriteData: err = %v, want ErrCorrupt naming %q", err, tt.want)
+			}
 			// List still lists it, and Latest passes over it.
 			if ms, err := s.List(); err != nil || len(ms) != 1 {
 				t.Errorf("List = %v, %v; want the damaged checkpoint", ms, err)
@@ -729,5 +758,59 @@ func TestCompressWriteFails(t *testing.T) {
 	}
 	if n := runtime.NumGoroutine(); n > before {
 		t.Errorf("%d goroutines after the failed compressions, %d before", n, before)
+	}
+}
+
+// TestWriteDataReaderGone: the writer failing under WriteData (a restore's
+// pipe whose agent died) is that error, as it is — not ErrCorrupt, which
+// would set a sound checkpoint aside for every later restore.
+func TestWriteDataReaderGone(t *testing.T) {
+	s := openStore(t, Options{})
+	data := genCheckpoint(256<<10, 12)
+	m := save(t, s, data, 1)
+	_, err := s.WriteData(m.ID, &failingWriter{n: 100 << 10})
+	if !errors.Is(err, errDiskFull) || errors.Is(err, ErrCorrupt) {
+		t.Fatalf("WriteData into a failing writer: %v; want the writer's error, not ErrCorrupt", err)
+	}
+	var buf bytes.Buffer
+	if _, err := s.WriteData(m.ID, &buf); err != nil || !bytes.Equal(buf.Bytes(), data) {
+		t.Fatalf("WriteData after: %v, %d bytes equal %v", err, buf.Len(), bytes.Equal(buf.Bytes(), data))
+	}
+}
+
+// TestBadMarkReasons: what List says of a checkpoint's bad mark. A mark
+// that does not read still marks it bad, saying so; a damaged checkpoint
+// that is marked bad gives the mark's reason and its damage; a damaged one
+// that is not marked is bad for its damage alone (no mark is invented).
+func TestBadMarkReasons(t *testing.T) {
+	s := openStore(t, Options{})
+	unreadable := save(t, s, []byte{0x80}, 1)
+	damagedMarked := save(t, s, []byte{0x80}, 2)
+	damaged := save(t, s, []byte{0x80}, 3)
+	if err := os.WriteFile(filepath.Join(s.dir, badName(unreadable.ID)), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MarkBad(damagedMarked.ID, "crashed after its restore"); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{damagedMarked.ID, damaged.ID} {
+		editFile(t, ckptPath(s, id), func(b []byte) []byte { b[40] ^= 1; return b })
+	}
+	metas, err := s.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Meta{}
+	for _, m := range metas {
+		got[m.ID] = m
+	}
+	if m := got[unreadable.ID]; !m.Bad || !strings.Contains(m.BadReason, "mark unreadable") {
+		t.Errorf("unreadable mark: bad %v, reason %q; want bad, saying the mark is unreadable", m.Bad, m.BadReason)
+	}
+	if m := got[damagedMarked.ID]; !m.Bad || !strings.Contains(m.BadReason, "crashed after its restore") || !strings.Contains(m.BadReason, "checksum") {
+		t.Errorf("damaged and marked: bad %v, reason %q; want the mark's reason and the damage", m.Bad, m.BadReason)
+	}
+	if m := got[damaged.ID]; !m.Bad || !strings.Contains(m.BadReason, "checksum") || strings.Contains(m.BadReason, "mark") {
+		t.Errorf("damaged, never marked: bad %v, reason %q; want bad for the damage alone", m.Bad, m.BadReason)
 	}
 }
