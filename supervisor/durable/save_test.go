@@ -3,6 +3,8 @@ package durable
 import (
 	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -134,5 +136,96 @@ func TestRewindKeepsAnEarlierBadMark(t *testing.T) {
 				t.Errorf("the rewind's target is marked bad: %q", m.BadReason)
 			}
 		}
+	}
+}
+
+// A checkpoint too large to hold is chosen for a restore by its header
+// alone (its data streamed later): one marked bad, or whose header does not
+// read, is passed over all the same, for the older checkpoint and every
+// entry after it.
+func TestRestorePassesOverALargeCheckpointSetAside(t *testing.T) {
+	for _, how := range []string{"marked bad", "header damaged"} {
+		t.Run(how, func(t *testing.T) {
+			st := openStores(t)
+			appendEntries(t, st, 1, 5, 100)
+			good, _, _, invalid, err := st.SaveCheckpoint(bigData(t, 1000), nil, 5, 0)
+			if invalid != nil || err != nil {
+				t.Fatal(invalid, err)
+			}
+			appendEntries(t, st, 6, 5, 100)
+			big, _, _, invalid, err := st.SaveCheckpoint(bigData(t, 4<<20), nil, 10, 0)
+			if invalid != nil || err != nil {
+				t.Fatal(invalid, err)
+			}
+			appendEntries(t, st, 11, 5, 100)
+			if plan, err := st.BuildRestore(Point{}); err != nil || plan.CheckpointID != big.ID || plan.Tail == nil || plan.Tail.snap == nil {
+				t.Fatalf("before: %+v, %v; want %s, streamed", plan, err, big.ID)
+			}
+			if how == "marked bad" {
+				if err := st.ckpt.MarkBad(big.ID, "set aside by the test"); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				path := filepath.Join(st.dir, "checkpoints", big.ID+".ckpt")
+				f, err := os.OpenFile(path, os.O_RDWR, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := f.WriteAt([]byte{0xff}, 40); err != nil { // the watermark
+					t.Fatal(err)
+				}
+				f.Close()
+			}
+			plan, err := st.BuildRestore(Point{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := restoreThrough(t, plan)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.CheckpointID != good.ID || len(r.WALEntries) != 10 || r.LastSequence != 15 {
+				t.Fatalf("restore from %q with %d entries, want %s with entries 6..15", r.CheckpointID, len(r.WALEntries), good.ID)
+			}
+			if len(plan.Skipped) != 1 || plan.Skipped[0].ID != big.ID {
+				t.Fatalf("skipped %+v, want %s", plan.Skipped, big.ID)
+			}
+		})
+	}
+}
+
+// The crash-loop fallback (Point.OlderThan) restores from the newest good
+// checkpoint older than the one that crash-looped, small or streamed, with
+// every entry after it; a checkpoint the store does not hold is an error,
+// never a restore from the newest.
+func TestRestoreOlderThan(t *testing.T) {
+	st := openStores(t)
+	var metas []checkpoint.Meta
+	for i, size := range []int{1000, 4 << 20, 1000} {
+		appendEntries(t, st, 1+5*i, 5, 100)
+		m, _, _, invalid, err := st.SaveCheckpoint(bigData(t, size), nil, uint64(5+5*i), 0)
+		if invalid != nil || err != nil {
+			t.Fatal(invalid, err)
+		}
+		metas = append(metas, m)
+	}
+	appendEntries(t, st, 16, 5, 100)
+	for i, want := range []int{1, 0} { // older than the newest: the streamed one; older than that: the first
+		plan, err := st.BuildRestore(Point{OlderThan: metas[2-i].ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := restoreThrough(t, plan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.CheckpointID != metas[want].ID || r.LastSequence != 20 || len(r.WALEntries) != 20-int(metas[want].Watermark) {
+			t.Fatalf("older than %s: restore from %q with %d entries to %d, want %s with the %d after it",
+				metas[2-i].ID, r.CheckpointID, len(r.WALEntries), r.LastSequence, metas[want].ID, 20-metas[want].Watermark)
+		}
+	}
+	gone := "01000000-0000-7000-8000-000000000000"
+	if plan, err := st.BuildRestore(Point{OlderThan: gone}); !errors.Is(err, checkpoint.ErrNotFound) {
+		t.Fatalf("older than a checkpoint the store does not hold: %+v, %v; want ErrNotFound", plan, err)
 	}
 }
