@@ -131,3 +131,46 @@ func TestSaveWithAFailedFileFsyncLeavesNothing(t *testing.T) {
 		}
 	}
 }
+
+// Prune's removals — a checkpoint retention lets go, a marker whose
+// checkpoint is gone — are fsynced in their directory, and a failed fsync
+// is Prune's error (the caller must not go on as if they were durable).
+func TestPruneFsyncsItsRemovals(t *testing.T) {
+	eio := errors.New("input/output error")
+	orphan := "01000000-0000-7000-8000-000000000001"
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, s *Store) (wantRemoved int)
+	}{
+		{"a checkpoint", func(t *testing.T, s *Store) int {
+			save(t, s, []byte("old"), 1)
+			save(t, s, []byte("new"), 2)
+			return 1
+		}},
+		{"an orphan marker", func(t *testing.T, s *Store) int {
+			save(t, s, []byte("only"), 1)
+			if err := os.WriteFile(filepath.Join(s.dir, badName(orphan)), []byte(`{"reason":"x"}`), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return 0
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openStore(t, Options{Retain: 1})
+			want := tc.setup(t, s)
+			d := &dirSyncs{dir: s.dir, err: eio, n: -1}
+			restore := atomicfile.SetSyncHook(d.hook)
+			removed, err := s.Prune()
+			restore()
+			if !errors.Is(err, eio) || len(removed) != want {
+				t.Fatalf("Prune with failing directory fsyncs: removed %v, err %v; want %d removed and %v", removed, err, want, eio)
+			}
+			if !slices.Contains(d.synced, s.dir) {
+				t.Fatalf("directories fsynced: %v; want %s", d.synced, s.dir)
+			}
+			if _, err := os.Stat(filepath.Join(s.dir, badName(orphan))); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("the orphan marker: %v, want it removed", err)
+			}
+		})
+	}
+}
