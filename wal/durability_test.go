@@ -523,3 +523,30 @@ func TestReopenHealthyKeepsAccepted(t *testing.T) {
 		t.Fatalf("Reopen after Close = %v, want ErrClosed", err)
 	}
 }
+
+// Close makes what the log accepted durable; when that last fsync fails,
+// Close says so (the entries after the durable sequence may be gone), and
+// the next Open holds no more than was durable before it.
+func TestCloseReportsAFailedFinalFsync(t *testing.T) {
+	for _, policy := range []SyncPolicy{SyncNone, SyncBatch} {
+		t.Run(policy.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			fo := &faultOps{}
+			o := testOptions(t, dir)
+			o.ops = fo
+			o.Sync = policy
+			o.SyncInterval = time.Hour
+			l := mustOpen(t, o)
+			mustAppend(t, l, seqEntries(1, 5)...)
+			if err := l.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			fo.failSyncs(syscall.EIO, -1)
+			mustAppend(t, l, seqEntries(6, 9)...)
+			err := l.Close()
+			if !errors.Is(err, syscall.EIO) || !strings.Contains(err.Error(), "after sequence 5") {
+				t.Fatalf("Close with its final fsync failing = %v; want EIO, naming the durable sequence 5", err)
+			}
+		})
+	}
+}
