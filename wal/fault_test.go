@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -352,4 +353,40 @@ func openFDs(t *testing.T) int {
 		t.Skip("no /proc/self/fd")
 	}
 	return len(ents)
+}
+
+// TestUnclearedFailedWriteStopsTheLog: under SyncAlways a failed write
+// normally fails only its own Append, once its half-written bytes are
+// cleared. When they cannot be cleared (the clearing fails too), the log
+// stops, whatever the policy: those bytes must not come back as an entry
+// after a crash, so nothing is appended after them until Reopen clears
+// them.
+func TestUnclearedFailedWriteStopsTheLog(t *testing.T) {
+	dir := t.TempDir()
+	fo := &faultOps{}
+	o := testOptions(t, dir)
+	o.Sync, o.ops = SyncAlways, fo
+	l := mustOpen(t, o)
+	defer l.Close()
+	mustAppend(t, l, seqEntries(1, 3)...)
+	// The write fails, and so does the fsync that would make its clearing
+	// (zeros, or a truncation where the file was not preallocated) durable.
+	fo.failWrites(syscall.EIO, nil)
+	fo.failSyncs(syscall.EIO, -1)
+	if _, err := l.Append(seqEntries(4, 4)...); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("Append while writes fail: %v, want EIO", err)
+	}
+	fo.heal()
+	_, err := l.Append(seqEntries(4, 4)...)
+	var fe *FailedError
+	if !errors.As(err, &fe) || !strings.Contains(err.Error(), "clearing its bytes failed too") {
+		t.Fatalf("Append after the failed write could not be cleared: %v; want the log stopped (a *FailedError saying the clearing failed)", err)
+	}
+	if last, err := l.Reopen(); err != nil || last != 3 {
+		t.Fatalf("Reopen = %d, %v; want 3", last, err)
+	}
+	mustAppend(t, l, seqEntries(4, 5)...)
+	if got := readAll(t, l, 0); len(got) != 5 || got[4].Sequence != 5 {
+		t.Fatalf("after Reopen: %d entries", len(got))
+	}
 }
