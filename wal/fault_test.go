@@ -390,3 +390,37 @@ func TestUnclearedFailedWriteStopsTheLog(t *testing.T) {
 		t.Fatalf("after Reopen: %d entries", len(got))
 	}
 }
+
+// TestFailedFsyncAtARollStopsTheLog: a segment is fsynced before the next
+// one starts; when that fsync fails, the log stops with the range it
+// covered, as for any failed fsync — it does not go on in the next segment
+// (whose fsyncs would then succeed and make the entries after the lost
+// ones durable, leaving a gap after a crash).
+func TestFailedFsyncAtARollStopsTheLog(t *testing.T) {
+	dir := t.TempDir()
+	fo := &faultOps{}
+	o := testOptions(t, dir)
+	o.Sync, o.ops, o.SegmentSize = SyncNone, fo, MinSegmentSize // no fsync but at a roll
+	l := mustOpen(t, o)
+	defer l.Close()
+	mustAppend(t, l, seqEntries(1, 1)...)
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	fo.failSyncs(syscall.EIO, 1) // the roll's; later fsyncs succeed
+	segs := func() int { m, _ := filepath.Glob(filepath.Join(dir, "*.wal")); return len(m) }
+	for s := uint64(2); segs() < 2 && s < 1000; s++ {
+		if _, err := l.Append(seqEntries(s, s)...); err != nil {
+			break // the log stopped
+		}
+		l.Hurry(s)
+	}
+	err := l.Sync()
+	var fe *FailedError
+	if !errors.As(err, &fe) || !errors.Is(err, syscall.EIO) || fe.First != 2 || fe.Durable != 1 {
+		t.Fatalf("Sync after the roll's fsync failed: %v; want the log stopped, entries from 2 failed, 1 durable", err)
+	}
+	if last, err := l.Reopen(); err != nil || last != 1 {
+		t.Fatalf("Reopen = %d, %v; want 1", last, err)
+	}
+}
