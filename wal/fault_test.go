@@ -376,6 +376,14 @@ func TestUnclearedFailedWriteStopsTheLog(t *testing.T) {
 	if _, err := l.Append(seqEntries(4, 4)...); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("Append while writes fail: %v, want EIO", err)
 	}
+	// Nor does Reopen bring the log back while the clearing cannot be made
+	// durable (writes work again, the one fsync that would cover the
+	// clearing fails): after a machine crash the bytes could be back.
+	fo.failWrites(nil, nil)
+	fo.failSyncs(syscall.EIO, 1)
+	if last, err := l.Reopen(); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("Reopen while fsyncs fail = %d, %v; want it refused with EIO", last, err)
+	}
 	fo.heal()
 	_, err := l.Append(seqEntries(4, 4)...)
 	var fe *FailedError
