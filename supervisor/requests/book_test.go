@@ -297,3 +297,54 @@ func TestOnlyTheAgentsDeathsAreCharged(t *testing.T) {
 		}
 	})
 }
+
+// TestLateAnswers: what an answer after the request closed does. To a
+// request set aside as poison, or cancelled, it is late (outcome "late"):
+// the cancelled request keeps the first late answer for the client to see,
+// and a second one is a duplicate, as is any answer to an answered request.
+func TestLateAnswers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := testBook(t, t.TempDir(), Config{MaxBytes: 1 << 30, MaxAttempts: 1})
+		agent := &fullAgent{}
+		for _, id := range []string{"poison", "cancelled", "answered"} {
+			if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), id, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b.AgentUp(agent)
+		synctest.Wait()
+		// All three in flight; two answered or cancelled first, so that the
+		// death is the poison request's alone.
+		if _, _, err := b.Answer("answered", json.RawMessage(`"first"`), nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Cancel("cancelled"); err != nil {
+			t.Fatal(err)
+		}
+		b.AgentGone("crashed")
+		if v, _ := b.Get("poison"); v.Status != StatusFailed || v.Error == nil || v.Error.Code != CodePoison {
+			t.Fatalf("the request in flight alone at the crash: %+v, want it set aside as poison", v.Request)
+		}
+		for _, c := range []struct {
+			id, data string
+			outcome  string
+			err      error
+		}{
+			{"poison", `"late"`, OutcomeLate, nil},
+			{"cancelled", `"late one"`, OutcomeLate, nil},
+			{"cancelled", `"late two"`, "", ErrDuplicate},
+			{"answered", `"second"`, "", ErrDuplicate},
+		} {
+			outcome, _, err := b.Answer(c.id, json.RawMessage(c.data), nil)
+			if outcome != c.outcome || err != c.err {
+				t.Fatalf("answer %s to %s: %q, %v; want %q, %v", c.data, c.id, outcome, err, c.outcome, c.err)
+			}
+		}
+		if v, _ := b.Get("cancelled"); string(v.LateData) != `"late one"` {
+			t.Fatalf("the cancelled request's late answer: %s, want the first one kept", v.LateData)
+		}
+		if v, _ := b.Get("answered"); string(v.Data) != `"first"` {
+			t.Fatalf("the answered request's data: %s, want the first answer", v.Data)
+		}
+	})
+}
