@@ -321,6 +321,9 @@ func TestLateAnswers(t *testing.T) {
 		if _, err := b.Cancel("cancelled"); err != nil {
 			t.Fatal(err)
 		}
+		if v, err := b.Cancel("cancelled"); err != nil || v.Status != StatusCancelled {
+			t.Fatalf("a second cancel: %s, %v; want the cancelled request as it is, no error", v.Status, err)
+		}
 		b.AgentGone("crashed")
 		if v, _ := b.Get("poison"); v.Status != StatusFailed || v.Error == nil || v.Error.Code != CodePoison {
 			t.Fatalf("the request in flight alone at the crash: %+v, want it set aside as poison", v.Request)
@@ -347,4 +350,49 @@ func TestLateAnswers(t *testing.T) {
 			t.Fatalf("the answered request's data: %s, want the first answer", v.Data)
 		}
 	})
+}
+
+// TestReplayIsIdempotent: a journal may hold a request's whole state
+// (compacted) and records about it after, or two final records (an answer
+// and an expiry that crossed): the book rebuilt from it keeps the first
+// final state, never reopens or re-closes a request (closing its done
+// channel twice would panic the start), and a finished request's waiters
+// are released at once.
+func TestReplayIsIdempotent(t *testing.T) {
+	dir := t.TempDir()
+	j, _, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Start(func() []*Record { return nil }, nil)
+	now := time.Now().UnixNano()
+	compacted := &Request{ID: "s", Status: StatusAnswered, Data: json.RawMessage(`"from the state"`), Accepted: time.Unix(0, now), Finished: time.Unix(0, now)}
+	if err := j.Append(
+		&Record{Kind: KindAccepted, ID: "r", Body: []byte(`{"message":"x"}`), At: now, Deadline: now + int64(time.Hour)},
+		&Record{Kind: KindAnswered, ID: "r", Data: json.RawMessage(`"first"`), At: now + 1},
+		&Record{Kind: KindExpired, ID: "r", At: now + 2},
+		&Record{Kind: KindCancelled, ID: "r", At: now + 3},
+		&Record{Kind: KindAccepted, ID: "r", Body: []byte(`{"message":"again"}`), At: now + 4},
+		&Record{Kind: KindAccepted, ID: "s", Body: []byte(`{"message":"y"}`), At: now, Deadline: now + int64(time.Hour)},
+		&Record{Kind: KindState, ID: "s", State: compacted},
+		&Record{Kind: KindExpired, ID: "s", At: now + 5},
+	).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	b := testBook(t, dir, Config{MaxBytes: 1 << 30})
+	if l := b.List(); len(l) != 2 {
+		t.Fatalf("after replay the book lists %d requests, want r and s once each", len(l))
+	}
+	for id, want := range map[string]string{"r": `"first"`, "s": `"from the state"`} {
+		v, ok := b.Get(id)
+		if !ok || v.Status != StatusAnswered || string(v.Data) != want {
+			t.Fatalf("%s after replay: %+v, want answered with %s", id, v.Request, want)
+		}
+		select {
+		case <-b.Done(id):
+		default:
+			t.Fatalf("%s after replay: its waiters are not released", id)
+		}
+	}
 }
