@@ -14,6 +14,30 @@ import (
 	"github.com/agent-sidecar/supervisor/schema"
 )
 
+// restored builds the restore for point and reads it as the agent would.
+func restored(t *testing.T, st *Stores, point Point) (*Plan, *schema.Restore) {
+	t.Helper()
+	plan, err := st.BuildRestore(point)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := restoreThrough(t, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return plan, r
+}
+
+// saveCheckpoint stores a checkpoint of about size bytes at watermark.
+func saveCheckpoint(t *testing.T, st *Stores, size int, watermark uint64) checkpoint.Meta {
+	t.Helper()
+	m, _, _, invalid, err := st.SaveCheckpoint(bigData(t, size), nil, watermark, 0)
+	if invalid != nil || err != nil {
+		t.Fatal(invalid, err)
+	}
+	return m
+}
+
 // listIDs is the store's checkpoint ids, newest first.
 func listIDs(t *testing.T, st *Stores) []checkpoint.Meta {
 	t.Helper()
@@ -62,10 +86,7 @@ func TestSaveCheckpointInvalidCompressedStoresNothing(t *testing.T) {
 			}
 			st := openStores(t)
 			appendEntries(t, st, 1, 5, 100)
-			good, _, _, invalid, err := st.SaveCheckpoint(bigData(t, 1000), nil, 5, 0)
-			if invalid != nil || err != nil {
-				t.Fatal(invalid, err)
-			}
+			good := saveCheckpoint(t, st, 1000, 5)
 			appendEntries(t, st, 6, 5, 100)
 			meta, _, _, invalid, err := st.SaveCheckpoint(nil, tc.zdata, 10, 0)
 			if err != nil {
@@ -80,14 +101,7 @@ func TestSaveCheckpointInvalidCompressedStoresNothing(t *testing.T) {
 			if got := listIDs(t, st); len(got) != 1 || got[0].ID != good.ID {
 				t.Fatalf("checkpoints after the invalid one: %+v, want only %s", got, good.ID)
 			}
-			plan, err := st.BuildRestore(Point{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			r, err := restoreThrough(t, plan)
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, r := restored(t, st, Point{})
 			if r.CheckpointID != good.ID || len(r.WALEntries) != 5 || r.LastSequence != 10 {
 				t.Fatalf("restore from %q with %d entries to %d, want %s with entries 6..10", r.CheckpointID, len(r.WALEntries), r.LastSequence, good.ID)
 			}
@@ -104,10 +118,7 @@ func TestRewindKeepsAnEarlierBadMark(t *testing.T) {
 	var ids []checkpoint.Meta
 	for i, wm := range []int{5, 10, 15} {
 		appendEntries(t, st, 1+5*i, 5, 100)
-		m, _, _, invalid, err := st.SaveCheckpoint(bigData(t, 1000), nil, uint64(wm), 0)
-		if invalid != nil || err != nil {
-			t.Fatal(invalid, err)
-		}
+		m := saveCheckpoint(t, st, 1000, uint64(wm))
 		ids = append(ids, m)
 	}
 	const reason = "damaged: found by the test"
@@ -148,15 +159,9 @@ func TestRestorePassesOverALargeCheckpointSetAside(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			st := openStores(t)
 			appendEntries(t, st, 1, 5, 100)
-			good, _, _, invalid, err := st.SaveCheckpoint(bigData(t, 1000), nil, 5, 0)
-			if invalid != nil || err != nil {
-				t.Fatal(invalid, err)
-			}
+			good := saveCheckpoint(t, st, 1000, 5)
 			appendEntries(t, st, 6, 5, 100)
-			big, _, _, invalid, err := st.SaveCheckpoint(bigData(t, 4<<20), nil, 10, 0)
-			if invalid != nil || err != nil {
-				t.Fatal(invalid, err)
-			}
+			big := saveCheckpoint(t, st, 4<<20, 10)
 			appendEntries(t, st, 11, 5, 100)
 			if plan, err := st.BuildRestore(Point{}); err != nil || plan.CheckpointID != big.ID || plan.Tail == nil || plan.Tail.snap == nil {
 				t.Fatalf("before: %+v, %v; want %s, streamed", plan, err, big.ID)
@@ -176,14 +181,7 @@ func TestRestorePassesOverALargeCheckpointSetAside(t *testing.T) {
 				}
 				f.Close()
 			}
-			plan, err := st.BuildRestore(Point{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			r, err := restoreThrough(t, plan)
-			if err != nil {
-				t.Fatal(err)
-			}
+			plan, r := restored(t, st, Point{})
 			if r.CheckpointID != good.ID || len(r.WALEntries) != 10 || r.LastSequence != 15 {
 				t.Fatalf("restore from %q with %d entries, want %s with entries 6..15", r.CheckpointID, len(r.WALEntries), good.ID)
 			}
@@ -203,22 +201,12 @@ func TestRestoreOlderThan(t *testing.T) {
 	var metas []checkpoint.Meta
 	for i, size := range []int{1000, 4 << 20, 1000} {
 		appendEntries(t, st, 1+5*i, 5, 100)
-		m, _, _, invalid, err := st.SaveCheckpoint(bigData(t, size), nil, uint64(5+5*i), 0)
-		if invalid != nil || err != nil {
-			t.Fatal(invalid, err)
-		}
+		m := saveCheckpoint(t, st, size, uint64(5+5*i))
 		metas = append(metas, m)
 	}
 	appendEntries(t, st, 16, 5, 100)
 	for i, want := range []int{1, 0} { // older than the newest: the streamed one; older than that: the first
-		plan, err := st.BuildRestore(Point{OlderThan: metas[2-i].ID})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := restoreThrough(t, plan)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, r := restored(t, st, Point{OlderThan: metas[2-i].ID})
 		if r.CheckpointID != metas[want].ID || r.LastSequence != 20 || len(r.WALEntries) != 20-int(metas[want].Watermark) {
 			t.Fatalf("older than %s: restore from %q with %d entries to %d, want %s with the %d after it",
 				metas[2-i].ID, r.CheckpointID, len(r.WALEntries), r.LastSequence, metas[want].ID, 20-metas[want].Watermark)
