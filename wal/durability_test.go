@@ -531,10 +531,7 @@ func TestCloseReportsAFailedFinalFsync(t *testing.T) {
 	for _, policy := range []SyncPolicy{SyncNone, SyncBatch} {
 		t.Run(policy.String(), func(t *testing.T) {
 			dir := t.TempDir()
-			fo := &faultOps{}
-			o := testOptions(t, dir)
-			o.ops = fo
-			o.Sync = policy
+			o, fo := faultyOptions(t, dir, policy)
 			o.SyncInterval = time.Hour
 			l := mustOpen(t, o)
 			mustAppend(t, l, seqEntries(1, 5)...)

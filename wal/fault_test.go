@@ -34,6 +34,15 @@ type faultOps struct {
 
 var _ fileOps = (*faultOps)(nil)
 
+// faultyOptions is testOptions for dir under policy, its writes and fsyncs
+// going through a faultOps the test fails on demand.
+func faultyOptions(t testing.TB, dir string, policy SyncPolicy) (Options, *faultOps) {
+	fo := &faultOps{}
+	o := testOptions(t, dir)
+	o.Sync, o.ops = policy, fo
+	return o, fo
+}
+
 func (f *faultOps) failWrites(err error, cond func(off int64) bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -131,9 +140,8 @@ func TestWriteFailure(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			fo := &faultOps{}
-			o := testOptions(t, dir)
-			o.Sync, o.ops, o.SegmentSize = tc.policy, fo, MinSegmentSize
+			o, fo := faultyOptions(t, dir, tc.policy)
+			o.SegmentSize = MinSegmentSize
 			var reported []*FailedError
 			var repMu sync.Mutex
 			o.OnFailure = func(fe *FailedError) { repMu.Lock(); reported = append(reported, fe); repMu.Unlock() }
@@ -243,9 +251,7 @@ func TestWriteFailure(t *testing.T) {
 // right after a failed Append: the half-written record must not come back.
 func TestFailedAppendNotResurrected(t *testing.T) {
 	dir := t.TempDir()
-	fo := &faultOps{}
-	o := testOptions(t, dir)
-	o.Sync, o.ops = SyncAlways, fo
+	o, fo := faultyOptions(t, dir, SyncAlways)
 	l := mustOpen(t, o)
 	mustAppend(t, l, seqEntries(1, 10)...)
 	fo.failSyncs(syscall.EIO, 1) // the record is written completely, its fsync fails
@@ -363,9 +369,7 @@ func openFDs(t *testing.T) int {
 // them.
 func TestUnclearedFailedWriteStopsTheLog(t *testing.T) {
 	dir := t.TempDir()
-	fo := &faultOps{}
-	o := testOptions(t, dir)
-	o.Sync, o.ops = SyncAlways, fo
+	o, fo := faultyOptions(t, dir, SyncAlways)
 	l := mustOpen(t, o)
 	defer l.Close()
 	mustAppend(t, l, seqEntries(1, 3)...)
@@ -406,9 +410,8 @@ func TestUnclearedFailedWriteStopsTheLog(t *testing.T) {
 // ones durable, leaving a gap after a crash).
 func TestFailedFsyncAtARollStopsTheLog(t *testing.T) {
 	dir := t.TempDir()
-	fo := &faultOps{}
-	o := testOptions(t, dir)
-	o.Sync, o.ops, o.SegmentSize = SyncNone, fo, MinSegmentSize // no fsync but at a roll
+	o, fo := faultyOptions(t, dir, SyncNone)
+	o.SegmentSize = MinSegmentSize // no fsync but at a roll
 	l := mustOpen(t, o)
 	defer l.Close()
 	mustAppend(t, l, seqEntries(1, 1)...)

@@ -68,9 +68,7 @@ func TestWatchRunsOnDurability(t *testing.T) {
 // TestWatchSeesFailure: a failed fsync stops the log, and the watcher hears
 // of it with what stays durable.
 func TestWatchSeesFailure(t *testing.T) {
-	fo := &faultOps{}
-	o := testOptions(t, t.TempDir())
-	o.Sync, o.ops = SyncBatch, fo
+	o, fo := faultyOptions(t, t.TempDir(), SyncBatch)
 	l := mustOpen(t, o)
 	defer l.Close()
 	mustAppend(t, l, seqEntries(1, 5)...)
@@ -102,9 +100,8 @@ func TestWatchSeesFailure(t *testing.T) {
 // caller. Here every write brings another append, so something is always
 // pending, and SyncInterval is an hour.
 func TestHurryEndsTheBatchWindow(t *testing.T) {
-	fo := &faultOps{}
-	o := testOptions(t, t.TempDir())
-	o.Sync, o.SyncInterval, o.ops = SyncBatch, time.Hour, fo
+	o, fo := faultyOptions(t, t.TempDir(), SyncBatch)
+	o.SyncInterval = time.Hour
 	l := mustOpen(t, o)
 	defer l.Close()
 	const flood = 200
