@@ -167,6 +167,11 @@ type Journal struct {
 	sync func(*os.File) error
 	// alloc is the file's size: size plus the zeros grown ahead (writer only).
 	alloc int64
+	// dirUnsynced: the file is a compaction's whose rename is not known to
+	// be durable (its directory fsync failed), so a power cut may bring the
+	// old file back under the journal's name. No record is acknowledged
+	// until a directory fsync succeeds (writer only).
+	dirUnsynced bool
 
 	mu      sync.Mutex
 	pending [][]byte // encoded records waiting for the writer
@@ -623,6 +628,11 @@ func (j *Journal) write(off int64, data [][]byte) error {
 	if err == nil {
 		err = j.sync(j.f)
 	}
+	if err == nil && j.dirUnsynced {
+		if err = atomicfile.SyncDir(j.dir); err == nil {
+			j.dirUnsynced = false
+		}
+	}
 	if err != nil {
 		_ = j.f.Truncate(off)
 		_ = j.sync(j.f)
@@ -664,6 +674,10 @@ func (j *Journal) rewrite() {
 	if err != nil && !errors.Is(err, atomicfile.ErrNotDurable) {
 		return // the old journal stays; compaction is tried again later
 	}
+	// ErrNotDurable: renamed, the directory fsync failed. The new file is
+	// the journal from now on; the next write fsyncs the directory before
+	// it acknowledges anything (write).
+	notDurable := err != nil
 	f, err := os.OpenFile(path, os.O_RDWR|noFollowOpt, 0)
 	if err != nil {
 		return
@@ -673,6 +687,7 @@ func (j *Journal) rewrite() {
 	j.f = f
 	j.size = size
 	j.alloc = size
+	j.dirUnsynced = notDurable
 	j.version++
 	j.mu.Unlock()
 	old.Close()
