@@ -338,18 +338,37 @@ func (b *Book) releaseBodyLocked(r *Request) {
 // MaxResultBytes; --request-journal-bytes bounds the journal on disk.
 const MaxPendingBodyBytes = 8 << 20
 
-// snapshot is the compacted journal: one state record per durable request.
+// snapshot is the compacted journal: one state record per durable request
+// (and per request whose acceptance is on disk, see below).
 func (b *Book) snapshot() []*Record {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	recs := make([]*Record, 0, len(b.reqs))
+	add := func(r *Request) {
+		st := *r
+		st.ticket, st.done = nil, nil
+		recs = append(recs, &Record{Kind: KindState, ID: r.ID, State: &st})
+	}
 	for _, r := range b.order {
 		if b.reqs[r.ID] != r || !r.durable {
 			continue
 		}
-		st := *r
-		st.ticket, st.done = nil, nil
-		recs = append(recs, &Record{Kind: KindState, ID: r.ID, State: &st})
+		add(r)
+	}
+	// A request whose accepted record is written, in the file this
+	// compaction replaces, while its Accept has not yet taken the lock
+	// back to mark it durable (and answer 202): it must be in the new file
+	// too. One whose record is still queued is not: that record is written
+	// after the compaction (the compaction holds the writer's place).
+	var written []*Request
+	for _, r := range b.reqs {
+		if !r.durable && r.ticket != nil && r.ticket.succeeded() {
+			written = append(written, r)
+		}
+	}
+	sort.Slice(written, func(i, k int) bool { return written[i].seq < written[k].seq })
+	for _, r := range written {
+		add(r)
 	}
 	return recs
 }

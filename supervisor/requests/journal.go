@@ -147,6 +147,16 @@ func (t *Ticket) Wait() error {
 // Done is closed once the records are on disk or failed.
 func (t *Ticket) Done() <-chan struct{} { return t.done }
 
+// succeeded reports whether the records are on disk (without waiting).
+func (t *Ticket) succeeded() bool {
+	select {
+	case <-t.done:
+		return t.err == nil
+	default:
+		return false
+	}
+}
+
 // Journal is the request journal file with its group commit: Append queues
 // records (never blocking on the disk); one writer at a time writes every
 // queued record, fsyncs once, and completes their tickets. The writer is
