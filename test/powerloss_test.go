@@ -103,7 +103,13 @@ var fileKinds = map[string]func(c crashfs.Fsync) bool{
 	"data-dir":        func(c crashfs.Fsync) bool { return c.Dir && c.Path == dataRel },
 	"audit":           func(c crashfs.Fsync) bool { return strings.Contains(c.Path, "audit.jsonl") },
 	"replica-state":   func(c crashfs.Fsync) bool { return strings.Contains(c.Path, "replica.json") },
-	"request-journal": func(c crashfs.Fsync) bool { return strings.Contains(c.Path, "/requests") },
+	// The journal's file and a compaction's temporary file.
+	"request-journal-file": func(c crashfs.Fsync) bool { return !c.Dir && strings.HasPrefix(c.Path, dataRel+"/requests/") },
+	// The journal's directory at each compaction's rename. Not the first
+	// fsync since the mount: in the first round that one makes the new
+	// journal's name durable, and its failure refuses the start, as it
+	// should, which this variant does not test.
+	"request-journal-dir": func(c crashfs.Fsync) bool { return c.Dir && c.Path == dataRel+"/requests" && c.Count > 0 },
 	// An evolution's pinned backup and the ledger of promotions.
 	"evolution": func(c crashfs.Fsync) bool {
 		return strings.Contains(c.Path, ".pin") || strings.Contains(c.Path, "evolution.json")
@@ -158,6 +164,9 @@ func plVariants() []plVariant {
 	// A trial every 300 ms, each 200 ms long.
 	evolve := []string{"--shadow-duration", "200ms"}
 	evolveEnv := []string{"PL_EVOLVE_EVERY=300ms"}
+	// Requests the agent never answers expire and are forgotten within a
+	// round (plRequestForget): the journal is compacted as they go.
+	expiring := []string{"--request-timeout", plRequestTimeout.String(), "--request-retention", plRequestRetention.String()}
 	vs := []plVariant{
 		{name: "batch", sync: "batch", rounds: 3},
 		{name: "always", sync: "always", rounds: 3},
@@ -182,6 +191,11 @@ func plVariants() []plVariant {
 		{name: "requests-journaled", sync: "batch", requests: true, rounds: 3},
 		{name: "requests-journaled-torn", sync: "batch", env: flood, torn: crashfs.TornSubset, requests: true, rounds: 2},
 		{name: "eio-replica-state", sync: "batch", replica: true, fault: failKind("replica-state", 1, 0.5), kind: "replica-state", rounds: 2},
+		// Requests journaled, expired and forgotten within a round, so
+		// the journal is compacted (renamed over) again and again, with
+		// its fsyncs failing: the file's, then the directory's.
+		{name: "eio-request-journal-file", sync: "batch", requests: true, flags: expiring, fault: failKind("request-journal-file", 100, 0.3), kind: "request-journal-file", rounds: 3},
+		{name: "eio-request-journal-dir", sync: "batch", requests: true, flags: expiring, fault: failKind("request-journal-dir", 2, 0.5), kind: "request-journal-dir", rounds: 3},
 	}
 	// Kinds fsynced often fail after a random number of their fsyncs, so
 	// the failure lands anywhere in a round; rare ones fail at once.
@@ -421,10 +435,10 @@ func (pl *plRun) round(r int, seed uint64) {
 		started := pl.waitStart(s, startsBefore, 120*time.Second)
 		cutAt = started.Add(300*time.Millisecond + time.Duration(rng.IntN(1500))*time.Millisecond)
 	}
-	var posted <-chan []plAccepted
+	var posted <-chan []plPosted
 	stopPosting := make(chan struct{})
 	if pl.v.requests {
-		posted = postUntil(s, stopPosting)
+		posted = postUntil(s, stopPosting, r)
 	}
 	time.Sleep(time.Until(cutAt))
 	// Half the cuts (all of them when pages may tear) land right after a
@@ -444,7 +458,7 @@ func (pl *plRun) round(r int, seed uint64) {
 	}
 	if posted != nil {
 		close(stopPosting)
-		pl.checkRequests(r, cut, <-posted)
+		pl.checkRequests(r, cut, <-posted, crashfs.Describe(fsys.Faults()))
 	}
 	st := fsys.Stats()
 	pl.rounds++
@@ -835,17 +849,30 @@ func reportsCorruption(out string) bool {
 }
 
 // plAccepted is a request answered 202, and when the answer came.
-type plAccepted struct {
-	id string
-	at time.Time
+// Requests in the expiring variants: the agent never answers, so each
+// expires plRequestTimeout after it was accepted and is forgotten (and
+// compacted away) plRequestRetention after that.
+const (
+	plRequestTimeout   = 100 * time.Millisecond
+	plRequestRetention = 50 * time.Millisecond
+)
+
+// plPosted is one POST /v1/requests of a round.
+type plPosted struct {
+	key    string    // its Idempotency-Key
+	id     string    // request_id, when answered 202
+	status int       // the HTTP status; 0: no answer
+	sent   time.Time // before the POST was sent
+	at     time.Time // when its answer was read
 }
 
-// postUntil POSTs requests to s until stop, and sends the ones answered 202.
-func postUntil(s *sup, stop <-chan struct{}) <-chan []plAccepted {
-	out := make(chan []plAccepted, 1)
+// postUntil POSTs requests to s, each with its own Idempotency-Key, until
+// stop, and sends what each was answered.
+func postUntil(s *sup, stop <-chan struct{}, round int) <-chan []plPosted {
+	out := make(chan []plPosted, 1)
 	url := s.url("/v1/requests")
 	go func() {
-		var got []plAccepted
+		var got []plPosted
 		defer func() { out <- got }()
 		client := &http.Client{Timeout: 2 * time.Second}
 		for i := 0; ; i++ {
@@ -854,50 +881,77 @@ func postUntil(s *sup, stop <-chan struct{}) <-chan []plAccepted {
 				return
 			default:
 			}
-			resp, err := client.Post(url, "application/json", strings.NewReader(fmt.Sprintf(`{"message":"pl %d"}`, i)))
+			p := plPosted{key: fmt.Sprintf("pl-%d-%d", round, i), sent: time.Now()}
+			req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(fmt.Sprintf(`{"message":"pl %d"}`, i)))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", p.key)
+			resp, err := client.Do(req)
 			if err != nil {
+				// No answer (the supervisor not up yet, or killed):
+				// either way is allowed, so it is not checked.
 				time.Sleep(5 * time.Millisecond)
 				continue
 			}
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
+			p.status, p.at = resp.StatusCode, time.Now()
 			if resp.StatusCode == http.StatusAccepted {
 				var r struct {
 					ID string `json:"request_id"`
 				}
-				if json.Unmarshal(b, &r) == nil {
-					got = append(got, plAccepted{r.ID, time.Now()})
+				if json.Unmarshal(b, &r) != nil {
+					continue
 				}
+				p.id = r.ID
 			}
+			got = append(got, p)
 		}
 	}()
 	return out
 }
 
 // checkRequests: every request answered 202 before the cut is in the
-// crashed image's request journal.
-func (pl *plRun) checkRequests(r int, cut time.Time, accepted []plAccepted) {
+// crashed image's request journal, unless it may have expired and been
+// forgotten since (the expiring variants: accepted more than
+// plRequestTimeout + plRequestRetention before the cut); no request
+// refused with a 5xx is (a refusal means not journaled).
+func (pl *plRun) checkRequests(r int, cut time.Time, posted []plPosted, faults string) {
 	views, rp, err := requests.Load(filepath.Join(pl.disk, dataRel))
 	if err != nil {
 		pl.t.Errorf("round %d: the request journal on the image: %v", r, err)
 		return
 	}
-	have := map[string]bool{}
+	ids, keys := map[string]bool{}, map[string]bool{}
 	for _, v := range views {
-		have[v.ID] = true
+		ids[v.ID] = true
+		keys[v.Key] = true
 	}
-	n, lost := 0, 0
-	for _, a := range accepted {
-		if !a.at.Before(cut) {
-			continue
-		}
-		n++
-		if !have[a.id] {
-			lost++
-			if lost <= 5 {
-				pl.t.Errorf("round %d: request %s was answered 202 %s before the power cut and is not in the request journal", r, a.id, cut.Sub(a.at))
+	expiring := slices.Contains(pl.v.flags, "--request-retention")
+	n, lost, refused, back, forgettable := 0, 0, 0, 0, 0
+	for _, p := range posted {
+		switch {
+		case p.status == http.StatusAccepted && p.at.Before(cut):
+			if expiring && cut.Sub(p.sent) >= plRequestTimeout+plRequestRetention {
+				forgettable++
+				continue
+			}
+			n++
+			if !ids[p.id] {
+				lost++
+				if lost <= 5 {
+					pl.t.Errorf("round %d: request %s was answered 202 %s before the power cut and is not in the request journal", r, p.id, cut.Sub(p.at))
+				}
+			}
+		case p.status >= 500:
+			refused++
+			if keys[p.key] {
+				back++
+				if back <= 5 {
+					pl.t.Errorf("round %d: request %s was refused (%d) %s before the power cut and is in the request journal", r, p.key, p.status, cut.Sub(p.at))
+				}
 			}
 		}
 	}
-	pl.t.Logf("round %d: %d requests answered 202 before the cut, %d in the journal (torn tail %d bytes), %d lost", r, n, len(views), rp.TruncatedBytes, lost)
+	pl.t.Logf("round %d: %d requests answered 202 before the cut and not yet forgettable (%d more were), %d in the journal (torn tail %d bytes), %d lost; %d refused, %d of them in the journal; %s",
+		r, n, forgettable, len(views), rp.TruncatedBytes, lost, refused, back, faults)
 }
