@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -48,6 +49,7 @@ func TestCompactionKeepsRequestsBeingAccepted(t *testing.T) {
 				case <-stop:
 					return
 				default:
+					runtime.Gosched()
 				}
 			}
 			n++
