@@ -665,6 +665,7 @@ func (j *Journal) rewrite() {
 	// Streamed one record at a time: a compaction costs one record's
 	// memory, not the journal's.
 	var size int64
+	var nf *os.File // the new journal, open for the writer
 	_, err := atomicfile.Write(j.dir, FileName, func(f *os.File) error {
 		bw := bufio.NewWriterSize(f, 256<<10)
 		var rb bytes.Buffer
@@ -679,22 +680,30 @@ func (j *Journal) rewrite() {
 			}
 			size += int64(n)
 		}
-		return bw.Flush()
+		if err := bw.Flush(); err != nil {
+			return err
+		}
+		// Opened before the rename, which is the point of no return:
+		// after it the old file is no longer the journal, and records
+		// written to it would be lost. Nothing may fail between the
+		// rename and the switch to the new file.
+		var err error
+		nf, err = openCompacted(f, path)
+		return err
 	})
 	if err != nil && !errors.Is(err, atomicfile.ErrNotDurable) {
+		if nf != nil {
+			nf.Close()
+		}
 		return // the old journal stays; compaction is tried again later
 	}
 	// ErrNotDurable: renamed, the directory fsync failed. The new file is
 	// the journal from now on; the next write fsyncs the directory before
 	// it acknowledges anything (write).
 	notDurable := err != nil
-	f, err := os.OpenFile(path, os.O_RDWR|noFollowOpt, 0)
-	if err != nil {
-		return
-	}
 	j.mu.Lock()
 	old := j.f
-	j.f = f
+	j.f = nf
 	j.size = size
 	j.alloc = size
 	j.dirUnsynced = notDurable
@@ -751,4 +760,17 @@ func ReadDir(dataDir string) (*Replay, error) {
 	}
 	defer f.Close()
 	return readAll(f)
+}
+
+// openCompacted opens a compaction's new file for the journal's writer,
+// from its temporary file's descriptor (before the rename; path is the name
+// it is about to have). A variable: the tests make it fail.
+var openCompacted = func(tmp *os.File, path string) (*os.File, error) {
+	// Close-on-exec from the start: an agent spawned meanwhile must not
+	// inherit the journal.
+	fd, err := unix.FcntlInt(tmp.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("duplicate the compacted request journal's descriptor: %w", err)
+	}
+	return os.NewFile(uintptr(fd), path), nil
 }

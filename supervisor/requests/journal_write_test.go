@@ -310,3 +310,37 @@ func TestJournalRealDiskFull(t *testing.T) {
 		t.Fatalf("replay: %v, corruption %v, truncated %d", got, rp.Corruption, rp.TruncatedBytes)
 	}
 }
+
+// TestJournalCompactionOpenFails: a compaction that cannot open the
+// compacted file for writing (EMFILE under a flood of connections) loses
+// nothing: the records written after it are in the journal, not in a file
+// no name leads to.
+func TestJournalCompactionOpenFails(t *testing.T) {
+	dir := t.TempDir()
+	asked := make(chan struct{})
+	j, _ := openStarted(t, dir, func() []*Record {
+		close(asked)
+		return []*Record{accepted("a"), accepted("b")}
+	})
+	if err := j.Append(accepted("a"), accepted("b")).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	saved := openCompacted
+	openCompacted = func(*os.File, string) (*os.File, error) { return nil, unix.EMFILE }
+	defer func() { openCompacted = saved }()
+	j.Compact()
+	<-asked
+	// The writer is compacting (or done): c is written after it.
+	if err := j.Append(accepted("c")).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	openCompacted = saved
+	if err := j.Append(accepted("d")).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	rp := replayOf(t, dir)
+	if got := recordIDs(rp); !slices.Equal(got, []string{"a", "b", "c", "d"}) || rp.Corruption != nil || rp.TruncatedBytes != 0 {
+		t.Fatalf("replay: %v, corruption %v, truncated %d; want a b c d", got, rp.Corruption, rp.TruncatedBytes)
+	}
+}
