@@ -397,11 +397,15 @@ func (b *Book) Accept(key, digest string, body json.RawMessage, id string, defer
 					return View{}, false, err
 				}
 			}
-			v, ok := b.Get(r.ID)
-			if !ok {
-				return View{}, false, ErrUnknown
+			// Its record is on disk: it is the request, even if the
+			// Accept that made it has not yet marked it durable (Get
+			// would not show it yet).
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if b.reqs[r.ID] != r {
+				return View{}, false, ErrUnknown // forgotten since
 			}
-			return v, false, nil
+			return b.viewLocked(r), false, nil
 		}
 	}
 	now := b.cfg.Now()

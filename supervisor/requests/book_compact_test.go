@@ -146,3 +146,33 @@ func TestCompactionKeepsRequestsBeingAccepted(t *testing.T) {
 		t.Fatalf("%d of %d accepted requests lost by compactions, e.g. %v", len(lost), len(accepted), lost[:min(5, len(lost))])
 	}
 }
+
+// TestSameKeyAcceptedAtOnce: two POSTs with one Idempotency-Key at the
+// same moment (a client's retry racing its first try) get the one request,
+// both of them: the second waits for the first's record and is never told
+// the request is unknown while the first is still being acknowledged.
+func TestSameKeyAcceptedAtOnce(t *testing.T) {
+	b := testBook(t, fastDir(t), Config{MaxBytes: 1 << 30})
+	for i := range 300 {
+		key := fmt.Sprintf("key-%d", i)
+		ids := make(chan string, 2)
+		var wg sync.WaitGroup
+		for k := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				v, _, err := b.Accept(key, "digest", json.RawMessage(`{"message":"x"}`), fmt.Sprintf("%s-%d", key, k), false)
+				if err != nil {
+					t.Errorf("%s, try %d: %v", key, k, err)
+					ids <- ""
+					return
+				}
+				ids <- v.ID
+			}()
+		}
+		wg.Wait()
+		if a, c := <-ids, <-ids; a != c || a == "" {
+			t.Fatalf("%s: the two tries got %q and %q, want one request", key, a, c)
+		}
+	}
+}
