@@ -195,7 +195,7 @@ func plVariants() []plVariant {
 		// the journal is compacted (renamed over) again and again, with
 		// its fsyncs failing: the file's, then the directory's.
 		{name: "eio-request-journal-file", sync: "batch", requests: true, flags: expiring, fault: failKind("request-journal-file", 100, 0.3), kind: "request-journal-file", rounds: 3},
-		{name: "eio-request-journal-dir", sync: "batch", requests: true, flags: expiring, fault: failKind("request-journal-dir", 2, 0.5), kind: "request-journal-dir", rounds: 3},
+		{name: "eio-request-journal-dir", sync: "batch", requests: true, flags: expiring, fault: failKind("request-journal-dir", 1, 1), kind: "request-journal-dir", rounds: 3},
 	}
 	// Kinds fsynced often fail after a random number of their fsyncs, so
 	// the failure lands anywhere in a round; rare ones fail at once.
