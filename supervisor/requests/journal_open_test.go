@@ -88,6 +88,16 @@ func replayOf(t *testing.T, dir string) *Replay {
 	return rp
 }
 
+// wantReplay fails the test unless dir's journal replays as exactly the
+// records ids, in order, neither damaged nor torn.
+func wantReplay(t *testing.T, dir, what string, ids ...string) {
+	t.Helper()
+	rp := replayOf(t, dir)
+	if got := recordIDs(rp); !slices.Equal(got, ids) || rp.Corruption != nil || rp.TruncatedBytes != 0 {
+		t.Fatalf("%s: records %v (want %v), corruption %v, truncated %d", what, got, ids, rp.Corruption, rp.TruncatedBytes)
+	}
+}
+
 // TestJournalTornTailCutAway: whatever a crash leaves after the last whole
 // record — a few bytes of a header, a header without its payload, half a
 // payload — is reported as a torn tail and cut from the file, so the next
@@ -130,10 +140,7 @@ func TestJournalTornTailCutAway(t *testing.T) {
 			if err := j.Close(); err != nil {
 				t.Fatal(err)
 			}
-			rp = replayOf(t, dir)
-			if got := recordIDs(rp); !slices.Equal(got, []string{"a", "b", "d"}) || rp.TruncatedBytes != 0 || rp.Corruption != nil {
-				t.Fatalf("reopened: records %v, truncated %d, corruption %v", got, rp.TruncatedBytes, rp.Corruption)
-			}
+			wantReplay(t, dir, "reopened", "a", "b", "d")
 		})
 	}
 }
@@ -205,10 +212,7 @@ func TestJournalDamageKeptAside(t *testing.T) {
 			if b, err := os.ReadFile(kept); err != nil || !bytes.HasPrefix(b, found) {
 				t.Fatalf("%s does not hold the journal as found (%d bytes; %d read): %v", kept, len(found), len(b), err)
 			}
-			rp = replayOf(t, dir)
-			if got := recordIDs(rp); !slices.Equal(got, []string{"a", "c", "d"}) || rp.Corruption != nil || rp.TruncatedBytes != 0 {
-				t.Fatalf("after the compaction: records %v, corruption %v, truncated %d", got, rp.Corruption, rp.TruncatedBytes)
-			}
+			wantReplay(t, dir, "after the compaction", "a", "c", "d")
 
 			// Damage again: kept as the next N, the first one untouched.
 			first, _ := os.ReadFile(kept)

@@ -51,10 +51,7 @@ func TestJournalRecordOverLimitRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	j.Close()
-	rp := replayOf(t, dir)
-	if got := recordIDs(rp); !slices.Equal(got, []string{"b"}) || rp.Corruption != nil || rp.TruncatedBytes != 0 {
-		t.Fatalf("replay: records %v, corruption %v, truncated %d", got, rp.Corruption, rp.TruncatedBytes)
-	}
+	wantReplay(t, dir, "replay", "b")
 }
 
 // TestJournalCloseWritesWhatIsQueued: Close writes every queued record —
@@ -212,10 +209,7 @@ func TestJournalFailedSyncKeepsNothing(t *testing.T) {
 				t.Fatalf("after the disk recovered: %v", err)
 			}
 			j.Close()
-			rp := replayOf(t, dir)
-			if got := recordIDs(rp); !slices.Equal(got, []string{"a", "b"}) || rp.TruncatedBytes != 0 || rp.Corruption != nil {
-				t.Fatalf("replay: %v, truncated %d, corruption %v", got, rp.TruncatedBytes, rp.Corruption)
-			}
+			wantReplay(t, dir, "replay", "a", "b")
 		})
 	}
 }
@@ -245,10 +239,7 @@ func TestJournalFailedCompactionKeepsTheJournal(t *testing.T) {
 		t.Fatalf("version %d → %d after one write: a failed compaction counted as a change", v, j.Version())
 	}
 	j.Close()
-	rp := replayOf(t, dir)
-	if got := recordIDs(rp); !slices.Equal(got, []string{"a", "b", "c"}) || rp.Corruption != nil || rp.TruncatedBytes != 0 {
-		t.Fatalf("replay: %v, corruption %v, truncated %d", got, rp.Corruption, rp.TruncatedBytes)
-	}
+	wantReplay(t, dir, "replay", "a", "b", "c")
 	if tmp, _ := filepath.Glob(filepath.Join(dir, DirName, "*"+atomicfile.TempSuffix)); len(tmp) != 0 {
 		t.Fatalf("the failed compaction left %v", tmp)
 	}
@@ -305,10 +296,7 @@ func TestJournalRealDiskFull(t *testing.T) {
 		t.Fatalf("after space was freed: %v", err)
 	}
 	j.Close()
-	rp := replayOf(t, mnt)
-	if got := recordIDs(rp); !slices.Equal(got, []string{"a", "huge", "b"}) || rp.Corruption != nil || rp.TruncatedBytes != 0 {
-		t.Fatalf("replay: %v, corruption %v, truncated %d", got, rp.Corruption, rp.TruncatedBytes)
-	}
+	wantReplay(t, mnt, "replay", "a", "huge", "b")
 }
 
 // TestJournalCompactionOpenFails: a compaction that cannot open the
@@ -339,8 +327,5 @@ func TestJournalCompactionOpenFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	j.Close()
-	rp := replayOf(t, dir)
-	if got := recordIDs(rp); !slices.Equal(got, []string{"a", "b", "c", "d"}) || rp.Corruption != nil || rp.TruncatedBytes != 0 {
-		t.Fatalf("replay: %v, corruption %v, truncated %d; want a b c d", got, rp.Corruption, rp.TruncatedBytes)
-	}
+	wantReplay(t, dir, "replay", "a", "b", "c", "d")
 }
