@@ -34,13 +34,18 @@ type preparer struct {
 	ready     *os.File
 	readyPath string
 	n         int
-	zeros     []byte
 
 	req     chan struct{}
 	stop    chan struct{}
 	done    chan struct{}
 	started bool
 }
+
+// zeroFill is what a prepared segment is filled from. It is never written:
+// its pages are the kernel's shared zero page, which no process's RSS counts.
+// (A buffer from the heap stayed live for the log's lifetime: half an idle
+// supervisor's live heap, and resident once the heap had reused its pages.)
+var zeroFill [1 << 20]byte
 
 func newPreparer(dir string, size int64, ops fileOps, log *slog.Logger) *preparer {
 	return &preparer{dir: dir, size: size, ops: ops, log: log,
@@ -104,11 +109,8 @@ func (p *preparer) prepare() (f *os.File, path string, err error) {
 	p.mu.Lock()
 	p.n++
 	path = filepath.Join(p.dir, fmt.Sprintf("prepare-%d%s", p.n, tmpSuffix))
-	if p.zeros == nil {
-		p.zeros = make([]byte, 1<<20)
-	}
-	zeros := p.zeros
 	p.mu.Unlock()
+	zeros := zeroFill[:]
 	f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC|noFollow, 0o600)
 	if err != nil {
 		return nil, "", fmt.Errorf("create %s: %w", path, err)
