@@ -214,7 +214,9 @@ func (s *Server) cancelRequest(id string) (int, any) {
 		return http.StatusConflict, map[string]any{"error": fmt.Sprintf("request %q is already %s; only a pending request can be cancelled", clip.String(id, 64), v.Status),
 			"request_id": v.ID, "status": v.Status}
 	case err != nil:
-		return http.StatusServiceUnavailable, map[string]any{"error": "the cancellation could not be journaled: " + err.Error()}
+		return http.StatusServiceUnavailable, map[string]any{"error": "the request is cancelled in this supervisor (an agent working on it was told), " +
+			"but the cancellation could not be written to the request journal, so a crash would bring the request back: retry the DELETE to write it again (" + err.Error() + ")",
+			"request_id": v.ID, "status": v.Status}
 	}
 	return http.StatusOK, toView(v)
 }

@@ -682,7 +682,14 @@ func (b *Book) dropOldestResultLocked(keep *Request) bool {
 // Cancel cancels a pending request, durably: a request not yet delivered is
 // never delivered; one in flight is sent cancel_request when the agent opted
 // in. ErrUnknown (404), ErrFinished (409: answered, failed or expired); a
-// request already cancelled is returned as it is.
+// request already cancelled is returned as it is once its cancellation is
+// on disk.
+//
+// The cancellation takes effect at once, before its record is written (the
+// agent may already have been told). When the record cannot be written,
+// Cancel returns the journal's error with the request cancelled here but
+// not durably: a crash would bring it back pending. A retried Cancel writes
+// the record again, and succeeds only once it is on disk.
 func (b *Book) Cancel(id string) (View, error) {
 	b.mu.Lock()
 	r := b.reqs[id]
@@ -691,9 +698,7 @@ func (b *Book) Cancel(id string) (View, error) {
 		return View{}, ErrUnknown
 	}
 	if r.Status == StatusCancelled {
-		v := b.viewLocked(r)
-		b.mu.Unlock()
-		return v, nil
+		return b.cancelledLocked(r)
 	}
 	if r.Final() {
 		v := b.viewLocked(r)
@@ -717,6 +722,31 @@ func (b *Book) Cancel(id string) (View, error) {
 	b.mu.Unlock()
 	b.cfg.Audit(AuditCancelled, map[string]any{"request_id": id, "in_flight": inflight, "cancel_request_sent": sent, "attempts": r.Attempts})
 	return v, t.Wait()
+}
+
+// cancelledLocked returns a request already cancelled once its
+// cancellation is on disk: it waits for the record that cancelled it, and
+// writes it again if that write failed. It unlocks b.mu.
+func (b *Book) cancelledLocked(r *Request) (View, error) {
+	for wrote := false; ; wrote = true {
+		t, v := r.final, b.viewLocked(r)
+		b.mu.Unlock()
+		var err error
+		if t != nil { // nil: cancelled by a record replayed from disk
+			err = t.Wait()
+		}
+		if err == nil || wrote {
+			return v, err
+		}
+		b.mu.Lock()
+		if b.reqs[r.ID] != r {
+			b.mu.Unlock()
+			return View{}, ErrUnknown // forgotten meanwhile
+		}
+		if r.final == t { // not written again by another Cancel meanwhile
+			r.final = b.j.Append(&Record{Kind: KindCancelled, ID: r.ID, At: r.Finished.UnixNano()})
+		}
+	}
 }
 
 func (b *Book) kickLocked() {
