@@ -39,9 +39,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Trim unmaps the pages of the executable's read-only mappings. It returns how many bytes of mappings it
-// advised; an error says why it could not (the supervisor runs on either
-// way).
+// Trim unmaps the pages of the executable's read-only mappings. It returns
+// how many bytes of mappings it advised; an error says why it could not (the
+// supervisor runs on either way).
 func Trim() (int64, error) {
 	exe, err := os.Readlink("/proc/self/exe")
 	if err != nil {
