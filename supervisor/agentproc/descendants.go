@@ -22,55 +22,31 @@ var discardLog = slog.New(slog.DiscardHandler)
 
 // procStartTime returns the start time (clock ticks after boot) of pid, the
 // 22nd field of /proc/PID/stat; ok false when it is gone.
-func procStartTime(pid int) (uint64, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := bytes.Fields(b[i+1:])
-	// f[0] is field 3 (state); starttime is field 22.
-	if len(f) < 20 {
-		return 0, false
-	}
-	v, err := strconv.ParseUint(string(f[19]), 10, 64)
-	return v, err == nil
-}
+func procStartTime(pid int) (uint64, bool) { return new(childLister).startTime(pid) }
 
 // descendants lists the whole process tree below pid (not pid itself).
-func descendants(pid int) []int {
-	var out []int
-	queue := []int{pid}
-	for len(queue) > 0 && len(out) < 1<<16 {
-		cur := queue[0]
-		queue = queue[1:]
-		for _, c := range childrenOf(strconv.Itoa(cur)) {
-			out = append(out, c)
-			queue = append(queue, c)
-		}
-	}
-	return out
-}
+func descendants(pid int) []int { return new(childLister).descendants(nil, pid) }
 
-// trackDescendants records the agent's current descendants (the reaper calls
-// it every second and on SIGCHLD; stop and reap call it too).
-func (p *Process) trackDescendants() {
+// trackDescendants records the agent's current descendants (the reaper
+// calls it every reaperSweep and on SIGCHLD, with its lister; stop and reap
+// call it too, with nil).
+func (p *Process) trackDescendants(l *childLister) {
 	select {
 	case <-p.exited:
 		return // a zombie has no children; what it had is re-parented to us
 	default:
 	}
-	ds := descendants(p.pid)
+	if l == nil {
+		l = new(childLister)
+	}
+	l.tree = l.descendants(l.tree[:0], p.pid)
 	p.knownMu.Lock()
 	defer p.knownMu.Unlock()
 	if p.known == nil {
 		p.known = map[int]uint64{}
 	}
-	for _, d := range ds {
-		if st, ok := procStartTime(d); ok {
+	for _, d := range l.tree {
+		if st, ok := l.startTime(d); ok {
 			p.known[d] = st
 		}
 	}
@@ -120,7 +96,7 @@ func (p *Process) killEscaped() {
 		}
 	}
 	waitGone(killed, 2*time.Second)
-	p.table.reapOrphans(discardLog)
+	p.table.reapOrphans(nil, discardLog)
 }
 
 type target struct {

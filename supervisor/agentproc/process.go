@@ -283,7 +283,7 @@ func (p *Process) StopGroup(killTimeout time.Duration) (killed bool) {
 		return false
 	default:
 	}
-	p.trackDescendants() // the newest ones too, before they can escape
+	p.trackDescendants(nil) // the newest ones too, before they can escape
 	_ = p.SignalGroup(syscall.SIGTERM)
 	t := time.NewTimer(killTimeout)
 	defer t.Stop()

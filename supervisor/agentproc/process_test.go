@@ -77,7 +77,7 @@ func readPids(t *testing.T, p *Process, labels ...string) map[string]target {
 			if fd, ok := signalExact(pid, st, syscall.SIGKILL); ok {
 				waitGone([]int{fd}, 5*time.Second)
 				syscall.Close(fd)
-				Shared().reapOrphans(discardLog)
+				Shared().reapOrphans(nil, discardLog)
 			}
 		})
 	}

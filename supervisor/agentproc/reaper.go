@@ -5,9 +5,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -62,10 +59,12 @@ func (t *Table) isManaged(pid int) bool {
 }
 
 // running returns the agents running now.
-func (t *Table) running() []*Process {
+func (t *Table) running() []*Process { return t.appendRunning(nil) }
+
+// appendRunning appends the agents running now to out.
+func (t *Table) appendRunning(out []*Process) []*Process {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]*Process, 0, len(t.procs))
 	for _, p := range t.procs {
 		out = append(out, p)
 	}
@@ -91,6 +90,10 @@ func (t *Table) RunReaper(ctx context.Context, log *slog.Logger) {
 	defer signal.Stop(sigs)
 	tick := time.NewTicker(reaperSweep)
 	defer tick.Stop()
+	var (
+		l     childLister
+		procs []*Process
+	)
 	for {
 		select {
 		case <-ctx.Done():
@@ -98,19 +101,26 @@ func (t *Table) RunReaper(ctx context.Context, log *slog.Logger) {
 		case <-sigs:
 		case <-tick.C:
 		}
-		t.reapOrphans(log)
-		for _, p := range t.running() {
-			p.trackDescendants()
+		t.reapOrphans(&l, log)
+		procs = t.appendRunning(procs[:0])
+		for _, p := range procs {
+			p.trackDescendants(&l)
 		}
+		clear(procs) // hold no finished agent until the next sweep
 	}
 }
 
 // reapOrphans waits (without blocking) on every child that is not managed,
 // each by its pid — never wait(-1), which could take an agent's status.
-func (t *Table) reapOrphans(log *slog.Logger) {
+// l lists them (nil: a lister of its own).
+func (t *Table) reapOrphans(l *childLister, log *slog.Logger) {
+	if l == nil {
+		l = new(childLister)
+	}
 	t.spawnMu.Lock()
 	defer t.spawnMu.Unlock()
-	for _, pid := range childPids() {
+	l.own = l.children(l.own[:0], 0)
+	for _, pid := range l.own {
 		if t.isManaged(pid) {
 			continue
 		}
@@ -123,22 +133,4 @@ func (t *Table) reapOrphans(log *slog.Logger) {
 }
 
 // childPids lists this process's children from /proc (every thread's list).
-func childPids() []int { return childrenOf("self") }
-
-// childrenOf lists the children of a process ("self" or a pid) from /proc.
-func childrenOf(pid string) []int {
-	paths, _ := filepath.Glob("/proc/" + pid + "/task/*/children")
-	var pids []int
-	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		for _, f := range strings.Fields(string(b)) {
-			if pid, err := strconv.Atoi(f); err == nil {
-				pids = append(pids, pid)
-			}
-		}
-	}
-	return pids
-}
+func childPids() []int { return new(childLister).children(nil, 0) }
