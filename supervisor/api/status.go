@@ -127,10 +127,14 @@ type statusState struct {
 	segments int
 	walBytes int64
 	walAt    time.Time
-	// ring of samples, oldest first
-	times   []time.Time
-	entries []float64
-	hbAge   []float64
+	// A ring of n samples, the oldest at first, written in place: the
+	// sampler runs for the supervisor's whole life, and a fresh copy of the
+	// arrays every sampleEvery was most of an idle supervisor's heap
+	// growth after the reaper's (issue 31). history copies them out.
+	times    [samplePoints]time.Time
+	entries  [samplePoints]float64
+	hbAge    [samplePoints]float64
+	first, n int
 
 	lastAppends float64
 	lastAt      time.Time
@@ -253,15 +257,18 @@ func (s *Server) listCheckpoints(newest string) CheckpointStatus {
 	return c
 }
 
-// walSize is the WAL's segment count and bytes from the cache, read by the
-// sampler every sampleEvery (here, before the sampler has read it).
+// walSize is the WAL's segment count and bytes, from the cache while it is
+// younger than sampleEvery. The directory is listed when someone looks,
+// not in the background: an idle supervisor that nobody watches lists
+// nothing.
 func (s *Server) walSize(dir string) (int, int64) {
+	now := time.Now()
 	ss := &s.status
 	ss.mu.Lock()
-	done, n, size := !ss.walAt.IsZero(), ss.segments, ss.walBytes
+	fresh, n, size := !ss.walAt.IsZero() && now.Sub(ss.walAt) < sampleEvery, ss.segments, ss.walBytes
 	ss.mu.Unlock()
-	if !done {
-		n, size = s.scanWAL(dir, time.Now())
+	if !fresh {
+		n, size = s.scanWAL(dir, now)
 	}
 	return n, size
 }
@@ -354,7 +361,6 @@ func (s *Server) stopSampler() {
 // sample adds one point: WAL entries appended per second since the last
 // point, and the primary's heartbeat age now.
 func (s *Server) sample(now time.Time) {
-	s.scanWAL(s.owner.Details().WALDir, now)
 	appends := counterValue(s.opts.Metrics.WALAppends)
 	st := s.owner.Status()
 	hb := 0.0
@@ -371,14 +377,13 @@ func (s *Server) sample(now time.Time) {
 		}
 	}
 	ss.lastAppends, ss.lastAt = appends, now
-	if len(ss.times) == samplePoints {
-		ss.times, ss.entries, ss.hbAge = ss.times[1:], ss.entries[1:], ss.hbAge[1:]
+	i := (ss.first + ss.n) % samplePoints
+	if ss.n == samplePoints {
+		ss.first = (ss.first + 1) % samplePoints // the oldest is overwritten
+	} else {
+		ss.n++
 	}
-	// Appended to fresh arrays when full, so a copy handed out is never
-	// written again.
-	ss.times = append(ss.times[:len(ss.times):len(ss.times)], now)
-	ss.entries = append(ss.entries[:len(ss.entries):len(ss.entries)], round2(rate))
-	ss.hbAge = append(ss.hbAge[:len(ss.hbAge):len(ss.hbAge)], round2(hb))
+	ss.times[i], ss.entries[i], ss.hbAge[i] = now, round2(rate), round2(hb)
 }
 
 // history is the sampler's points.
@@ -386,12 +391,14 @@ func (s *Server) history() *History {
 	ss := &s.status
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	h := &History{IntervalSeconds: sampleEvery.Seconds(), EntriesPerSec: ss.entries, HeartbeatAge: ss.hbAge}
-	if len(ss.times) > 0 {
-		h.Start = ss.times[0].UTC()
+	h := &History{IntervalSeconds: sampleEvery.Seconds(),
+		EntriesPerSec: make([]float64, ss.n), HeartbeatAge: make([]float64, ss.n)}
+	for k := range ss.n {
+		i := (ss.first + k) % samplePoints
+		h.EntriesPerSec[k], h.HeartbeatAge[k] = ss.entries[i], ss.hbAge[i]
 	}
-	if h.EntriesPerSec == nil {
-		h.EntriesPerSec, h.HeartbeatAge = []float64{}, []float64{}
+	if ss.n > 0 {
+		h.Start = ss.times[ss.first].UTC()
 	}
 	return h
 }

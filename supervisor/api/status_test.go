@@ -5,7 +5,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -84,6 +86,71 @@ func TestStatusPageRenders(t *testing.T) {
 	}
 	if !strings.Contains(body, `id="pid">42<`) || !strings.Contains(body, `id="heartbeat">0.3s ago<`) {
 		t.Errorf("GET / does not render pid and heartbeat:\n%s", body)
+	}
+}
+
+// The sampler keeps the newest samplePoints points, oldest first, written
+// in place: it runs every sampleEvery for the supervisor's whole life, and
+// must not refill an idle heap (issue 31).
+func TestSamplerRingKeepsTheNewestPointsInPlace(t *testing.T) {
+	s := newPageServer(t)
+	base := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	for i := range samplePoints + 7 {
+		s.status.lastAt = time.Time{} // a rate of 0; the heartbeat age is the point
+		s.sample(base.Add(time.Duration(i) * sampleEvery))
+	}
+	h := s.history()
+	if len(h.HeartbeatAge) != samplePoints || len(h.EntriesPerSec) != samplePoints {
+		t.Fatalf("%d and %d points, want %d", len(h.HeartbeatAge), len(h.EntriesPerSec), samplePoints)
+	}
+	if want := base.Add(7 * sampleEvery); !h.Start.Equal(want) {
+		t.Fatalf("the oldest point at %v, want %v (the first seven overwritten)", h.Start, want)
+	}
+	// A history handed out is a copy: later points do not change it.
+	first := h.HeartbeatAge[0]
+	// What is left is reading the appends counter (a few small objects);
+	// copying the arrays was some 5 KiB a point.
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 50 {
+		s.sample(base.Add(time.Hour))
+	}
+	runtime.ReadMemStats(&after)
+	if perPoint := (after.TotalAlloc - before.TotalAlloc) / 50; perPoint > 256 {
+		t.Errorf("a point allocated %d bytes, want at most 256", perPoint)
+	}
+	if h.HeartbeatAge[0] != first {
+		t.Error("a history handed out was written by the sampler")
+	}
+	if h2 := s.history(); !h2.Start.After(h.Start) {
+		t.Errorf("after 50 more points the oldest is %v, was %v", h2.Start, h.Start)
+	}
+}
+
+// The WAL's size is listed when someone looks, at most once per
+// sampleEvery, and not by the sampler.
+func TestWALSizeIsListedWhenLookedAt(t *testing.T) {
+	s := newPageServer(t)
+	dir := t.TempDir()
+	if n, _ := s.walSize(dir); n != 0 {
+		t.Fatalf("%d segments in an empty directory", n)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "0000000000000001.wal"), make([]byte, 100), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := s.walSize(dir); n != 0 {
+		t.Fatalf("listed again within sampleEvery: %d segments", n)
+	}
+	s.status.mu.Lock()
+	s.status.walAt = s.status.walAt.Add(-sampleEvery)
+	s.status.mu.Unlock()
+	if n, size := s.walSize(dir); n != 1 || size != 100 {
+		t.Fatalf("%d segments of %d bytes, want 1 of 100", n, size)
+	}
+	at := s.status.walAt
+	s.sample(time.Now())
+	if s.status.walAt != at {
+		t.Fatal("the sampler listed the WAL directory")
 	}
 }
 
