@@ -23,34 +23,20 @@ import (
 )
 
 var (
-	hostileOnce sync.Once
+	boundsOnce  sync.Once
 	hostilePath string // the hostile agent (test/hostileagent)
 	plainBin    string // the supervisor built without -race: memory figures mean something
-	hostileErr  error
 )
 
 // buildBoundsTools builds the hostile agent and a supervisor binary without
 // the race detector (whose shadow memory would swamp a 64 MiB bound).
 func buildBoundsTools(t testing.TB) {
 	t.Helper()
-	hostileOnce.Do(func() {
-		dir := filepath.Dir(binPath)
-		hostilePath = filepath.Join(dir, "hostileagent")
-		if out, err := exec.Command("go", "build", "-o", hostilePath, "./hostileagent").CombinedOutput(); err != nil {
-			hostileErr = fmt.Errorf("build hostileagent: %v\n%s", err, out)
-			return
-		}
-		plainBin = binPath
-		if raceEnabled {
-			plainBin = filepath.Join(dir, "supervisor-norace")
-			if out, err := exec.Command("go", "build", "-o", plainBin, "../cmd/supervisor").CombinedOutput(); err != nil {
-				hostileErr = fmt.Errorf("build supervisor: %v\n%s", err, out)
-			}
-		}
-	})
-	if hostileErr != nil {
-		t.Fatal(hostileErr)
+	hostile, plain := goBuild(t, "hostileagent", "./hostileagent", nil), binPath
+	if raceEnabled {
+		plain = goBuild(t, "supervisor-norace", "../cmd/supervisor", nil)
 	}
+	boundsOnce.Do(func() { hostilePath, plainBin = hostile, plain })
 }
 
 // procStatus returns a field of /proc/PID/status in its unit (kB for

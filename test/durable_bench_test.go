@@ -2,7 +2,6 @@ package test
 
 import (
 	"encoding/json"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -10,33 +9,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 )
 
-var (
-	ackAgentOnce sync.Once
-	ackAgentPath string
-	ackAgentErr  error
-)
-
 // ackAgent builds test/ackagent once (benchmarks only).
-func ackAgent(b *testing.B) string {
-	b.Helper()
-	ackAgentOnce.Do(func() {
-		ackAgentPath = filepath.Join(filepath.Dir(binPath), "ackagent")
-		out, err := exec.Command("go", "build", "-o", ackAgentPath, "./ackagent").CombinedOutput()
-		if err != nil {
-			ackAgentErr = fmt.Errorf("building test/ackagent: %v\n%s", err, out)
-		}
-	})
-	if ackAgentErr != nil {
-		b.Fatal(ackAgentErr)
-	}
-	return ackAgentPath
-}
+func ackAgent(b *testing.B) string { return goBuild(b, "ackagent", "./ackagent", nil) }
 
 // runAckAgent runs the supervisor over test/ackagent in mode and returns the
 // figures the agent wrote, and the data directory.

@@ -2,14 +2,11 @@ package test
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,29 +17,13 @@ import (
 // LLM calls, each a step, and bills every call in a file outside the data
 // directory ("call PID REQUEST_ID STEP ATTEMPT").
 
-var (
-	llmstepsOnce sync.Once
-	llmstepsPath string
-	llmstepsErr  error
-)
-
 func llmstepsAgent(t testing.TB) string {
 	t.Helper()
-	llmstepsOnce.Do(func() {
-		llmstepsPath = filepath.Join(filepath.Dir(binPath), "llmsteps")
-		args := []string{"build", "-o", llmstepsPath}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		out, err := exec.Command("go", append(args, "../examples/llmsteps")...).CombinedOutput()
-		if err != nil {
-			llmstepsErr = fmt.Errorf("building examples/llmsteps: %v\n%s", err, out)
-		}
-	})
-	if llmstepsErr != nil {
-		t.Fatal(llmstepsErr)
+	var flags []string
+	if raceEnabled {
+		flags = append(flags, "-race")
 	}
-	return llmstepsPath
+	return goBuild(t, "llmsteps", "../examples/llmsteps", nil, flags...)
 }
 
 // llmCall is one line of the calls file.

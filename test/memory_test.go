@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -216,29 +215,12 @@ func TestIdleResidentMemory(t *testing.T) {
 // the runtime writes a line in pieces, so a line is taken once they are in.
 var gcTraceLine = regexp.MustCompile(`(?m)^gc \d+ @[0-9.]+s[^\n]*? (\d+)->(\d+)->(\d+) MB`)
 
-var (
-	shippedOnce sync.Once
-	shippedPath string
-	shippedErr  error
-)
-
 // shippedBinary builds the supervisor as the Dockerfile does: without cgo
 // (a static binary, no libc mapped: about 1.2 MiB less resident than a
 // default build on a machine with a C compiler), -trimpath, no symbols.
 func shippedBinary(t testing.TB) string {
 	t.Helper()
-	shippedOnce.Do(func() {
-		shippedPath = filepath.Join(filepath.Dir(binPath), "supervisor-static")
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", shippedPath, "../cmd/supervisor")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			shippedErr = fmt.Errorf("build the static supervisor: %v\n%s", err, out)
-		}
-	})
-	if shippedErr != nil {
-		t.Fatal(shippedErr)
-	}
-	return shippedPath
+	return goBuild(t, "supervisor-static", "../cmd/supervisor", []string{"CGO_ENABLED=0"}, "-trimpath", "-ldflags", "-s -w")
 }
 
 // startBigState runs the hostile agent's bigstate mode (a protocol v1

@@ -27,7 +27,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -47,26 +46,9 @@ const (
 	envPowerlossSeed   = "POWERLOSS_SEED"
 )
 
-var (
-	plAgentOnce sync.Once
-	plAgentPath string
-	plAgentErr  error
-)
-
 // powerlossAgent builds test/powerlossagent once.
 func powerlossAgent(t *testing.T) string {
-	t.Helper()
-	plAgentOnce.Do(func() {
-		plAgentPath = filepath.Join(filepath.Dir(binPath), "powerlossagent")
-		out, err := exec.Command("go", "build", "-o", plAgentPath, "./powerlossagent").CombinedOutput()
-		if err != nil {
-			plAgentErr = fmt.Errorf("building test/powerlossagent: %v\n%s", err, out)
-		}
-	})
-	if plAgentErr != nil {
-		t.Fatal(plAgentErr)
-	}
-	return plAgentPath
+	return goBuild(t, "powerlossagent", "./powerlossagent", nil)
 }
 
 // plVariant is one way of running the rounds.
