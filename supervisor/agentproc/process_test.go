@@ -64,8 +64,9 @@ func readPids(t *testing.T, p *Process, labels ...string) map[string]target {
 		}
 		label, num, _ := strings.Cut(strings.TrimSpace(line), " ")
 		pid, err := strconv.Atoi(num)
-		if !slices.Contains(labels, label) || err != nil {
-			t.Fatalf("the agent reported %q, want LABEL PID with LABEL one of %v", line, labels)
+		if !slices.Contains(labels, label) || err != nil || pid <= 1 {
+			// (pid 1 would be init: the cleanup below SIGKILLs what is reported.)
+			t.Fatalf("the agent reported %q, want LABEL PID with LABEL one of %v and PID above 1", line, labels)
 		}
 		st, ok := procStartTime(pid)
 		if !ok {
