@@ -98,7 +98,7 @@ func (l *childLister) read(dirfd int, path string) bool {
 	}
 	defer unix.Close(fd)
 	if l.buf == nil {
-		l.buf = make([]byte, 0, 4096)
+		l.buf = make([]byte, 0, 512) // a stat line; a long children file grows it
 	}
 	l.buf = l.buf[:0]
 	for {

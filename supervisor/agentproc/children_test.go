@@ -79,6 +79,22 @@ func TestChildListerReadsTheProcessTree(t *testing.T) {
 	}
 }
 
+// A children file longer than the lister's first buffer (512 bytes: some
+// 70 pids) is read whole.
+func TestChildListerReadsAHundredChildren(t *testing.T) {
+	p := startSleep(t, `i=0; while [ $i -lt 100 ]; do sleep 3600 & i=$((i+1)); done; echo "up $$"; wait`)
+	t.Cleanup(func() { p.StopGroup(0); p.Reap() })
+	readPids(t, p, "up")
+	var l childLister
+	if got := l.children(nil, p.pid); len(got) != 100 {
+		t.Fatalf("%d children, want 100: %v", len(got), got)
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/task/" + strconv.Itoa(p.pid) + "/children")
+	if err != nil || len(b) <= 512 {
+		t.Fatalf("the children file holds %d bytes (%v): this test needs one over 512", len(b), err)
+	}
+}
+
 // procStartTimeSlow reads field 22 of /proc/PID/stat with strings.Fields.
 func procStartTimeSlow(t *testing.T, pid int) uint64 {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
