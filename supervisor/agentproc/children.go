@@ -12,7 +12,7 @@ import (
 // between calls. The reaper's sweep runs every reaperSweep for the
 // supervisor's whole life, and an idle supervisor's heap is mostly what it
 // allocated since the last collection: with filepath.Glob and os.ReadFile
-// each sweep allocated some 50 KiB (a directory buffer, a file and a read
+// each sweep allocated some 45 KB (a directory buffer, a file and a read
 // buffer per thread), half of an idle supervisor's allocations (issue 31:
 // idle under 15 MiB). One lister is used by one goroutine at a time; the
 // zero value is ready.
