@@ -79,15 +79,16 @@ func TestChildListerReadsTheProcessTree(t *testing.T) {
 	}
 }
 
-// A children file longer than the lister's first buffer (512 bytes: some
-// 70 pids) is read whole.
-func TestChildListerReadsAHundredChildren(t *testing.T) {
-	p := startSleep(t, `i=0; while [ $i -lt 100 ]; do sleep 3600 & i=$((i+1)); done; echo "up $$"; wait`)
+// A children file longer than the lister's first buffer (512 bytes: 70 to
+// 100 pids, as long as they are) is read whole. 200 children make one over
+// it whatever the pids' length (three digits each at least, and a space).
+func TestChildListerReadsTwoHundredChildren(t *testing.T) {
+	p := startSleep(t, `i=0; while [ $i -lt 200 ]; do sleep 3600 & i=$((i+1)); done; echo "up $$"; wait`)
 	t.Cleanup(func() { p.StopGroup(0); p.Reap() })
 	readPids(t, p, "up")
 	var l childLister
-	if got := l.children(nil, p.pid); len(got) != 100 {
-		t.Fatalf("%d children, want 100: %v", len(got), got)
+	if got := l.children(nil, p.pid); len(got) != 200 {
+		t.Fatalf("%d children, want 200: %v", len(got), got)
 	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/task/" + strconv.Itoa(p.pid) + "/children")
 	if err != nil || len(b) <= 512 {
