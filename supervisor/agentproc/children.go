@@ -150,16 +150,18 @@ func parsePids(out []int, b []byte) []int {
 }
 
 // parseStartTime reads the start time (field 22) of a /proc/PID/stat line.
-// The command (field 2) may hold spaces and parentheses, so fields are
-// counted after its last ')'.
-func parseStartTime(b []byte) (uint64, bool) {
+func parseStartTime(b []byte) (uint64, bool) { return parseUint(statField(b, 22)) }
+
+// statField returns field n (numbered as in proc(5), from 3) of a
+// /proc/PID/stat line, nil when it has fewer. The command (field 2) may
+// hold spaces and parentheses, so fields are counted after its last ')'.
+func statField(b []byte, n int) []byte {
 	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, false
+	if i < 0 || n < 3 {
+		return nil
 	}
-	// After ')' come " state ppid ...": starttime is the 20th field there.
 	b = b[i+1:]
-	for field := 0; ; field++ {
+	for field := 3; ; field++ {
 		for len(b) > 0 && b[0] == ' ' {
 			b = b[1:]
 		}
@@ -168,10 +170,10 @@ func parseStartTime(b []byte) (uint64, bool) {
 			end = len(b)
 		}
 		if end == 0 {
-			return 0, false
+			return nil
 		}
-		if field == 19 {
-			return parseUint(b[:end])
+		if field == n {
+			return b[:end]
 		}
 		b = b[end:]
 	}

@@ -1,10 +1,6 @@
 package agentproc
 
-import (
-	"bytes"
-	"os"
-	"strconv"
-)
+import "os"
 
 // GroupRSS is the resident memory, in bytes, of every process in process
 // group pgid, read from /proc (0 and false when none is found: the group
@@ -43,21 +39,12 @@ func GroupRSS(pgid int) (int64, bool) {
 }
 
 // parseStat reads the process group (field 5) and resident pages (field
-// 24) of a /proc/PID/stat line; the command (field 2) may hold spaces and
-// parentheses, so fields are counted after its last ')'.
+// 24) of a /proc/PID/stat line.
 func parseStat(b []byte) (pgrp int, rssPages int64, ok bool) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
+	g, ok1 := parseUint(statField(b, 5))
+	r, ok2 := parseUint(statField(b, 24))
+	if !ok1 || !ok2 || g > 1<<31 {
 		return 0, 0, false
 	}
-	f := bytes.Fields(b[i+1:]) // f[0] is field 3 (state)
-	if len(f) < 22 {
-		return 0, 0, false
-	}
-	g, err1 := strconv.Atoi(string(f[2]))
-	r, err2 := strconv.ParseInt(string(f[21]), 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, 0, false
-	}
-	return g, r, true
+	return int(g), int64(r), true
 }
