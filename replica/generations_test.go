@@ -141,6 +141,71 @@ func TestGenerationWithNothingIsSkipped(t *testing.T) {
 	}
 }
 
+// A node restores the replica (A's 100 entries, checkpoint at 40), starts
+// a generation of its own, uploads its checkpoint, and is lost while the
+// WAL above it is in flight: its generation is the newest and restorable,
+// to 40 only, while A still holds 41..100. A third node's restore takes A's
+// history through 100 (where B began), says why, and `replica list` marks
+// A as the default; a restore to a sequence B itself holds is served from
+// B.
+func TestGenerationBehindItsParentHandsOver(t *testing.T) {
+	srv, c := setup(t, "agents/r")
+	genA := replicateAll(t, c, t.TempDir())
+	dirB := filepath.Join(t.TempDir(), "b")
+	if res, err := c.Restore(context.Background(), dirB, replica.Target{}, nil); err != nil || res.LastSequence != 100 {
+		t.Fatalf("restore B: %+v %v", res, err)
+	}
+	proxy := miniotest.StartProxy(t, srv)
+	proxy.Set(func(r *http.Request) miniotest.Fault {
+		if r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/wal/") {
+			return miniotest.Hang // lost while its first chunk is in flight
+		}
+		return miniotest.Pass
+	})
+	d := openDataDir(t, dirB)
+	r := replica.New(clientAt(t, proxy.Endpoint(), "agents/r"), d.local(), replica.Options{SyncInterval: 50 * time.Millisecond})
+	r.Start()
+	waitFor(t, func() bool {
+		st := r.Status()
+		return st.Generation != "" && st.Generation != genA && st.Checkpoints == 1
+	})
+	genB := r.Status().Generation
+	r.Close(50 * time.Millisecond) // the node is lost
+	d.wal.Close()
+
+	inv, err := c.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inv.Generations) != 2 || inv.Generations[0].ID != genB {
+		t.Fatalf("generations %v, want B's %s newest", summaryIDs(inv), genB)
+	}
+	if last, ok := inv.Generations[0].Restorable(); !ok || last != 40 {
+		t.Fatalf("B's generation restorable to %d (%v), want its checkpoint's 40", last, ok)
+	}
+	if sum := inv.Summary(); sum[0].Default || !sum[1].Default || !strings.Contains(sum[0].PassedOver, "through sequence 100") {
+		t.Fatalf("replica list marks %+v default, want A's", sum)
+	}
+	var logs strings.Builder
+	out := filepath.Join(t.TempDir(), "c")
+	res, err := c.Restore(context.Background(), out, replica.Target{}, slogTo(&logs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Generation != genA || res.LastSequence != 100 || len(res.SkippedGenerations) != 1 ||
+		res.SkippedGenerations[0].ID != genB || res.SkippedGenerations[0].Parent != genA {
+		t.Fatalf("restore after B was lost: %+v; want A's generation through 100 (entries 41..100 were replicated), B passed over for its parent", res)
+	}
+	checkRestore(t, out, 40, 100)
+	if !strings.Contains(logs.String(), "behind the restore it began from") || !strings.Contains(logs.String(), genB) {
+		t.Fatalf("the hand-over is not logged:\n%s", logs.String())
+	}
+	out = filepath.Join(t.TempDir(), "d")
+	if res, err := c.Restore(context.Background(), out, replica.Target{Sequence: 40}, nil); err != nil || res.Generation != genB || len(res.SkippedGenerations) != 0 {
+		t.Fatalf("restore to 40, which B holds: %+v %v; want B's generation", res, err)
+	}
+}
+
 func summaryIDs(inv *replica.Inventory) []string {
 	var ids []string
 	for _, g := range inv.Generations {

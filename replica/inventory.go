@@ -296,8 +296,13 @@ type Plan struct {
 	// JournalOnly: the generation holds no agent state, only the request
 	// journal (a stateless agent): the restore is the journal alone.
 	JournalOnly bool
-	// Skipped: newer generations passed over, holding nothing restorable.
+	// Skipped: newer generations passed over: holding nothing restorable,
+	// or (Parent set) behind the parent they were restored from.
 	Skipped []SkippedGeneration
+	// Target: what was planned: the target asked for, with its Sequence
+	// capped where a generation behind its parent hands over to it
+	// (handOver). A restore that replans (a corrupt checkpoint) keeps it.
+	Target Target
 }
 
 // SkippedGeneration is a generation newer than the one a restore took
@@ -305,6 +310,9 @@ type Plan struct {
 type SkippedGeneration struct {
 	ID     string `json:"id"`
 	Reason string `json:"reason"`
+	// Parent: the generation was restorable, but not as far as the restore
+	// it began from; its parent, this one, holds that history (handOver).
+	Parent string `json:"parent,omitempty"`
 }
 
 // holdsData: g holds a checkpoint or a WAL chunk (restorable or not).
@@ -352,13 +360,84 @@ func (g *Generation) NotRestorable() string {
 // that died, or whose uploads were refused, before its first checkpoint was
 // uploaded) are passed over: they are never a reason to lose the history an
 // older one holds.
+//
+// A generation that began from a restore of its parent and has not yet
+// uploaded that history again (its node was lost, or its uploads refused,
+// after its checkpoint and before the WAL above it) hands over to the
+// parent: see handOver.
 func (inv *Inventory) Default() *Generation {
 	for _, g := range inv.Generations {
 		if _, ok := g.Restorable(); ok {
-			return g
+			from, _, _ := inv.handOver(g, Target{})
+			return from
 		}
 	}
 	return inv.journalOnly()
+}
+
+// byID is the generation with this id (nil: none).
+func (inv *Inventory) byID(id string) *Generation {
+	for _, g := range inv.Generations {
+		if g.ID == id {
+			return g
+		}
+	}
+	return nil
+}
+
+// handOver: g is the newest restorable generation. A node that restored
+// generation P through sequence N begins generation g with Parent P@N and
+// uploads it again from its first checkpoint on: its checkpoint first, then
+// the WAL from the checkpoint's watermark up. Lost in between, g is
+// restorable — to its checkpoint — but not as far as P@N, which the bucket
+// still holds in P. Restoring g would lose entries acknowledged and
+// replicated long before; what g's history holds up to its reach is P's
+// through N, so the restore takes P through N instead (following parents
+// while the same holds of P), and g's small files and request journal,
+// the newer knowledge of that history (planned by the caller). It returns
+// the generation to restore the state from, the sequence to stop at (0:
+// no cap; from == g), and why g was passed over. Only for the newest state
+// or a sequence: a point in time is planned in g as asked.
+func (inv *Inventory) handOver(g *Generation, t Target) (from *Generation, upTo uint64, why string) {
+	if !t.Time.IsZero() {
+		return g, 0, ""
+	}
+	from = g
+	last, ok := g.Restorable()
+	if !ok {
+		return g, 0, ""
+	}
+	for range inv.Generations { // a chain of parents, never a cycle
+		if from.Info == nil || from.Info.Parent == nil {
+			break
+		}
+		pos := from.Info.Parent
+		need := pos.Sequence
+		if upTo > 0 {
+			need = min(need, upTo)
+		}
+		if t.Sequence > 0 {
+			need = min(need, t.Sequence)
+		}
+		if last >= need {
+			break
+		}
+		p := inv.byID(pos.Generation)
+		if p == nil || p == from {
+			break
+		}
+		pl, err := p.plan(Target{Sequence: need}, nil)
+		if err != nil || pl.Last <= last {
+			break
+		}
+		if why == "" {
+			why = fmt.Sprintf("began from a restore of generation %s through sequence %d, and can itself be restored only to %d "+
+				"(its node was lost, or its uploads refused, before it had uploaded that history again): generation %s still holds it",
+				truncate(pos.Generation, 64), pos.Sequence, last, truncate(pos.Generation, 64))
+		}
+		from, upTo, last = p, need, pl.Last
+	}
+	return from, upTo, why
 }
 
 // Plan chooses what to restore for t. Without t.Generation it plans from
@@ -384,8 +463,19 @@ func (inv *Inventory) Plan(t Target) (Plan, error) {
 	data := false
 	for _, g := range inv.Generations {
 		if _, ok := g.Restorable(); ok {
-			p, err := g.plan(t, nil)
-			p.Skipped = skipped
+			from, upTo, why := inv.handOver(g, t)
+			if from == g {
+				p, err := g.plan(t, nil)
+				p.Skipped = skipped
+				return p, err
+			}
+			ft := t
+			ft.Sequence = upTo
+			p, err := from.plan(ft, nil)
+			p.Skipped = append(skipped, SkippedGeneration{ID: g.ID, Reason: why, Parent: from.ID})
+			if err == nil {
+				p.takeFiles(g, t)
+			}
 			return p, err
 		}
 		data = data || g.holdsData()
@@ -491,7 +581,7 @@ func (g *Generation) plan(t Target, exclude map[string]bool) (Plan, error) {
 			}
 		}
 	}
-	p := Plan{Generation: g.ID, Checkpoint: best, Last: bestEnd}
+	p := Plan{Generation: g.ID, Checkpoint: best, Last: bestEnd, Target: t}
 	from := uint64(0)
 	if best != nil {
 		from = best.Watermark
@@ -509,6 +599,20 @@ func (g *Generation) plan(t Target, exclude map[string]bool) (Plan, error) {
 	}
 	g.planFiles(t, &p)
 	return p, nil
+}
+
+// takeFiles replaces p's small files and request journal with g's where g
+// holds them (a generation that handed over to its parent: see handOver).
+func (p *Plan) takeFiles(g *Generation, t Target) {
+	var own Plan
+	g.planFiles(t, &own)
+	for _, f := range own.Files {
+		p.Files = slices.DeleteFunc(p.Files, func(o object) bool { return o.Name == f.Name })
+		if f.Name == JournalFile {
+			p.JournalDeltas = own.JournalDeltas
+		}
+	}
+	p.Files = append(p.Files, own.Files...)
 }
 
 // planFiles adds the small files and the request journal (its newest base
@@ -577,10 +681,13 @@ type GenerationSummary struct {
 	RestorableTo *uint64 `json:"restorable_to,omitempty"`
 	// NotRestorable says why there is nothing to restore (a default
 	// restore passes such a generation over).
-	NotRestorable string    `json:"not_restorable,omitempty"`
-	ForkAt        *uint64   `json:"fork_after_sequence,omitempty"`
-	ForkObjects   []string  `json:"fork_objects,omitempty"`
-	Parent        *Position `json:"parent,omitempty"`
+	NotRestorable string `json:"not_restorable,omitempty"`
+	// PassedOver: restorable, but a default restore takes its parent's
+	// history instead, and why (see Inventory.Default).
+	PassedOver  string    `json:"passed_over,omitempty"`
+	ForkAt      *uint64   `json:"fork_after_sequence,omitempty"`
+	ForkObjects []string  `json:"fork_objects,omitempty"`
+	Parent      *Position `json:"parent,omitempty"`
 	// Owner: the session of the newest supervisor run that claimed it.
 	Owner string `json:"owner,omitempty"`
 	// RequestsJournalOnly: the default restore takes this generation's
@@ -592,6 +699,16 @@ type GenerationSummary struct {
 func (inv *Inventory) Summary() []GenerationSummary {
 	out := []GenerationSummary{}
 	def := inv.Default()
+	var behind *Generation // the newest restorable, when it hands over
+	why := ""
+	for _, g := range inv.Generations {
+		if _, ok := g.Restorable(); ok {
+			if from, _, w := inv.handOver(g, Target{}); from != g {
+				behind, why = g, w
+			}
+			break
+		}
+	}
 	for _, g := range inv.Generations {
 		s := GenerationSummary{ID: g.ID, Updated: g.Updated.UTC(), Default: g == def, Chunks: len(g.Chunks), Bytes: g.Bytes,
 			ForkAt: g.ForkAt, ForkObjects: g.ForkObjects, Checkpoints: []CheckpointSummary{}}
@@ -602,6 +719,9 @@ func (inv *Inventory) Summary() []GenerationSummary {
 			s.Owner = g.Owners[n-1].ID
 		}
 		s.NotRestorable = g.NotRestorable()
+		if g == behind {
+			s.PassedOver = why
+		}
 		if g == def && !g.holdsData() {
 			s.NotRestorable, s.RequestsJournalOnly = "", true
 		}

@@ -100,6 +100,11 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 	}
 	plan, err := inv.Plan(t)
 	for _, s := range plan.Skipped {
+		if s.Parent != "" {
+			log.Warn("replica: a generation is behind the restore it began from; its parent's history is restored up to that point, with its own request journal and files",
+				"generation", s.ID, "parent", s.Parent, "reason", s.Reason)
+			continue
+		}
 		log.Warn("replica: a generation holds nothing a restore can use; passed over for an older one",
 			"generation", s.ID, "reason", s.Reason)
 	}
@@ -130,7 +135,7 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 	res := Result{Generation: g.ID, SkippedGenerations: plan.Skipped, RequestsJournalOnly: plan.JournalOnly}
 	var moves []string
 	if !plan.JournalOnly {
-		if err := c.restoreState(ctx, g, t, plan, stage, &res, log); err != nil {
+		if err := c.restoreState(ctx, g, plan.Target, plan, stage, &res, log); err != nil {
 			return res, err
 		}
 		moves = []string{"wal", "checkpoints"}

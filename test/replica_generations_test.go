@@ -7,6 +7,7 @@ package test
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -26,6 +27,26 @@ func proxyFlags(p *miniotest.Proxy, bucket, prefix string) []string {
 	return []string{"--replica", "s3://" + bucket + "/" + prefix, "--replica-endpoint", p.Endpoint(), "--replica-sync-interval", "200ms"}
 }
 
+// replicateNodeA runs node A: 200 entries, a checkpoint, 100 more, all
+// replicated; then A is killed with SIGKILL and its data directory removed.
+// It returns the entries A acknowledged.
+func replicateNodeA(t *testing.T, flags, env []string) []uint64 {
+	t.Helper()
+	dirA := filepath.Join(t.TempDir(), "data")
+	a := startSup(t, scripted(t, dirA, flags, env, plan{{"log": 200, "rate": 400}, {"checkpoint": true}, {"log": 100, "rate": 400}, {"stay": true}}))
+	waitFor(t, 60*time.Second, "A's 300 entries replicated", func() bool {
+		_, rs := statusOf(t, dirA)
+		return rs.UploadedSequence == 300 && rs.DurableSequence == 300
+	})
+	sentA := accepted(a.allEvents())
+	if err := a.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	a.wait(10 * time.Second)
+	os.RemoveAll(dirA)
+	return sentA
+}
+
 // TestReplicaNewNodeLostBeforeFirstUpload: node A replicates 300 entries
 // and a checkpoint and is killed with its data directory. Node B restores
 // it, begins a generation of its own, accepts a request (its generation
@@ -42,18 +63,7 @@ func TestReplicaNewNodeLostBeforeFirstUpload(t *testing.T) {
 			srv.MakeBucket("state")
 			flags := replicaFlags(srv, "state", "agents/a")
 			env := append(srv.Env(), "AGENT_NO_FINAL_CHECKPOINT=1")
-			dirA := filepath.Join(t.TempDir(), "data")
-			a := startSup(t, scripted(t, dirA, flags, env, plan{{"log": 200, "rate": 400}, {"checkpoint": true}, {"log": 100, "rate": 400}, {"stay": true}}))
-			waitFor(t, 60*time.Second, "A's 300 entries replicated", func() bool {
-				_, rs := statusOf(t, dirA)
-				return rs.UploadedSequence == 300 && rs.DurableSequence == 300
-			})
-			sentA := accepted(a.allEvents())
-			if err := a.cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			a.wait(10 * time.Second)
-			os.RemoveAll(dirA)
+			sentA := replicateNodeA(t, flags, env)
 
 			proxy := miniotest.StartProxy(t, srv)
 			proxy.Set(func(r *http.Request) miniotest.Fault {
@@ -105,6 +115,72 @@ func TestReplicaNewNodeLostBeforeFirstUpload(t *testing.T) {
 				t.Fatalf("node C does not say it passed B's generation over:\n%s", tail(c.out.String(), 30))
 			}
 		})
+	}
+}
+
+// TestReplicaNewNodeLostBeforeItsWAL: node A replicates 300 entries with a
+// checkpoint at 200 and is killed with its data directory. Node B restores
+// it, begins a generation of its own, accepts a request, uploads its
+// request journal and its checkpoint (at 200), and is killed with SIGKILL
+// while the WAL above the checkpoint hangs: its generation is the newest
+// and restorable, to 200 only. Node C on an empty directory restores all
+// 300 entries A acknowledged (from A's generation, through where B began)
+// with B's request journal, and says why; `replica list` marks A's
+// generation the default.
+func TestReplicaNewNodeLostBeforeItsWAL(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.MakeBucket("state")
+	flags := replicaFlags(srv, "state", "agents/a")
+	env := append(srv.Env(), "AGENT_NO_FINAL_CHECKPOINT=1")
+	sentA := replicateNodeA(t, flags, env)
+
+	proxy := miniotest.StartProxy(t, srv)
+	proxy.Set(func(r *http.Request) miniotest.Fault {
+		if r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/wal/") {
+			return miniotest.Hang
+		}
+		return miniotest.Pass
+	})
+	dirB := filepath.Join(t.TempDir(), "data")
+	b := startSup(t, scripted(t, dirB, proxyFlags(proxy, "state", "agents/a"), env, plan{{"stay": true}}))
+	if r := restored(t, b.waitEvents("start", 1, 60*time.Second)[0]); r == nil || r.LastSequence != 300 {
+		t.Fatalf("B restored %+v, want A's 300", r)
+	}
+	id := postRequest(t, b, "accepted on B")
+	waitFor(t, 60*time.Second, "B's request journal and checkpoint replicated", func() bool {
+		_, rs := statusOf(t, dirB)
+		return rs.Checkpoints == 1 && rs.RequestsJournal != nil && rs.RequestsJournal.LagWrites == 0 && rs.RequestsJournal.Bytes > 0
+	})
+	if err := b.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	b.wait(10 * time.Second)
+
+	code, out, stderr := cliEnv(t, srv.Env(), append([]string{"replica", "list", "--json"}, flags[:4]...)...)
+	var list struct {
+		Generations []struct {
+			Default      bool    `json:"default"`
+			RestorableTo *uint64 `json:"restorable_to"`
+		} `json:"generations"`
+	}
+	if err := json.Unmarshal([]byte(out), &list); code != 0 || err != nil || len(list.Generations) != 2 {
+		t.Fatalf("replica list --json: exit %d, %v\n%s%s", code, err, out, stderr)
+	}
+	if g := list.Generations[0]; g.Default || g.RestorableTo == nil || *g.RestorableTo != 200 || !list.Generations[1].Default {
+		t.Fatalf("replica list: B's generation (newest) should be restorable to 200 and A's the default:\n%s", out)
+	}
+	dirC := filepath.Join(t.TempDir(), "data")
+	c := startSup(t, scripted(t, dirC, flags, env, plan{{"stay": true}}))
+	r := restored(t, c.waitEvents("start", 1, 60*time.Second)[0])
+	if r == nil {
+		t.Fatalf("node C started empty:\n%s", tail(c.out.String(), 30))
+	}
+	sameSeqs(t, "state restored on node C", r.state(), sentA)
+	if code, v := getRequest(t, c, id); code != 200 {
+		t.Fatalf("the request accepted on B: %d %+v on node C, want it restored with B's journal", code, v)
+	}
+	if !strings.Contains(c.out.String(), "behind the restore it began from") {
+		t.Fatalf("node C does not say why it passed B's generation over:\n%s", tail(c.out.String(), 30))
 	}
 }
 

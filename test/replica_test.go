@@ -41,6 +41,7 @@ type replicaStatus struct {
 	LagEntries       uint64  `json:"lag_entries"`
 	LagSeconds       float64 `json:"lag_seconds"`
 	LastErrorKind    string  `json:"last_error_kind"`
+	Checkpoints      int     `json:"checkpoints"`
 	RequestsJournal  *struct {
 		LagWrites uint64 `json:"lag_writes"`
 		Bytes     int64  `json:"uploaded_bytes"`

@@ -211,10 +211,13 @@ func (c *replicaCmd) list(ctx context.Context, args []string) error {
 		}
 		tw.Flush()
 	}
-	fmt.Fprintln(c.stdout, "\n* the generation a restore takes unless --generation names another (the most recently written that can be restored)")
+	fmt.Fprintln(c.stdout, "\n* the generation a restore takes unless --generation names another (the most recently written that can be restored, or the parent it began from while it cannot be restored as far as that)")
 	for _, g := range sum {
 		if g.NotRestorable != "" {
 			fmt.Fprintf(c.stdout, "skipped by a restore: %s %s\n", g.ID, g.NotRestorable)
+		}
+		if g.PassedOver != "" {
+			fmt.Fprintf(c.stdout, "passed over by a restore: %s %s\n", g.ID, g.PassedOver)
 		}
 		if g.Parent != nil {
 			fmt.Fprintf(c.stdout, "%s continues %s from sequence %d\n", g.ID, g.Parent.Generation, g.Parent.Sequence)
