@@ -10,6 +10,7 @@ package test
 //	REQAGENT_HOLD=PREFIX          never answer a message starting with PREFIX
 //	REQAGENT_ACCEPTS_CANCEL=1     heartbeats carry accepts: ["cancel_request"]
 //	REQAGENT_POISON_EXIT=MSG      exit 1 at once on a request whose message is MSG
+//	REQAGENT_POISON_EXIT_CODE=N   … with code N instead (0: a clean exit() in the handler)
 //	REQAGENT_POISON_HANG=MSG      stop heartbeating and reading on it (hang)
 //	REQAGENT_EXIT_FIRST=MSG       exit 1 on MSG's first delivery (attempt 1) only
 //	REQAGENT_STAMP=FILE           timing (BenchmarkRedeliver10k): log one WAL entry
@@ -133,7 +134,11 @@ func runReqAgent() int {
 			msg := m.Data.Message
 			emit(map[string]any{"ev": "request", "id": m.RequestID, "attempt": m.Attempt, "msg": msg})
 			if v := os.Getenv("REQAGENT_POISON_EXIT"); v != "" && msg == v {
-				os.Exit(1)
+				code, err := strconv.Atoi(os.Getenv("REQAGENT_POISON_EXIT_CODE"))
+				if err != nil {
+					code = 1
+				}
+				os.Exit(code)
 			}
 			if v := os.Getenv("REQAGENT_EXIT_FIRST"); v != "" && msg == v && m.Attempt <= 1 {
 				os.Exit(1)

@@ -479,6 +479,15 @@ func TestPoisonRequestExits(t *testing.T) {
 	poisonRun(t, []string{"REQAGENT_POISON_EXIT=poison"})
 }
 
+// TestPoisonRequestExitsCleanly: an agent that exits with code 0 on one
+// message (exit() in its handler) under the default --restart always: the
+// request is set aside after --request-max-attempts deliveries, and the
+// supervisor does not give up (before, a clean exit was charged nothing,
+// and the sixth restart ended the supervisor with exit 1).
+func TestPoisonRequestExitsCleanly(t *testing.T) {
+	poisonRun(t, []string{"REQAGENT_POISON_EXIT=poison", "REQAGENT_POISON_EXIT_CODE=0"})
+}
+
 // TestPoisonRequestHangs: an agent that hangs (no heartbeat, no reads) on
 // one message.
 func TestPoisonRequestHangs(t *testing.T) {

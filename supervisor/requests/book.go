@@ -509,10 +509,15 @@ func (b *Book) Detach() {
 	b.mu.Unlock()
 }
 
-// AgentGone: the primary died (reason: crashed, killed, hung, framing…).
-// Every request in flight to it is charged a death; when several were, they
-// become suspects, redelivered one at a time. A request that reaches
-// --request-max-attempts deaths alone is set aside as poison.
+// AgentGone: the primary died (reason: crashed, killed, hung, framing…,
+// or exited: it went on its own, code 0, with the request unanswered — an
+// agent that calls exit() on one request is restarted, and counted
+// against --max-restarts, like one that crashes on it). Every request in
+// flight to it is charged a death; when several were, they become suspects,
+// redelivered one at a time. A request that reaches
+// --request-max-attempts deaths alone is set aside as poison. A stop the
+// supervisor made (shutdown, an operator's restore, a WAL failure) charges
+// nothing.
 func (b *Book) AgentGone(reason string) {
 	if b == nil {
 		return
@@ -527,7 +532,7 @@ func (b *Book) AgentGone(reason string) {
 		}
 		r.inflight = 0
 	}
-	if reason == "" || reason == "shutdown" || reason == "exited" || reason == "operator_restore" || reason == "wal_failed" {
+	if reason == "" || reason == "shutdown" || reason == "operator_restore" || reason == "wal_failed" {
 		return // not the agent's death with the request: redelivered, no charge
 	}
 	now := b.cfg.Now()

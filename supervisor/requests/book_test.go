@@ -255,12 +255,14 @@ func (a *fullAgent) SendRequest([]byte) bool {
 	return !a.refuse.Load()
 }
 
-// TestOnlyTheAgentsDeathsAreCharged: a request in flight when the agent
-// goes for a reason that is not the agent's failure — the supervisor
-// shutting down, an operator's restore, a clean exit, the WAL failing — is
-// redelivered and charged nothing; so however often that happens it is never
-// set aside as poison. Deaths of the agent with it (a crash, a kill) are
-// charged, and MaxAttempts of them alone set it aside.
+// TestOnlyTheAgentsDeathsAreCharged: a request in flight when the
+// supervisor stops the agent — shutting down, an operator's restore, the WAL
+// failing — is redelivered and charged nothing; so however often that
+// happens it is never set aside as poison. Deaths of the agent with it (a
+// crash, a kill, and an exit with code 0 it was not asked for: an agent that
+// calls exit() on the request is restarted and counted against
+// --max-restarts like one that crashes) are charged, and MaxAttempts of them
+// alone set it aside.
 func TestOnlyTheAgentsDeathsAreCharged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := testBook(t, t.TempDir(), Config{MaxBytes: 1 << 30, MaxAttempts: 2})
@@ -277,22 +279,23 @@ func TestOnlyTheAgentsDeathsAreCharged(t *testing.T) {
 				t.Fatalf("%s: the request was not delivered to the new agent", what)
 			}
 		}
-		for _, reason := range []string{"shutdown", "operator_restore", "exited", "wal_failed", "", "shutdown"} {
+		for _, reason := range []string{"shutdown", "operator_restore", "wal_failed", "", "shutdown"} {
 			deliveredAgain("before " + reason)
 			b.AgentGone(reason)
 			if v, _ := b.Get("r1"); v.Status != StatusPending || len(v.Deaths) != 0 {
 				t.Fatalf("after the agent went (%q): status %s, %d deaths charged; want pending, none", reason, v.Status, len(v.Deaths))
 			}
 		}
-		for i := 1; i <= 2; i++ {
-			deliveredAgain("before a crash")
-			b.AgentGone("crashed")
+		for i, reason := range []string{"crashed", "exited"} {
+			i++
+			deliveredAgain("before " + reason)
+			b.AgentGone(reason)
 			v, _ := b.Get("r1")
 			if len(v.Deaths) != i {
-				t.Fatalf("after crash %d: %d deaths charged", i, len(v.Deaths))
+				t.Fatalf("after death %d (%s): %d deaths charged", i, reason, len(v.Deaths))
 			}
 			if want := map[int]string{1: StatusPending, 2: StatusFailed}[i]; v.Status != want {
-				t.Fatalf("after crash %d: status %s, want %s", i, v.Status, want)
+				t.Fatalf("after death %d (%s): status %s, want %s", i, reason, v.Status, want)
 			}
 		}
 	})
