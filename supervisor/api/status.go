@@ -314,6 +314,8 @@ func (t *RequestTable) counts(now time.Time) *RequestCounts {
 			c.Expired++
 		case requests.StatusCancelled:
 			c.Cancelled++
+		case requests.StatusDropped:
+			c.Dropped++
 		}
 	}
 	return c

@@ -2,18 +2,25 @@ package api
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
+	"github.com/agent-sidecar/supervisor/supervisor/requests"
 )
 
 // pageOwner is an Owner for the status page's tests: a running agent,
@@ -167,5 +174,48 @@ func BenchmarkStatusHandler(b *testing.B) {
 		if rw.Code != http.StatusOK {
 			b.Fatal(rw.Code)
 		}
+	}
+}
+
+// TestStatusCountsDroppedResults: answered requests whose result the book
+// dropped (over requests.MaxResultBytes) stay counted: as dropped in
+// /v1/status, and among the answered on the status page. Before, counts
+// had no case for them and they vanished from every count.
+func TestStatusCountsDroppedResults(t *testing.T) {
+	s := newPageServer(t)
+	b, _, err := requests.OpenBook(t.TempDir(), requests.Config{Retention: time.Hour, Timeout: time.Hour, MaxBytes: 1 << 30,
+		Metrics: requests.NewMetrics(prometheus.NewRegistry()), Encode: schema.NewCodec(schema.Options{}).Encode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	s.requests.SetBook(b)
+	data, _ := json.Marshal(strings.Repeat("r", 1<<20))
+	const n = 20 // 20 MiB of results: some over the 16 MiB bound are dropped
+	for i := range n {
+		id := fmt.Sprintf("req-%02d", i)
+		if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), id, false); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := b.Answer(id, data, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dropped := 0
+	for _, v := range b.List() {
+		if v.Status == requests.StatusDropped {
+			dropped++
+		}
+	}
+	if dropped == 0 {
+		t.Fatal("no result was dropped; the test needs some")
+	}
+	st := s.FullStatus(time.Now())
+	c := st.Requests
+	if c.Dropped != dropped || c.Answered+c.Dropped != n {
+		t.Errorf("status: %+v; the book holds %d answered, %d of them with their result dropped", *c, n, dropped)
+	}
+	if got := fields(st)["req_answered"]; got != strconv.Itoa(n) {
+		t.Errorf("the status page shows %s answered, the agent answered %d", got, n)
 	}
 }
