@@ -44,6 +44,7 @@ const (
 	// The probe listener (--probe-addr): a few connections, short timeouts.
 	probeConns             = 16
 	probeReadHeaderTimeout = 2 * time.Second
+	probeReadTimeout       = 5 * time.Second // the probes take no body
 	probeWriteTimeout      = 10 * time.Second
 	probeIdleTimeout       = 10 * time.Second
 )
@@ -166,8 +167,8 @@ func New(opts Options, owner Owner) (*Server, error) {
 		Name: "supervisor_http_connections_evicted_total",
 		Help: "Connections closed to make room for a new one, every slot being taken: they had no request in progress (no complete header yet, or idle).",
 	}, []string{"listener"})
-	s.srv = s.newHTTPServer(s.Handler(), httpReadHeaderTimeout, httpWriteTimeout, httpIdleTimeout)
-	s.probeSrv = s.newHTTPServer(s.ProbeHandler(), probeReadHeaderTimeout, probeWriteTimeout, probeIdleTimeout)
+	s.srv = s.newHTTPServer(s.Handler(), httpReadHeaderTimeout, httpReadTimeout, httpWriteTimeout, httpIdleTimeout)
+	s.probeSrv = s.newHTTPServer(s.ProbeHandler(), probeReadHeaderTimeout, probeReadTimeout, probeWriteTimeout, probeIdleTimeout)
 	return s, nil
 }
 
@@ -217,12 +218,12 @@ func (s *Server) Shutdown(ctx context.Context) {
 // Requests is the request table's view for the owner's result sink.
 func (s *Server) Requests() *RequestTable { return s.requests }
 
-func (s *Server) newHTTPServer(h http.Handler, readHeader, write, idle time.Duration) *http.Server {
+func (s *Server) newHTTPServer(h http.Handler, readHeader, read, write, idle time.Duration) *http.Server {
 	return &http.Server{
-		Handler:           h,
+		Handler:           unreadBodies(h),
 		ConnContext:       connContext,
 		ReadHeaderTimeout: readHeader,
-		ReadTimeout:       httpReadTimeout,
+		ReadTimeout:       read,
 		WriteTimeout:      write,
 		IdleTimeout:       idle,
 		MaxHeaderBytes:    httpMaxHeaderBytes,
