@@ -118,16 +118,17 @@ type Instance struct {
 	version       atomic.Int32 // highest protocol version the agent has used
 
 	// Liveness measures the agent, not us (SPEC §3). The reader records how
-	// long it spends inside our sinks (the WAL append, the checkpoint queue)
-	// — time the agent may be blocked on our storage — and HeartbeatAge
-	// leaves it out. Written by the reader only.
+	// long it spends inside our sinks (the WAL append, the checkpoint queue,
+	// a streamed checkpoint's staging writes) — time the agent may be
+	// blocked on our storage — and HeartbeatAge leaves it out. Written by
+	// the reader only.
 	sinkSince atomic.Int64 // unix nanos the current sink call began; 0 outside one
 	// lastOfBurst: the frame being handled is the last the agent has sent
 	// for now (nothing more buffered) — an ask for an ack may then fsync on
 	// the reader (AckWhenDurable). Reader goroutine only.
 	lastOfBurst bool
 	blockedNano atomic.Int64 // time spent in sinks since the last heartbeat
-	lastFrameAt atomic.Int64 // unix nanos the reader last finished a frame
+	lastFrameAt atomic.Int64 // unix nanos the reader last finished a frame or a sink call
 
 	outMu     sync.Mutex
 	out       chan OutFrame
@@ -468,6 +469,10 @@ func (in *Instance) writeLoop(w *wire.Writer, pipe io.Writer) {
 // acknowledge it) or StageAborted (it was not, or the pipe broke: throw the
 // bytes away). A frame above the codec's StreamAbove can only be a
 // checkpoint.
+//
+// Time in StageCheckpoint and in the writer's Write is our storage's
+// (HeartbeatAge leaves it out); the time between the writes, waiting for
+// the agent's next bytes, is the agent's.
 type StreamSink interface {
 	StageCheckpoint(in *Instance) (io.Writer, error)
 	CheckpointStaged(in *Instance, w io.Writer, cp *schema.Checkpoint, storeErr error, arrived time.Time)
@@ -488,23 +493,30 @@ func (in *Instance) readStreamed(body *wire.FrameBody) bool {
 		in.handle(payload)
 		return true
 	}
-	// Compressing and writing the data as it comes is our storage's time,
-	// not the agent's (as a sink's is).
-	start := in.sinkBegin()
+	// Opening the staging file and compressing and writing the data as it
+	// comes is our storage's time, not the agent's (as a sink's is); the
+	// time between the writes, waiting for the agent's next bytes, is the
+	// agent's: an agent that stops mid-frame ages (HeartbeatAge), and once
+	// it has exited the drain timeout applies (Finish).
+	arrived := time.Now()
 	in.inBytes.Add(float64(body.Size()))
 	var staged io.Writer
 	msg, streamed, err := in.codec.DecodeCheckpointStream(body, body.Size(), func() (io.Writer, error) {
+		start := in.sinkBegin()
 		w, err := ss.StageCheckpoint(in)
+		in.sinkEnd(start)
 		staged = w
-		return w, err
+		if err != nil {
+			return nil, err
+		}
+		return &sinkWriter{in: in, w: w}, nil
 	})
-	in.sinkEnd(start)
 	var storeErr *schema.StoreError
 	cp, isCkpt := msg.(*schema.Checkpoint)
 	switch {
 	case errors.As(err, &storeErr) && streamed:
 		// Valid, not stored: the sink answers CHECKPOINT_FAILED.
-		ss.CheckpointStaged(in, staged, nil, storeErr.Err, start)
+		ss.CheckpointStaged(in, staged, nil, storeErr.Err, arrived)
 		return true
 	case err != nil && !errors.Is(err, schema.ErrInvalidMessage):
 		if staged != nil {
@@ -534,7 +546,7 @@ func (in *Instance) readStreamed(body *wire.FrameBody) bool {
 	}
 	in.noteVersion(cp)
 	wait := in.sinkBegin()
-	ss.CheckpointStaged(in, staged, cp, nil, start)
+	ss.CheckpointStaged(in, staged, cp, nil, arrived)
 	in.sinkEnd(wait)
 	return true
 }

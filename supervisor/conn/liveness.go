@@ -4,15 +4,16 @@ package conn
 // storage, and the end of an instance (Finish).
 
 import (
+	"io"
 	"time"
 
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
 )
 
 // sinkBegin and sinkEnd bracket a call into our storage that may block on
-// our disk (a WAL append, the checkpoint queue): the time between them is
-// recorded as not the agent's (see HeartbeatAge). Reader goroutine only; no
-// allocation on the frame path.
+// our disk (a WAL append, the checkpoint queue, a staging write): the time
+// between them is recorded as not the agent's (see HeartbeatAge). Reader
+// goroutine only; no allocation on the frame path.
 func (in *Instance) sinkBegin() time.Time {
 	start := time.Now()
 	in.sinkSince.Store(start.UnixNano())
@@ -24,6 +25,20 @@ func (in *Instance) sinkEnd(start time.Time) {
 	in.sinkSince.Store(0)
 	in.blockedNano.Add(int64(end.Sub(start)))
 	in.lastFrameAt.Store(end.UnixNano())
+}
+
+// sinkWriter is a writer onto our storage (a streamed checkpoint's staging
+// file) whose every Write is time in a sink. The reader's time between
+// writes, waiting for the agent's next bytes, is not: it is the agent's.
+type sinkWriter struct {
+	in *Instance
+	w  io.Writer
+}
+
+func (s *sinkWriter) Write(p []byte) (int, error) {
+	start := s.in.sinkBegin()
+	defer s.in.sinkEnd(start)
+	return s.w.Write(p)
 }
 
 // heartbeatAge returns the time since the last heartbeat, or since the start
