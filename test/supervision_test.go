@@ -3,6 +3,7 @@ package test
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -70,6 +71,25 @@ func TestHungAgentIsKilledAndRestarted(t *testing.T) {
 		return s.metric("supervisor_agent_restarts_total", `reason="hung"`) >= 1
 	})
 	if !strings.Contains(s.out.String(), "no heartbeat within --heartbeat-timeout") {
+		t.Fatal("log does not say the agent was hung")
+	}
+}
+
+// An agent that hangs in the middle of a streamed checkpoint frame (the
+// first 1 MiB of 8 MiB sent, then nothing, alive) is hung like any other:
+// replaced within its heartbeat timeout. The first build counted the whole
+// read of a streamed frame as time blocked on our storage, so the agent's
+// heartbeat never aged and it was never restarted.
+func TestHungMidCheckpointAgentIsRestarted(t *testing.T) {
+	buildBoundsTools(t)
+	h := startHostile(t, binPath, "stallcheckpoint", append(slices.Clone(fastFlags), "--heartbeat-timeout", "2s", "--max-restarts", "0"), nil)
+	waitFor(t, 30*time.Second, "the agent to stall mid-checkpoint", func() bool { return len(noted(h.notes, "stalled")) >= 1 })
+	stalled := time.Now()
+	waitFor(t, 30*time.Second, "the agent hung mid-checkpoint to be restarted as hung", func() bool {
+		return h.metric("supervisor_agent_restarts_total", `reason="hung"`) >= 1 && len(noted(h.notes, "pid ")) >= 2
+	})
+	t.Logf("agent hung mid-checkpoint replaced %s after it stalled (--heartbeat-timeout 2s)", time.Since(stalled).Round(time.Millisecond))
+	if !strings.Contains(h.out.String(), "no heartbeat within --heartbeat-timeout") {
 		t.Fatal("log does not say the agent was hung")
 	}
 }

@@ -27,6 +27,10 @@
 //	oversize     $HOSTILE_COUNT uncompressed checkpoint frames of
 //	             $HOSTILE_SIZE bytes each (streamed, never built in memory),
 //	             then a small checkpoint, then heartbeats until stopped
+//	stallcheckpoint
+//	             heartbeats for a second, then the first 1 MiB of an 8 MiB
+//	             checkpoint frame (notes "stalled"), then nothing: it hangs
+//	             mid-frame, alive, until killed
 package main
 
 import (
@@ -170,8 +174,9 @@ func bigCheckpoint() []byte {
 }
 
 // sendOversize writes one checkpoint frame of size bytes, {type, timestamp,
-// data: {agent_state, blob: bin32}}, in 64 KiB pieces.
-func sendOversize(size int) {
+// data: {agent_state, blob: bin32}}, in 64 KiB pieces: its first sent
+// bytes after the header (all of it when sent >= size).
+func sendOversize(size, sent int) {
 	head := marshal(map[string]any{"type": "checkpoint"})
 	head[0]++ // one more pair: data
 	head = append(head, 0xa4, 'd', 'a', 't', 'a')
@@ -187,6 +192,7 @@ func sendOversize(size int) {
 		os.Exit(0)
 	}
 	chunk := make([]byte, 64<<10)
+	blob = min(blob, sent-len(head))
 	for n := 0; n < blob; n += len(chunk) {
 		if _, err := os.Stdout.Write(chunk[:min(len(chunk), blob-n)]); err != nil {
 			os.Exit(0)
@@ -296,10 +302,21 @@ func main() {
 		size, _ := strconv.Atoi(os.Getenv("HOSTILE_SIZE"))
 		count, _ := strconv.Atoi(os.Getenv("HOSTILE_COUNT"))
 		for range count {
-			sendOversize(size)
+			sendOversize(size, size)
 		}
 		send(marshal(map[string]any{"type": "checkpoint", "data": map[string]any{"agent_state": map[string]any{"status": "idle"}}}))
 		note("sent all")
+		select {}
+	case "stallcheckpoint":
+		// Heartbeats from this goroutine only: one sent after the cut would
+		// land inside the frame.
+		go readReplies()
+		for range 5 {
+			send(marshal(map[string]any{"type": "heartbeat"}))
+			time.Sleep(200 * time.Millisecond)
+		}
+		sendOversize(8<<20, 1<<20)
+		note("stalled")
 		select {}
 	case "deaf":
 		// Heartbeats and never reads its input: what is sent to it fills
