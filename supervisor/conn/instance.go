@@ -511,28 +511,37 @@ func (in *Instance) readStreamed(body *wire.FrameBody) bool {
 		}
 		return &sinkWriter{in: in, w: w}, nil
 	})
+	// Handing the staged file back (answered, or removed) is our storage's
+	// time too: on a frozen disk an unlink blocks.
+	abort := func() {
+		start := in.sinkBegin()
+		ss.StageAborted(in, staged)
+		in.sinkEnd(start)
+	}
 	var storeErr *schema.StoreError
 	cp, isCkpt := msg.(*schema.Checkpoint)
 	switch {
 	case errors.As(err, &storeErr) && streamed:
 		// Valid, not stored: the sink answers CHECKPOINT_FAILED.
+		start := in.sinkBegin()
 		ss.CheckpointStaged(in, staged, nil, storeErr.Err, arrived)
+		in.sinkEnd(start)
 		return true
 	case err != nil && !errors.Is(err, schema.ErrInvalidMessage):
 		if staged != nil {
-			ss.StageAborted(in, staged)
+			abort()
 		}
 		in.emit(Event{Kind: StreamEnded, Err: err})
 		return false
 	case err != nil:
 		if staged != nil {
-			ss.StageAborted(in, staged)
+			abort()
 		}
 		in.sink.Invalid(in, err)
 		return true
 	case !streamed:
 		if staged != nil {
-			ss.StageAborted(in, staged)
+			abort()
 		}
 		in.dispatch(msg)
 		return true
@@ -541,7 +550,7 @@ func (in *Instance) readStreamed(body *wire.FrameBody) bool {
 		c.Inc()
 	}
 	if !isCkpt { // unreachable: a streamed message is a checkpoint
-		ss.StageAborted(in, staged)
+		abort()
 		return true
 	}
 	in.noteVersion(cp)
