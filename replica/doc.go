@@ -48,9 +48,10 @@
 // else — a restored or rolled-back directory ([Replicator.Rewound]), a
 // second supervisor on the prefix, a copy of the directory — starts a new
 // one. A running replicator that finds a newer claim on its generation
-// (looked for every OwnerCheckInterval before an upload, and before every
-// delete) removes what it wrote there after the other's start and begins
-// its own. A restore takes one generation whole: the most recently written
+// (looked for every OwnerCheckInterval, and before every delete) removes
+// what it wrote there after the other's start and begins its own; one that
+// finds another writer's chunk past its own uploads (a copy that yielded
+// after one more upload) begins its own too. A restore takes one generation whole: the most recently written
 // that offers a restore ([Inventory.Default]; newer ones holding nothing
 // restorable are passed over and reported) unless [Target] names another.
 //

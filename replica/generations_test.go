@@ -383,6 +383,77 @@ func TestCopiedDataDirectory(t *testing.T) {
 	}
 }
 
+// TestForkAfterTheCopyYielded: a copy ("two") of a running directory
+// continues its generation and claims it; the original ("one"), whose last
+// look at the claims is recent (the default 10 s interval), uploads one
+// more chunk into it before it stops: the generation is forked after 50.
+// "two" goes on writing; before, it kept uploading into the forked
+// generation, its status said ok with no lag, and every restore stopped at
+// 50. It now notices the fork at its next look at the claims, starts a
+// generation of its own, and a restore reaches all of its 120 entries.
+func TestForkAfterTheCopyYielded(t *testing.T) {
+	_, c := setup(t, "agents/fork")
+	dir1 := filepath.Join(t.TempDir(), "one")
+	d1 := openDataDir(t, dir1)
+	d1.append(1, 30)
+	d1.checkpoint()
+	d1.append(31, 50)
+	r1 := replica.New(c, d1.local(), replica.Options{SyncInterval: 50 * time.Millisecond}) // looks every 10 s
+	r1.Start()
+	defer r1.Close(time.Second)
+	waitUploaded(t, r1, 50)
+	gen := r1.Status().Generation
+
+	dir2 := filepath.Join(t.TempDir(), "two")
+	if out, err := exec.Command("cp", "-a", dir1, dir2).CombinedOutput(); err != nil {
+		t.Fatalf("copy: %v %s", err, out)
+	}
+	d2 := openDataDir(t, dir2)
+	var logs strings.Builder
+	r2 := replica.New(c, d2.local(), replica.Options{SyncInterval: 50 * time.Millisecond, OwnerCheckInterval: 200 * time.Millisecond, Logger: slogTo(&logs)})
+	r2.Start()
+	defer r2.Close(time.Second)
+	waitFor(t, func() bool { return r2.Status().State == "ok" })
+	if g := r2.Status().Generation; g != gen {
+		t.Fatalf("the copy started %s, want it to continue %s", g, gen)
+	}
+	d1.appendTagged(51, 60, "one")
+	waitUploaded(t, r1, 60) // into the generation "two" claimed: a fork after 50
+	r1.Close(5 * time.Second)
+
+	d2.appendTagged(51, 80, "two")
+	d2.checkpoint()
+	d2.appendTagged(81, 120, "two")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		st := r2.Status()
+		if st.Generation != gen && st.UploadedSequence == 120 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s on, the copy still writes the forked generation %s (status %s, uploaded %d, lag %d): a restore of it stops at the fork, 50",
+				st.Generation, st.State, st.UploadedSequence, st.LagEntries)
+		}
+	}
+	r2.Close(5 * time.Second)
+	if !strings.Contains(logs.String(), "another writer uploaded into this generation") {
+		t.Fatalf("the fork is not logged:\n%s", logs.String())
+	}
+	out := filepath.Join(t.TempDir(), "restored")
+	res, err := c.Restore(context.Background(), out, replica.Target{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.LastSequence != 120 || res.Generation == gen {
+		t.Fatalf("restore: %+v; want two's own generation through 120", res)
+	}
+	_, entries, _ := readBack(t, out)
+	for _, e := range entries {
+		if e.Sequence > 50 && !strings.HasSuffix(string(e.Data), "-two") {
+			t.Fatalf("the restore holds entry %d %q of the copy that yielded", e.Sequence, e.Data)
+		}
+	}
+}
+
 func (d *dataDir) appendTagged(from, to uint64, tag string) {
 	d.t.Helper()
 	for s := from; s <= to; s++ {

@@ -444,6 +444,11 @@ func (r *Replicator) passOnce(ctx context.Context) error {
 			return err
 		}
 	}
+	// Looked at before uploads too; here also when there is nothing to
+	// upload, so an idle run finds a second writer within the interval.
+	if err := r.checkOwner(ctx, false); err != nil {
+		return err
+	}
 	if err := r.syncFiles(ctx); err != nil {
 		return err
 	}
@@ -570,7 +575,7 @@ func (r *Replicator) checkOwner(ctx context.Context, force bool) error {
 	}
 	r.checked = time.Now()
 	if other == nil {
-		return nil
+		return r.checkFork(ctx)
 	}
 	theirs := map[string]bool{}
 	for _, id := range other.Checkpoints {
@@ -596,6 +601,41 @@ func (r *Replicator) checkOwner(ctx context.Context, force bool) error {
 			r.log.Warn("replica: could not remove this supervisor's objects from the generation it left; a restore of it trusts it only up to the overlap", "err", err)
 		}
 	}
+	return errLost
+}
+
+// checkFork lists r.gen's WAL chunks: two that overlap mean another
+// writer uploaded into the generation after this run claimed it — a copy
+// of this data directory that yielded to this run only after one more
+// upload (its last pass within its owner check interval of this run's
+// claim, or killed during it). A restore trusts a forked generation only up
+// to the fork, so everything this run would upload above it is lost to a
+// restore while its status says ok: errLost instead, and the caller starts
+// a generation of its own from everything this directory holds.
+func (r *Replicator) checkFork(ctx context.Context) error {
+	gens, _, err := r.c.listUnder(ctx, genDir(r.gen)+"wal/")
+	if err != nil {
+		return err
+	}
+	g := gens[r.gen]
+	if g == nil {
+		return nil
+	}
+	// A chunk reaching past what this run uploaded is another writer's:
+	// this run's next chunk would overlap it.
+	theirs := ""
+	for _, ch := range g.Chunks {
+		if ch.Last > r.head && !r.mine[ch.Key] {
+			theirs = ch.Key
+			break
+		}
+	}
+	if g.ForkAt == nil && theirs == "" {
+		return nil
+	}
+	r.log.Error("replica: another writer uploaded into this generation after this supervisor claimed it (a copy of this data directory that stopped only after one more upload); "+
+		"a restore would trust it only up to the fork, so this supervisor starts a generation of its own",
+		"generation", r.gen, "uploaded_sequence", r.head, "fork_objects", g.ForkObjects, "other_object", theirs)
 	return errLost
 }
 
