@@ -5,6 +5,7 @@ package replica_test
 // full.
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -23,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/replica"
 	"github.com/agent-sidecar/supervisor/replica/miniotest"
 	"github.com/agent-sidecar/supervisor/wal"
@@ -479,4 +481,57 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// TestLargeEvolutionLedgerReplicates: an evolution ledger over 16 MiB (17
+// modules promoted with 1 MiB of code each, within its own 256 MiB bound)
+// is uploaded and restored like a small one, and the checkpoints and WAL
+// around it too. Before, every pass failed reading it ("larger than its
+// limit") before anything else was uploaded: replication stopped for good.
+func TestLargeEvolutionLedgerReplicates(t *testing.T) {
+	if replica.MaxLedgerBytes != evolution.MaxLedgerSize {
+		t.Fatalf("replica.MaxLedgerBytes %d, evolution.MaxLedgerSize %d: the replica must carry any ledger the supervisor keeps", replica.MaxLedgerBytes, evolution.MaxLedgerSize)
+	}
+	_, c := setup(t, "agents/ledger")
+	dir := t.TempDir()
+	d := openDataDir(t, dir)
+	led, err := evolution.OpenLedger(filepath.Join(dir, "evolution.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := strings.Repeat("x = 1\n", (1<<20)/6) // ~1 MiB: one evolution_intent's most
+	for i := range 17 {
+		if err := led.Record(evolution.Promotion{Module: fmt.Sprintf("mod%d", i), Code: code, Target: "t", Reason: "r"}); err != nil {
+			t.Fatalf("record promotion %d: %v", i, err)
+		}
+	}
+	ledger, err := os.ReadFile(filepath.Join(dir, "evolution.json"))
+	if err != nil || len(ledger) <= 16<<20 {
+		t.Fatalf("the ledger is %d bytes (%v), want over 16 MiB", len(ledger), err)
+	}
+	d.append(1, 40)
+	d.checkpoint()
+	d.append(41, 100)
+	r := replica.New(c, d.local(), replica.Options{SyncInterval: 50 * time.Millisecond})
+	r.Start()
+	defer r.Close(time.Second)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		st := r.Status()
+		if st.UploadedSequence == 100 && st.Checkpoints == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s on, replication with a %d-byte ledger: %+v", len(ledger), st)
+		}
+	}
+	r.Close(5 * time.Second)
+	d.wal.Close()
+	out := filepath.Join(t.TempDir(), "restored")
+	if _, err := c.Restore(context.Background(), out, replica.Target{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	checkRestore(t, out, 40, 100)
+	if got, err := os.ReadFile(filepath.Join(out, "evolution.json")); err != nil || !bytes.Equal(got, ledger) {
+		t.Fatalf("the restored ledger is %d bytes (%v), want the %d uploaded", len(got), err, len(ledger))
+	}
 }

@@ -35,6 +35,21 @@ const generationsDir = "generations/"
 // replica, newest version wins.
 var replicatedFiles = []string{"evolution.json", "agent.json"}
 
+// MaxLedgerBytes is the largest evolution.json uploaded and restored: the
+// evolution ledger's own bound (evolution.MaxLedgerSize, which a test
+// checks; replica does not import evolution). Each module's newest
+// promotion keeps up to 1 MiB of code, so a 16 MiB limit, the other
+// files', stopped all replication once some 16 modules were promoted.
+const MaxLedgerBytes = 256 << 20
+
+// fileLimit is the largest replicated file of each name.
+func fileLimit(name string) int64 {
+	if name == "evolution.json" {
+		return MaxLedgerBytes
+	}
+	return 16 << 20
+}
+
 // JournalFile is the request journal's name in the replica: the durable
 // prefix of DATA_DIR/requests/journal (Local.Journal), restored into
 // JournalPath. The replica treats it as bytes with checksums, uploaded as a

@@ -20,6 +20,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/internal/atomicfile"
@@ -135,20 +136,23 @@ type Replicator struct {
 	met   *metrics
 
 	// Owned by the run goroutine.
-	gen      string
-	head     uint64            // the chunk chain ends here: entries up to it are uploaded
-	ckpts    map[string]object // checkpoint id → its object in the generation
-	chunks   []object          // the generation's chunks, by After
-	files    map[string]object // newest version of each file
-	pending  *pendingChunk     // a chunk whose upload failed: sent again as is
-	jChain   *journalChain     // the request journal in gen (nil: none)
-	jGarbage []string          // journal objects to delete (a delete that failed, a PUT that may have landed)
-	retained string            // local checkpoint ids at the last retention pass
-	bad      map[string]bool   // local checkpoints that could not be read
-	session  string            // this run's claim on gen
-	claim    string            // its key
-	mine     map[string]bool   // keys this run uploaded into gen
-	checked  time.Time         // the last look at gen's claims
+	gen    string
+	head   uint64            // the chunk chain ends here: entries up to it are uploaded
+	ckpts  map[string]object // checkpoint id → its object in the generation
+	chunks []object          // the generation's chunks, by After
+	files  map[string]object // newest version of each file
+	// stamps: each file as last read (size, time, inode), so an unchanged
+	// one is not read again at every pass (a ledger may be 256 MiB).
+	stamps   map[string]fileStamp
+	pending  *pendingChunk   // a chunk whose upload failed: sent again as is
+	jChain   *journalChain   // the request journal in gen (nil: none)
+	jGarbage []string        // journal objects to delete (a delete that failed, a PUT that may have landed)
+	retained string          // local checkpoint ids at the last retention pass
+	bad      map[string]bool // local checkpoints that could not be read
+	session  string          // this run's claim on gen
+	claim    string          // its key
+	mine     map[string]bool // keys this run uploaded into gen
+	checked  time.Time       // the last look at gen's claims
 
 	rewound atomic.Bool // a rollback: start a new generation
 	started atomic.Bool
@@ -473,6 +477,7 @@ func (r *Replicator) begin(ctx context.Context, fresh bool) error {
 		_ = json.Unmarshal(b, &st)
 	}
 	r.gen, r.head, r.ckpts, r.chunks, r.files, r.pending = "", 0, map[string]object{}, nil, map[string]object{}, nil
+	r.stamps = nil
 	r.jChain, r.jGarbage = nil, nil
 	r.retained, r.session, r.claim, r.mine = "", "", "", map[string]bool{}
 	if !fresh && st.Generation != "" && st.Replica == r.c.loc.String() && validGeneration(st.Generation) {
@@ -749,16 +754,25 @@ func (r *Replicator) putRaw(ctx context.Context, rel string, b []byte) (int64, e
 // changed, and deletes the version it replaces.
 func (r *Replicator) syncFiles(ctx context.Context) error {
 	for _, name := range replicatedFiles {
-		b, err := atomicfile.ReadLimited(filepath.Join(r.local.DataDir, name), 16<<20)
+		path := filepath.Join(r.local.DataDir, name)
+		st, err := stampOf(path)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("replica: read %s: %w", name, err)
 		}
-		s := sum(b)
 		old, had := r.files[name]
+		if had && r.stamps[name] == st {
+			continue // unchanged since it was read and found uploaded
+		}
+		b, err := atomicfile.ReadLimited(path, fileLimit(name))
+		if err != nil {
+			return fmt.Errorf("replica: read %s: %w", name, err)
+		}
+		s := sum(b)
 		if had && old.SHA == s {
+			r.stamp(name, st)
 			continue
 		}
 		now := time.Now()
@@ -767,6 +781,7 @@ func (r *Replicator) syncFiles(ctx context.Context) error {
 			return err
 		}
 		r.files[name] = object{Key: key, Kind: "file", Name: name, SHA: s, Time: now}
+		r.stamp(name, st)
 		if had {
 			if err := r.remove(ctx, []string{old.Key}); errors.Is(err, errLost) {
 				return err
@@ -774,6 +789,28 @@ func (r *Replicator) syncFiles(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// fileStamp tells a file's versions apart without reading it: the
+// supervisor replaces these files whole (atomicfile: a new inode).
+type fileStamp struct {
+	size, mtime int64
+	ino         uint64
+}
+
+func stampOf(path string) (fileStamp, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return fileStamp{}, &fs.PathError{Op: "stat", Path: path, Err: err}
+	}
+	return fileStamp{size: st.Size, mtime: st.Mtim.Nano(), ino: st.Ino}, nil
+}
+
+func (r *Replicator) stamp(name string, st fileStamp) {
+	if r.stamps == nil {
+		r.stamps = map[string]fileStamp{}
+	}
+	r.stamps[name] = st
 }
 
 // syncCheckpoints uploads every stored checkpoint not yet in the

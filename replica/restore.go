@@ -152,7 +152,7 @@ func (c *Client) Restore(ctx context.Context, dataDir string, t Target, log *slo
 			continue
 		}
 		moves = append(moves, f.Name)
-		b, err := c.get(ctx, f, 16<<20)
+		b, err := c.get(ctx, f, fileLimit(f.Name))
 		res.Bytes += int64(len(b))
 		if err != nil {
 			return res, err
