@@ -205,6 +205,11 @@ func OpenBook(dataDir string, cfg Config) (*Book, *Replay, error) {
 			b.open = append(b.open, r)
 		}
 	}
+	// The journal holds every answer's data until a compaction, also the
+	// data dropped since (and a drop record may have been lost to a crash,
+	// or the journal written before drops were journaled): the bound is
+	// kept now that the acceptance order is known, as Answer keeps it.
+	b.boundResultsLocked(nil)
 	j.Start(b.snapshot, func(n int64, err error) {
 		if cfg.Metrics != nil {
 			cfg.Metrics.journalBytes.Set(float64(j.Size()))
@@ -255,6 +260,10 @@ func (b *Book) apply(rec *Record) {
 		}
 	case KindAnswered:
 		b.answerLocked(r, rec.Data, rec.Error, at)
+	case KindDropped:
+		if r.Status == StatusAnswered && r.Data != nil {
+			b.dropLocked(r)
+		}
 	case KindExpired, KindCancelled, KindFailed:
 		if r.Final() {
 			return
@@ -618,6 +627,7 @@ func (b *Book) Answer(id string, data json.RawMessage, rerr *ErrorBody) (outcome
 	if r.final == nil {
 		r.final = t
 	}
+	b.boundResultsLocked(r)
 	b.kickLocked()
 	return outcome, took, nil
 }
@@ -649,8 +659,6 @@ func (b *Book) answerLocked(r *Request, data json.RawMessage, rerr *ErrorBody, n
 	}
 	r.Status, r.Data = StatusAnswered, data
 	b.resultBytes += int64(len(data))
-	for b.resultBytes > MaxResultBytes && b.dropOldestResultLocked(r) {
-	}
 	return OutcomeAnswered
 }
 
@@ -664,24 +672,36 @@ const MaxResultBytes = 16 << 20
 // within MaxResultBytes.
 const StatusDropped = "dropped"
 
-// dropOldestResultLocked drops the data of the oldest answer other than
-// keep; false when there is none.
-func (b *Book) dropOldestResultLocked(keep *Request) bool {
+// boundResultsLocked keeps the results within MaxResultBytes: it drops the
+// data of the oldest answers other than keep (in acceptance order) until
+// they fit. Each drop is journaled (lazily: a drop lost to a crash is made
+// again at replay, oldest first), so that a restart does not bring the
+// data back from the answer's record: an answer dropped stays dropped.
+func (b *Book) boundResultsLocked(keep *Request) {
 	for _, r := range b.order {
+		if b.resultBytes <= MaxResultBytes {
+			return
+		}
 		if r == keep || r.Status != StatusAnswered || r.Data == nil || b.reqs[r.ID] != r {
 			continue
 		}
-		n := int64(len(r.Data))
-		r.Error = &ErrorBody{Code: "RESULT_DROPPED", Message: fmt.Sprintf(
-			"the agent answered (%d bytes), but the result was dropped: the supervisor holds at most %d bytes of results, newest first. Fetch results sooner, or wait for them with POST ?wait=",
-			n, MaxResultBytes)}
-		r.Status, r.Data = StatusDropped, nil
-		b.resultBytes -= n
-		b.liveBytes -= n
-		r.size -= n
-		return true
+		b.dropLocked(r)
+		if b.j != nil { // nil: Load
+			b.j.AppendLazy(&Record{Kind: KindDropped, ID: r.ID})
+		}
 	}
-	return false
+}
+
+// dropLocked drops an answer's data.
+func (b *Book) dropLocked(r *Request) {
+	n := int64(len(r.Data))
+	r.Error = &ErrorBody{Code: "RESULT_DROPPED", Message: fmt.Sprintf(
+		"the agent answered (%d bytes), but the result was dropped: the supervisor holds at most %d bytes of results, newest first. Fetch results sooner, or wait for them with POST ?wait=",
+		n, MaxResultBytes)}
+	r.Status, r.Data = StatusDropped, nil
+	b.resultBytes -= n
+	b.liveBytes -= n
+	r.size -= n
 }
 
 // Cancel cancels a pending request, durably: a request not yet delivered is
@@ -1084,10 +1104,14 @@ func Load(dataDir string) ([]View, *Replay, error) {
 	for _, rec := range rp.Records {
 		b.apply(rec)
 	}
-	out := make([]View, 0, len(b.reqs))
 	for _, r := range b.reqs {
+		b.order = append(b.order, r)
+	}
+	sort.Slice(b.order, func(i, k int) bool { return b.order[i].seq < b.order[k].seq })
+	b.boundResultsLocked(nil) // what the supervisor would hold
+	out := make([]View, 0, len(b.order))
+	for _, r := range b.order {
 		out = append(out, b.viewLocked(r))
 	}
-	sort.Slice(out, func(i, k int) bool { return out[i].seq < out[k].seq })
 	return out, rp, nil
 }

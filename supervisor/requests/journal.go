@@ -58,6 +58,10 @@ const (
 	KindDeath     = "death"  // the agent died with the request in flight
 	KindFailed    = "failed" // set aside as poison
 	KindState     = "state"  // a compacted request: its whole state
+	// KindDropped: an answer's data was dropped (MaxResultBytes). A
+	// supervisor that predates it ignores it, as it does any kind it does
+	// not know.
+	KindDropped = "dropped"
 )
 
 // Record is one journal record.

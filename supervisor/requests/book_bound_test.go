@@ -1,0 +1,163 @@
+package requests
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// answerMany accepts and answers n requests r00, r01… with data, in order.
+func answerMany(t *testing.T, b *Book, n int, data json.RawMessage) {
+	t.Helper()
+	for i := range n {
+		id := fmt.Sprintf("r%02d", i)
+		if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), id, false); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := b.Answer(id, data, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func heldResultBytes(b *Book) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.resultBytes
+}
+
+// TestRestartKeepsResultsBound: the journal holds every answer's data until
+// a compaction, also the data dropped to keep MaxResultBytes. A restart
+// keeps the bound: the dropped answers stay dropped, the journal's room is
+// what it was (an 800 KiB POST accepted before the restart is accepted
+// after it). Before, the replay loaded every answer again: 66 MB of
+// results, the POST refused 429, r00 answered again.
+func TestRestartKeepsResultsBound(t *testing.T) {
+	dir := fastDir(t)
+	const maxBytes = 64 << 20 // the default --request-journal-bytes
+	cfg := Config{MaxBytes: maxBytes, Retention: 10 * time.Minute}
+	b := testBook(t, dir, cfg)
+	data, _ := json.Marshal(strings.Repeat("r", 1000000))
+	answerMany(t, b, 66, data)
+	big := json.RawMessage(`{"message":"` + strings.Repeat("m", 800<<10) + `"}`)
+	if _, _, err := b.Accept("", "", big, "before", false); err != nil {
+		t.Fatalf("before the restart: %v", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = testBook(t, dir, cfg)
+	if n := heldResultBytes(b); n > MaxResultBytes {
+		t.Errorf("after the restart the book holds %d bytes of results, bound %d", n, MaxResultBytes)
+	}
+	if _, _, err := b.Accept("", "", big, "after", false); errors.Is(err, ErrFull) {
+		t.Errorf("after the restart an 800 KiB POST is refused (journal full); it was accepted before")
+	}
+	for i := range 66 {
+		id := fmt.Sprintf("r%02d", i)
+		want := StatusAnswered
+		if i < 66-16 {
+			want = StatusDropped
+		}
+		if v, _ := b.Get(id); v.Status != want {
+			t.Errorf("%s after the restart: %s, want %s", id, v.Status, want)
+		}
+	}
+}
+
+// TestRestartKeepsTheDropsMade: an answer dropped stays dropped after a
+// restart, also when it is not the one a replay would pick (the oldest):
+// here the oldest request is answered last, so the next oldest was dropped.
+func TestRestartKeepsTheDropsMade(t *testing.T) {
+	dir := fastDir(t)
+	cfg := Config{MaxBytes: 64 << 20, Retention: 10 * time.Minute}
+	b := testBook(t, dir, cfg)
+	data, _ := json.Marshal(strings.Repeat("r", 1000000))
+	for i := range 17 {
+		if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), fmt.Sprintf("r%02d", i), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 17 {
+		if _, _, err := b.Answer(fmt.Sprintf("r%02d", (i+1)%17), data, nil); err != nil { // r00 last
+			t.Fatal(err)
+		}
+	}
+	want := map[string]string{"r00": StatusAnswered, "r01": StatusDropped, "r02": StatusAnswered}
+	for id, st := range want {
+		if v, _ := b.Get(id); v.Status != st {
+			t.Fatalf("%s before the restart: %s, want %s", id, v.Status, st)
+		}
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = testBook(t, dir, cfg)
+	for id, st := range want {
+		if v, _ := b.Get(id); v.Status != st {
+			t.Errorf("%s after the restart: %s, want %s as before", id, v.Status, st)
+		}
+	}
+	if n := heldResultBytes(b); n > MaxResultBytes {
+		t.Errorf("after the restart the book holds %d bytes of results, bound %d", n, MaxResultBytes)
+	}
+	views, _, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range views {
+		if st, ok := want[v.ID]; ok && v.Status != st {
+			t.Errorf("%s as Load reads it: %s, want %s", v.ID, v.Status, st)
+		}
+	}
+}
+
+// TestRestartBoundsResultsWithoutDropRecords: a journal whose drops were
+// not journaled (written by an older supervisor, or the lazy drop records
+// lost to a crash) holds every answer's data: the replay drops the oldest
+// until the results fit, the same ones at the next restart.
+func TestRestartBoundsResultsWithoutDropRecords(t *testing.T) {
+	dir := fastDir(t)
+	j, _, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Start(func() []*Record { return nil }, nil)
+	data, _ := json.Marshal(strings.Repeat("r", 1000000))
+	now := time.Now()
+	var recs []*Record
+	for i := range 20 {
+		id := fmt.Sprintf("r%02d", i)
+		recs = append(recs, &Record{Kind: KindAccepted, ID: id, Body: json.RawMessage(`{"message":"x"}`), At: now.UnixNano(), Deadline: now.Add(time.Hour).UnixNano()},
+			&Record{Kind: KindAnswered, ID: id, Data: data, At: now.UnixNano()})
+	}
+	if err := j.Append(recs...).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{MaxBytes: 64 << 20, Retention: 10 * time.Minute}
+	for restart := range 2 {
+		b := testBook(t, dir, cfg)
+		if n := heldResultBytes(b); n > MaxResultBytes {
+			t.Errorf("restart %d: the book holds %d bytes of results, bound %d", restart, n, MaxResultBytes)
+		}
+		for i := range 20 {
+			id := fmt.Sprintf("r%02d", i)
+			want := StatusAnswered
+			if i < 4 {
+				want = StatusDropped
+			}
+			if v, _ := b.Get(id); v.Status != want {
+				t.Errorf("restart %d: %s %s, want %s", restart, id, v.Status, want)
+			}
+		}
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
