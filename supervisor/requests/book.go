@@ -835,10 +835,10 @@ func (b *Book) kickLocked() {
 // wait, the oldest one alone (once nothing else is in flight); otherwise
 // the pending requests not in flight, in acceptance order.
 func (b *Book) dueLocked(n int) []*Request {
-	if b.agent == nil {
-		return nil
-	}
 	// Drop what finished since the last look: the rest is still open.
+	// Also while no agent is up, so that the requests finished meanwhile
+	// (cancelled, expired, then forgotten) are let go, and the book stops
+	// ticking once none is open.
 	live := b.open[:0]
 	for _, r := range b.open {
 		if !r.Final() && b.reqs[r.ID] == r {
@@ -847,6 +847,9 @@ func (b *Book) dueLocked(n int) []*Request {
 	}
 	clear(b.open[len(live):])
 	b.open = live
+	if b.agent == nil {
+		return nil
+	}
 	var suspect *Request
 	busy := false
 	for _, r := range b.open {

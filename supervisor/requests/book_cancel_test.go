@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/agent-sidecar/supervisor/internal/crashfs"
 )
@@ -38,5 +39,28 @@ func TestCancelRetriedUntilDurable(t *testing.T) {
 	after := testBook(t, d.data, Config{})
 	if v, ok := after.Get("r1"); !ok || v.Status != StatusCancelled {
 		t.Fatalf("after the power cut: %q (known %v), want cancelled", v.Status, ok)
+	}
+}
+
+// TestOpenLetsGoOfFinishedWithoutAgent: while no agent is up, the requests
+// finished meanwhile leave the open list (they stayed there, and the book
+// ticked every 50 ms, until an agent came up).
+func TestOpenLetsGoOfFinishedWithoutAgent(t *testing.T) {
+	b := testBook(t, fastDir(t), Config{MaxBytes: 1 << 30})
+	for _, id := range []string{"r1", "r2"} {
+		if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), id, false); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Cancel(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for start := time.Now(); b.busy(); time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > 5*time.Second {
+			b.mu.Lock()
+			n := len(b.open)
+			b.mu.Unlock()
+			t.Fatalf("with no agent up, %d cancelled requests still open after 5s", n)
+		}
 	}
 }
