@@ -838,9 +838,16 @@ func (b *Book) dueLocked(n int) []*Request {
 	// Drop what finished since the last look: the rest is still open.
 	// Also while no agent is up, so that the requests finished meanwhile
 	// (cancelled, expired, then forgotten) are let go, and the book stops
-	// ticking once none is open.
+	// ticking once none is open. A request whose time ran out is expired
+	// here, not delivered first: after a restart the first delivery comes
+	// before the first sweep, and a request that expired while the
+	// supervisor was down would cost the agent a call whose answer is late.
+	now := b.cfg.Now()
 	live := b.open[:0]
 	for _, r := range b.open {
+		if r.Status == StatusPending && b.reqs[r.ID] == r && !now.Before(r.Deadline) {
+			b.expireLocked(r, now)
+		}
 		if !r.Final() && b.reqs[r.ID] == r {
 			live = append(live, r)
 		}

@@ -399,3 +399,32 @@ func TestReplayIsIdempotent(t *testing.T) {
 		}
 	}
 }
+
+// TestExpiredWhileDownIsNeverDelivered: a request whose --request-timeout
+// ran out while the supervisor was down is expired when the book meets
+// it, not delivered to the agent first (an LLM call whose answer would be
+// refused as late): the first delivery after a restart runs before the
+// first sweep.
+func TestExpiredWhileDownIsNeverDelivered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		b := testBook(t, dir, Config{MaxBytes: 1 << 30, Timeout: time.Minute})
+		if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), "r1", false); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		later := time.Now().Add(2 * time.Minute) // the supervisor was down meanwhile
+		b = testBook(t, dir, Config{MaxBytes: 1 << 30, Timeout: time.Minute, Now: func() time.Time { return later }})
+		agent := &fullAgent{}
+		b.AgentUp(agent)
+		synctest.Wait()
+		if n := agent.tries.Load(); n != 0 {
+			t.Fatalf("the request that expired while the supervisor was down was delivered %d times", n)
+		}
+		if v, _ := b.Get("r1"); v.Status != StatusExpired {
+			t.Fatalf("r1 after the restart: %s, want expired", v.Status)
+		}
+	})
+}
