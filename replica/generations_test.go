@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -533,5 +534,28 @@ func TestLargeEvolutionLedgerReplicates(t *testing.T) {
 	checkRestore(t, out, 40, 100)
 	if got, err := os.ReadFile(filepath.Join(out, "evolution.json")); err != nil || !bytes.Equal(got, ledger) {
 		t.Fatalf("the restored ledger is %d bytes (%v), want the %d uploaded", len(got), err, len(ledger))
+	}
+}
+
+// TestBucketTextIsClipped: a generation description written by someone
+// with the bucket's write access, naming a parent of 300 KB, is shown by
+// `replica list` clipped, like its host name.
+func TestBucketTextIsClipped(t *testing.T) {
+	srv, c := setup(t, "agents/t")
+	gen := "01a2299f-0000-7000-8000-000000000001"
+	info, _ := json.Marshal(map[string]any{"id": gen, "created": time.Now().UTC(), "hostname": strings.Repeat("h", 300<<10),
+		"parent": map[string]any{"generation": strings.Repeat("g", 300<<10), "sequence": 7, "checkpoint_id": strings.Repeat("c", 300<<10)}})
+	s := sha256.Sum256(info)
+	srv.Put("bkt", "agents/t/generations/"+gen+"/generation-"+hex.EncodeToString(s[:])+".json", info)
+	inv, err := c.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := inv.Summary()
+	if len(sum) != 1 || sum[0].Parent == nil {
+		t.Fatalf("replica list: %+v", sum)
+	}
+	if p := sum[0].Parent; len(p.Generation) > 100 || len(p.CheckpointID) > 100 || len(sum[0].Hostname) > 100 || p.Sequence != 7 {
+		t.Fatalf("replica list shows the bucket's text unclipped: parent %d and %d bytes, host %d bytes", len(p.Generation), len(p.CheckpointID), len(sum[0].Hostname))
 	}
 }

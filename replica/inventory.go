@@ -713,7 +713,10 @@ func (inv *Inventory) Summary() []GenerationSummary {
 		s := GenerationSummary{ID: g.ID, Updated: g.Updated.UTC(), Default: g == def, Chunks: len(g.Chunks), Bytes: g.Bytes,
 			ForkAt: g.ForkAt, ForkObjects: g.ForkObjects, Checkpoints: []CheckpointSummary{}}
 		if g.Info != nil {
-			s.Created, s.Hostname, s.Parent = g.Info.Created, truncate(g.Info.Hostname, 64), g.Info.Parent // the bucket's text
+			s.Created, s.Hostname = g.Info.Created, truncate(g.Info.Hostname, 64) // the bucket's text
+			if p := g.Info.Parent; p != nil {
+				s.Parent = &Position{Generation: truncate(p.Generation, 64), Sequence: p.Sequence, CheckpointID: truncate(p.CheckpointID, 64)}
+			}
 		}
 		if n := len(g.Owners); n > 0 {
 			s.Owner = g.Owners[n-1].ID
