@@ -333,6 +333,40 @@ func TestLoopRestartsHungAgentAfterBackoff(t *testing.T) {
 	})
 }
 
+// An agent that heartbeats once and hangs is not healthy: the 10 s it
+// spends hung and being killed (5 s heartbeat timeout + 5 s kill timeout)
+// do not reset the back-off, which keeps doubling. Before, the time from
+// the first heartbeat to the exit counted, and every restart waited the
+// first back-off.
+func TestHungAgentDoesNotResetBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.HeartbeatTimeout = 5 * time.Second
+		cfg.KillTimeout = 5 * time.Second
+		cfg.HealthyReset = 10 * time.Second
+		cfg.BackoffInitial = time.Second
+		cfg.BackoffMax = 30 * time.Second
+		cfg.MaxRestarts = 0
+		h := startLoop(t, cfg, func(a *fakeAgent) {
+			a.ignoreTerm = true
+			a.send(t, &schema.Heartbeat{})
+			for a.recv(t) != nil {
+			}
+		})
+		defer h.stop()
+		var starts []time.Time
+		for range 4 {
+			starts = append(starts, h.next().spawned)
+		}
+		for i, d := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
+			// 10 s hung and killed, then the back-off, jittered into [d/2, d].
+			if gap := starts[i+1].Sub(starts[i]) - 10*time.Second; gap < d/2 || gap > d {
+				t.Errorf("back-off before start %d: %s, want %s..%s (a hung agent is not a healthy run)", i+2, gap, d/2, d)
+			}
+		}
+	})
+}
+
 // An agent that exits at once every time is restarted with doubling
 // back-off, then given up on after --max-restarts: Run's error wraps
 // ErrCrashLoop, the state is given_up and /healthz's view is failed.

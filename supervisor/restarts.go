@@ -64,7 +64,11 @@ func (s *Supervisor) instanceExited(in *agent, st agentproc.ExitStatus) (stop bo
 		s.restartAfter(reason, true, s.lc.bo.wait())
 		return false, nil
 	}
-	if first := in.FirstHeartbeatAt(); !first.IsZero() && now.Sub(first) >= s.cfg.HealthyReset {
+	// Healthy is first heartbeat to last, not to now: the time an agent
+	// spent hung and being killed is not time it ran well (with the
+	// defaults, 5 s of --heartbeat-timeout and 5 s of --kill-timeout would
+	// reset the back-off of an agent that heartbeated once and hung).
+	if first := in.FirstHeartbeatAt(); !first.IsZero() && in.LastHeartbeat().Sub(first) >= s.cfg.HealthyReset {
 		s.lc.bo.reset()
 	}
 
