@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
+	"github.com/agent-sidecar/supervisor/internal/clip"
 	"github.com/agent-sidecar/supervisor/supervisor/api"
 )
 
@@ -82,7 +83,10 @@ func (o apiOwner) Details() api.Details {
 		WALDir: filepath.Join(o.s.cfg.DataDir, "wal"), Recorder: o.s.rec}
 	if t := v.trial; t != nil {
 		// Fields set before the trial was published, never changed after.
-		d.Trial = &api.EvolutionTrial{ID: t.id, Target: t.intent.Target, Reason: t.intent.Reason,
+		// The target and reason are the agent's text (an evolution_intent
+		// may be 1 MiB): clipped, as in the log and the audit log, since
+		// every GET /v1/status and every refresh of the page carries them.
+		d.Trial = &api.EvolutionTrial{ID: t.id, Target: clip.String(t.intent.Target, 256), Reason: clip.String(t.intent.Reason, 1024),
 			Started: t.started.UTC(), BackupCheckpointID: t.backup.ID}
 	}
 	return d

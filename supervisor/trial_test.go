@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
@@ -47,5 +48,22 @@ func TestTrialRecordFitsAnAuditRecord(t *testing.T) {
 	}
 	if d := tr.pairs.Differing(); len(d) != 5 {
 		t.Fatalf("%d differing answers kept, want 5", len(d))
+	}
+}
+
+// The running trial's target and reason, the agent's text, reach
+// /v1/status and the status page clipped (an evolution_intent may hold
+// 1 MiB): before, each GET carried them whole.
+func TestTrialDetailsAreClipped(t *testing.T) {
+	s := &Supervisor{}
+	tr := &trial{id: "trial-1", intent: schema.Hypothesis{Target: strings.Repeat("T", 600<<10), Reason: strings.Repeat("R", 300<<10)},
+		started: time.Now(), backup: checkpoint.Meta{ID: "backup"}}
+	s.pub.Store(&view{trial: tr})
+	d := apiOwner{s}.Details()
+	if d.Trial == nil {
+		t.Fatal("no trial in the details")
+	}
+	if len(d.Trial.Target) > 1024 || len(d.Trial.Reason) > 4096 {
+		t.Fatalf("the trial's target (%d bytes) and reason (%d bytes) are published unclipped", len(d.Trial.Target), len(d.Trial.Reason))
 	}
 }
