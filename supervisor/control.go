@@ -36,10 +36,18 @@ func (s *Supervisor) handleControl(call controlCall) ControlResponse {
 			// replace, or be replaced by, the one under way.
 			return ControlResponse{Busy: true, Error: ErrBusy.Error()}
 		}
-		if in == nil || in.stopping || s.lc.shutting {
+		// An agent that exited on its own and is being drained is not
+		// running either: stopping it for the restore would relabel its
+		// exit (a crash) as the operator's, restart it at once, and
+		// override --restart and the crash-loop count.
+		if in == nil || in.stopping || in.draining || s.lc.shutting {
 			s.lc.pendingPoint = point
 			s.publish()
-			return ControlResponse{OK: true, Message: "the agent is not running; the restore will be sent when it next starts",
+			msg := "the agent is not running; the restore will be sent when it next starts"
+			if in != nil && in.draining && !in.stopping {
+				msg = "the agent has just exited on its own; the restore will be sent when it next starts (if --restart starts it again)"
+			}
+			return ControlResponse{OK: true, Message: msg,
 				Restore: &RestoreInfo{CheckpointID: meta.ID, Watermark: meta.Watermark, NoWAL: req.NoWAL}}
 		}
 		// The restore is delivered by restarting the agent: frames it sent

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -363,6 +364,62 @@ func TestHungAgentDoesNotResetBackoff(t *testing.T) {
 			if gap := starts[i+1].Sub(starts[i]) - 10*time.Second; gap < d/2 || gap > d {
 				t.Errorf("back-off before start %d: %s, want %s..%s (a hung agent is not a healthy run)", i+2, gap, d/2, d)
 			}
+		}
+	})
+}
+
+// An operator's restore that arrives while a crashed agent's output is
+// still being drained does not relabel the crash as the operator's: with
+// --restart never the supervisor still ends with ErrAgentFailed, and the
+// restore is answered as one for the next start. Before, the restore
+// stopped the exited agent "for the operator", which restarted it at once,
+// past --restart and the crash-loop count.
+func TestRestoreDuringDrainKeepsTheCrash(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.Restart = RestartNever
+		acked := make(chan string, 1)
+		first := true
+		h := startLoop(t, cfg, func(a *fakeAgent) {
+			if !first { // a restarted agent would be healthy
+				heartbeatEvery(t, time.Second)(a)
+				return
+			}
+			first = false
+			a.send(t, &schema.Heartbeat{})
+			a.send(t, &schema.Checkpoint{Data: []byte{0x81, 0xa1, 'k', 0x01}})
+			for m := a.recv(t); m != nil; m = a.recv(t) {
+				if ack, ok := m.(*schema.CheckpointAck); ok {
+					acked <- ack.CheckpointID
+					break
+				}
+			}
+			a.mu.Lock()
+			a.holdOutput = true // the crash is drained for drainTimeout
+			a.mu.Unlock()
+			a.exit(agentproc.ExitStatus{Known: true, Code: 1})
+		})
+		defer h.stop()
+		h.next()
+		id := <-acked
+		synctest.Wait() // the crash is seen; its output is being drained
+		meta, err := h.s.st.Checkpoints().Stat(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		call := controlCall{req: ControlRequest{Op: OpRestore, CheckpointID: id}, reply: make(chan ControlResponse, 1), meta: meta}
+		h.s.inbox.control <- call
+		select {
+		case <-h.done:
+			if !errors.Is(h.result, ErrAgentFailed) {
+				t.Fatalf("loop returned %v, want ErrAgentFailed (--restart never, the agent crashed)", h.result)
+			}
+		case <-time.After(time.Minute):
+			st := h.s.Status()
+			t.Fatalf("--restart never and the agent crashed, but a minute later the supervisor still runs: state %q, restarts %d (the crash was taken for an operator restore)", st.State, st.Restarts)
+		}
+		if r := <-call.reply; !r.OK || !strings.Contains(r.Message, "next starts") {
+			t.Fatalf("the restore during the drain was answered %+v", r)
 		}
 	})
 }
