@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -392,6 +393,39 @@ func TestSetsidGrandchildDoesNotOutliveTheAgent(t *testing.T) {
 	if alive(second) {
 		syscall.Kill(second, syscall.SIGKILL)
 		t.Fatalf("grandchild %d outlived the supervisor", second)
+	}
+}
+
+// A helper the agent starts in a session of its own with its environment
+// cleared (a sandboxed tool runner: `env -i setsid ...`) does not outlive
+// the agent's crash 3 s later. Without the agent's environment such an
+// orphan is recognised only if a sweep saw it under the agent; the sweep
+// ran every 10 s, so a crash within 10 s left the helper running as the
+// supervisor's child (holding the old output open, too).
+func TestClearedEnvSetsidHelperDoesNotOutliveTheCrash(t *testing.T) {
+	dir := t.TempDir()
+	pidFile := filepath.Join(dir, "helper.pid")
+	events := filepath.Join(dir, "events.jsonl")
+	script := `env -i /usr/bin/setsid /bin/sleep 3600 & echo $! > ` + pidFile +
+		`; exec "$0" --events ` + events + ` --heartbeat-interval 50ms --crash-after 3s`
+	s := startSup(t, supOpts{flags: append(slices.Clone(fastFlags), "--max-restarts", "0"), events: events,
+		command: []string{"/bin/sh", "-c", script, testAgentPath}})
+	var helper int
+	waitFor(t, 30*time.Second, "the helper's pid", func() bool {
+		b, err := os.ReadFile(pidFile)
+		if err != nil {
+			return false
+		}
+		helper, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil && helper > 1
+	})
+	t.Cleanup(func() { _ = syscall.Kill(helper, syscall.SIGKILL) })
+	first := s.waitEvents("start", 1, 30*time.Second)[0].int("pid")
+	waitFor(t, 30*time.Second, "the first agent's crash", func() bool { return !alive(first) })
+	s.waitEvents("start", 2, 30*time.Second) // the crashed agent's stop is complete
+	if alive(helper) {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(helper) + "/stat")
+		t.Fatalf("the agent's setsid helper with a cleared environment (pid %d) outlived the agent's crash: %s", helper, b)
 	}
 }
 

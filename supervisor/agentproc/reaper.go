@@ -76,19 +76,29 @@ func BecomeSubreaper() error {
 	return unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 }
 
-// reaperSweep is how often RunReaper sweeps without a SIGCHLD.
-const reaperSweep = 10 * time.Second
+// reaperSweep is how often RunReaper sweeps without a SIGCHLD while no
+// agent runs; trackEvery while one does. The sweep records each agent's
+// process tree (trackDescendants): a helper the agent starts in a session
+// of its own with its environment cleared (a sandboxed tool runner) is
+// recognised after the agent dies only if a sweep saw it under the agent,
+// so the window in which such a helper escapes the agent's stop is this
+// interval. With the lister a sweep costs some 40 µs and 370 bytes.
+const (
+	reaperSweep = 10 * time.Second
+	trackEvery  = time.Second
+)
 
 // RunReaper reaps orphaned descendants until ctx is done. It reacts to SIGCHLD
 // (each sweep reaps every exited child, so signals that coalesce lose
-// nothing) and also sweeps every reaperSweep as a safety net. The sweep
-// lists /proc/self/task/*/children, the idle supervisor's largest cost when
-// it ran every second (issue 31: idle under 0.3% of a core).
+// nothing) and also sweeps every trackEvery while an agent runs, every
+// reaperSweep otherwise. The sweep lists /proc/self/task/*/children (with
+// a childLister, whose buffers it keeps: issue 31, an idle supervisor
+// weighs what it allocates).
 func (t *Table) RunReaper(ctx context.Context, log *slog.Logger) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGCHLD)
 	defer signal.Stop(sigs)
-	tick := time.NewTicker(reaperSweep)
+	tick := time.NewTimer(trackEvery)
 	defer tick.Stop()
 	var (
 		l     childLister
@@ -106,7 +116,12 @@ func (t *Table) RunReaper(ctx context.Context, log *slog.Logger) {
 		for _, p := range procs {
 			p.trackDescendants(&l)
 		}
+		next := reaperSweep
+		if len(procs) > 0 {
+			next = trackEvery
+		}
 		clear(procs) // hold no finished agent until the next sweep
+		tick.Reset(next)
 	}
 }
 
