@@ -4,6 +4,7 @@ import queue
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional
 
@@ -513,7 +514,7 @@ class Agent:
             if req is not None:  # an id we do not know (answered already) is ignored
                 req.cancel_event.set()
                 if self.on_cancel is not None:
-                    self.on_cancel(req)
+                    self._call(t, self.on_cancel, req)
             else:  # not in flight but maybe restored with steps: cancelled is final, forget them
                 self._drop_steps(str(m.get("request_id", "")))
             self.events.put(m)
@@ -522,16 +523,16 @@ class Agent:
             self.events.put(m)
         elif t == "hot_reload":
             if self.on_hot_reload:
-                self.on_hot_reload(m)
+                self._call(t, self.on_hot_reload, m)
             self.events.put(m)
         elif t == "evolution_result":
             if self.on_evolution_result:
-                self.on_evolution_result(m)
+                self._call(t, self.on_evolution_result, m)
             self.events.put(m)
         elif t == "shutdown":
             self.events.put(m)
             if m.get("create_checkpoint") and self.on_shutdown is not None:
-                state = self.on_shutdown(m)
+                state = self._call(t, self.on_shutdown, m, "no final checkpoint")
                 if state is not None:
                     threading.Thread(target=self._final_checkpoint, args=(state,), daemon=True).start()
                     return
@@ -540,13 +541,29 @@ class Agent:
         else:
             self.events.put(m)
 
+    def _call(self, t: Any, cb: Callable[[Any], Any], arg: Any, consequence: str = "") -> Any:
+        """cb(arg) on the reader thread. What it raises is printed to stderr and the
+        reader goes on, as in the asyncio client: a callback's bug must not stop the
+        heartbeats and end requests() as if the supervisor had gone."""
+        try:
+            return cb(arg)
+        except Exception:
+            print(f"supervisor_agent: handling a {t} message failed"
+                  f"{' (' + consequence + ')' if consequence else ''}:", file=sys.stderr)
+            traceback.print_exc()
+            return None
+
     def _final_checkpoint(self, state: Dict[Any, Any]) -> None:
         try:
             self.checkpoint(state)
         except SupervisorError as e:
             print(f"supervisor_agent: final checkpoint failed: {e}", file=sys.stderr)
-        self.shutdown_requested.set()
-        self.requests_q.put(None)
+        except Exception:  # a state msgpack cannot encode: requests() must still end
+            print("supervisor_agent: final checkpoint failed:", file=sys.stderr)
+            traceback.print_exc()
+        finally:
+            self.shutdown_requested.set()
+            self.requests_q.put(None)
 
     def _finish_checkpoint(self, cid: Any, exc: Optional[BaseException]) -> None:
         with self._cond:

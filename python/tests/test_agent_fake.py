@@ -210,3 +210,69 @@ def test_error_replies_never_kill_the_reader():
             agent.log("memory_add", {"n": 2})
         assert agent.log("memory_add", {"n": 3}) == 3
         assert isinstance(from_error_message({"code": "INVALID_MESSAGE", "details": "not a map"}), InvalidMessage)
+
+
+def test_hot_reload_callback_exception_does_not_kill_the_sync_agent(capsys):
+    """A bug in a callback (run on the reader thread) is printed; the reader goes
+    on: acks, requests and heartbeats keep flowing."""
+    with FakeSupervisor() as sup:
+        def on_hot_reload(m):
+            raise KeyError("new_code")
+        agent = sup.agent(on_hot_reload=on_hot_reload)
+        assert agent.log("memory_add", {"n": 1}) == 1
+        sup.send({"type": "hot_reload", "new_code": "x", "version": 2})
+        rid = sup.request("still there?")  # read after the hot_reload: no sleep needed
+        it = agent.requests()
+        req = next(it, None)
+        assert req is not None, f"requests() ended after a callback raised; close reason: {agent._close_reason!r}"
+        req.reply({"ok": True})
+        assert sup.result(rid)["data"] == {"ok": True}
+        assert agent.log("memory_add", {"n": 2}) == 2
+        assert agent.events.get(timeout=5)["type"] == "hot_reload"  # still handed on
+        err = capsys.readouterr().err
+        assert "handling a hot_reload message failed" in err and "KeyError: 'new_code'" in err, err
+
+
+def test_cancel_and_evolution_callback_exceptions_do_not_kill_the_sync_agent():
+    with FakeSupervisor() as sup:
+        def boom(_):
+            raise RuntimeError("callback bug")
+        agent = sup.agent(on_cancel=boom, on_evolution_result=boom)
+        rid = sup.request("to cancel")
+        it = agent.requests()
+        req = next(it)
+        sup.cancel(rid)
+        sup.send({"type": "evolution_result", "success": True, "decision": "promoted", "metrics": {}, "reason": ""})
+        rid2 = sup.request("next")
+        req2 = next(it, None)
+        assert req2 is not None, f"requests() ended after a callback raised; close reason: {agent._close_reason!r}"
+        assert req.cancelled
+        req2.reply({"ok": 2})
+        assert sup.result(rid2)["data"] == {"ok": 2}
+
+
+def test_raising_on_shutdown_ends_requests_without_a_checkpoint_and_keeps_the_connection(capsys):
+    """A raising on_shutdown has no state to store: it is printed, requests()
+    ends as at any shutdown, and the connection stays up (no reader failure)."""
+    with FakeSupervisor() as sup:
+        def on_shutdown(m):
+            raise ValueError("no state")
+        agent = sup.agent(on_shutdown=on_shutdown)
+        it = agent.requests()
+        sup.shutdown()
+        assert list(it) == []
+        assert agent.shutdown_requested.is_set()
+        assert agent._close_reason is None, agent._close_reason
+        assert agent.log("memory_add", {"n": 1}) == 1  # acks still arrive
+        assert sup.checkpoint is None
+        err = capsys.readouterr().err
+        assert "handling a shutdown message failed (no final checkpoint)" in err and "ValueError: no state" in err, err
+
+
+def test_unencodable_final_state_still_ends_requests(capsys):
+    with FakeSupervisor() as sup:
+        agent = sup.agent(on_shutdown=lambda m: {"x": object()})
+        sup.shutdown()
+        assert agent.shutdown_requested.wait(5), "requests() never ends: the final checkpoint's thread died"
+        assert list(agent.requests()) == []
+        assert "final checkpoint failed" in capsys.readouterr().err
