@@ -25,6 +25,7 @@ from .steps import (
     RequestCancelled,
     StepTable,
     check_result_encodable,
+    entry_too_large,
     mismatch,
     step_params,
     too_large,
@@ -298,16 +299,20 @@ class Agent:
         return self._seq
 
     def log_nowait(self, operation: str, params: Dict[Any, Any], *, sequence: Optional[int] = None) -> Pending:
-        """Send one entry with ack: true; return at once. Pending.wait() blocks until durable."""
+        """Send one entry with ack: true; return at once. Pending.wait() blocks until durable.
+        An entry over wal_entry_limit raises InvalidMessage at once and is not sent."""
         gen = None
         with self._seq_lock:
             seq = self._seq + 1 if sequence is None else sequence
+            frame = self._encode({"type": "wal_entry", "ack": True,
+                                  "data": {"operation": operation, "params": params, "sequence": seq}})
+            if len(frame) - 4 > self.wal_entry_limit:
+                raise entry_too_large(operation, len(frame) - 4, self.wal_entry_limit)
             if seq <= self._seq:  # an explicit old sequence: only an answer after this send counts
                 with self._cond:
                     gen = self._wal_gen
             self._seq = max(self._seq, seq)
-            self._send({"type": "wal_entry", "ack": True,
-                        "data": {"operation": operation, "params": params, "sequence": seq}})
+            self._write(frame)
         return Pending(self, seq, seq, gen)
 
     def log(self, operation: str, params: Dict[Any, Any], *, timeout: Optional[float] = 30.0) -> int:

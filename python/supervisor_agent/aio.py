@@ -50,6 +50,7 @@ from .steps import (
     StepResultTooLarge,
     StepTable,
     check_result_encodable,
+    entry_too_large,
     mismatch,
     step_params,
     too_large,
@@ -510,10 +511,14 @@ class Agent:
 
     def log_nowait(self, operation: str, params: Dict[Any, Any]) -> "asyncio.Future[int]":
         """Send one entry with ack: true now; the future gives its sequence once durable.
-        (No drain: for a burst of entries; ``await agent.log(...)`` is the usual call.)"""
+        (No drain: for a burst of entries; ``await agent.log(...)`` is the usual call.)
+        An entry over wal_entry_limit raises InvalidMessage at once and is not sent."""
         seq = self._seq + 1
-        self._write(self._encode({"type": "wal_entry", "ack": True,
-                                  "data": {"operation": operation, "params": params, "sequence": seq}}))
+        frame = self._encode({"type": "wal_entry", "ack": True,
+                              "data": {"operation": operation, "params": params, "sequence": seq}})
+        if len(frame) - 4 > self.wal_entry_limit:
+            raise entry_too_large(operation, len(frame) - 4, self.wal_entry_limit)
+        self._write(frame)
         self._seq = seq
         return self._waiter(seq, seq)
 

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import msgpack
 
-from .errors import SupervisorError
+from .errors import InvalidMessage, SupervisorError
 
 STEPS_KEY = "__supervisor_steps__"
 OP_STEP = "request_step"
@@ -39,6 +39,17 @@ def too_large(name: str, size: int, limit: int) -> StepResultTooLarge:
         f"limit of {limit} bytes (10 KiB by default). Store big results elsewhere (a file, an object "
         f"store) and make the step's result their key; nothing was logged.",
         {"size": size, "limit": limit, "name": name},
+    )
+
+
+def entry_too_large(operation: str, size: int, limit: int) -> InvalidMessage:
+    """The error for a wal_entry the client does not send: the supervisor would refuse it
+    (INVALID_MESSAGE, too_large), and its refusal, which names no sequence, would fail
+    every entry still in flight with it."""
+    return InvalidMessage(
+        f"INVALID_MESSAGE: wal_entry ({operation!r}) of {size} bytes is over the supervisor's wal_entry "
+        f"limit of {limit} bytes (10 KiB by default): nothing was sent. Log a key to data stored elsewhere.",
+        {"type": "wal_entry", "field": "", "rule": "too_large", "size": size, "limit": limit},
     )
 
 

@@ -276,3 +276,23 @@ def test_unencodable_final_state_still_ends_requests(capsys):
         assert agent.shutdown_requested.wait(5), "requests() never ends: the final checkpoint's thread died"
         assert list(agent.requests()) == []
         assert "final checkpoint failed" in capsys.readouterr().err
+
+
+def test_oversized_log_raises_at_once_and_leaves_the_entry_in_flight_alone():
+    """An entry over the wal_entry limit is refused by the client, unsent: the
+    supervisor's refusal names no sequence and would fail every entry in flight."""
+    from supervisor_agent import InvalidMessage
+    with FakeSupervisor() as sup:
+        agent = sup.agent()
+        sup.hold_acks = True
+        small = agent.log_nowait("memory_add", {"n": 1})
+        with pytest.raises(InvalidMessage) as ei:
+            agent.log_nowait("memory_add", {"blob": "x" * (10 << 10)})
+        assert ei.value.code == "INVALID_MESSAGE" and ei.value.details["limit"] == 10 << 10
+        assert ei.value.details["size"] > 10 << 10
+        sup.release_acks()
+        assert small.wait(5) == 1
+        assert agent.log("memory_add", {"n": 2}) == 2  # no sequence spent on the refused entry
+        assert sorted(sup.wal) == [1, 2]
+        agent.wal_entry_limit = 64 << 10  # the limit is the caller's to raise
+        assert agent.log("memory_add", {"blob": "x" * (10 << 10)}) == 3

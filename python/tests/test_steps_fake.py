@@ -375,3 +375,23 @@ def test_aio_compression_both_ways():
         await agent.close()
         os.close(w)
     run(main())
+
+
+def test_aio_oversized_log_raises_at_once_and_leaves_the_entry_in_flight_alone():
+    from supervisor_agent import InvalidMessage
+
+    async def main():
+        with FakeSupervisor() as sup:
+            async with sup.async_agent() as agent:
+                sup.hold_acks = True
+                small = agent.log_nowait("memory_add", {"n": 1})
+                with pytest.raises(InvalidMessage) as ei:
+                    agent.log_nowait("memory_add", {"blob": "x" * (10 << 10)})
+                assert ei.value.details["limit"] == 10 << 10
+                with pytest.raises(InvalidMessage):
+                    await agent.log("memory_add", {"blob": "x" * (10 << 10)})
+                await asyncio.get_running_loop().run_in_executor(None, sup.release_acks)
+                assert await small == 1
+                assert await agent.log("memory_add", {"n": 2}) == 2
+                assert sorted(sup.wal) == [1, 2]
+    run(main())
