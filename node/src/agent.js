@@ -186,6 +186,7 @@ export class Agent extends EventEmitter {
         payloads = this._reader.push(chunk);
         for (const p of payloads) this._dispatch(decodePayload(p));
       } catch (e) {
+        // Listeners cannot get here (_emit reports what they throw): this is the stream itself.
         this._close(e instanceof SupervisorError ? e : new ProtocolError(`reader failed: ${e && e.message}`));
       }
     };
@@ -649,7 +650,7 @@ export class Agent extends EventEmitter {
         const rid = String(m.request_id ?? "");
         const req = this._inflight.get(rid);
         if (req !== undefined) req._controller.abort();
-        this.emit("cancel_request", m);
+        this._emit("cancel_request", m);
         return;
       }
       case "error":
@@ -657,17 +658,35 @@ export class Agent extends EventEmitter {
         return;
       case "restore":
         this._applyRestore(m);
-        this.emit("restore", this.restore);
+        this._emit("restore", this.restore);
         return;
       case "hot_reload":
       case "evolution_result":
-        this.emit(t, m);
+        this._emit(t, m);
         return;
       case "shutdown":
         this._onShutdownMessage(m);
         return;
       default:
-        this.emit("message", m);
+        this._emit("message", m);
+    }
+  }
+
+  /**
+   * Call event's listeners, as emit does, except that one that throws (or returns a promise that rejects) is
+   * reported on stderr and the others still run: a listener's bug must not close the connection, nor reject
+   * the shutdown path before onShutdown's final checkpoint.
+   */
+  _emit(event, ...args) {
+    for (const listener of this.rawListeners(event)) {
+      try {
+        const r = listener.apply(this, args);
+        if (r !== null && typeof r === "object" && typeof r.then === "function") {
+          r.then(undefined, (e) => reportListenerError(event, e));
+        }
+      } catch (e) {
+        reportListenerError(event, e);
+      }
     }
   }
 
@@ -696,15 +715,15 @@ export class Agent extends EventEmitter {
         last = Math.max(this._seq, first);
       }
       this._walError(first, last, err);
-      this.emit("supervisor_error", err);
+      this._emit("supervisor_error", err);
       return;
     }
-    this.emit("supervisor_error", err);
+    this._emit("supervisor_error", err);
   }
 
   async _onShutdownMessage(m) {
     this.shutdownMessage = m;
-    this.emit("shutdown", m);
+    this._emit("shutdown", m);
     if (m.create_checkpoint === true && this.onShutdown) {
       try {
         const state = await this.onShutdown(m);
@@ -777,13 +796,17 @@ export class Agent extends EventEmitter {
     } catch {
       // already gone
     }
-    this.emit("close", reason);
+    this._emit("close", reason);
   }
 
   /** Stop heartbeats and close both pipes (the supervisor sees the agent's end of input). */
   close() {
     this._close(new Disconnected("closed by the agent"));
   }
+}
+
+function reportListenerError(event, e) {
+  process.stderr.write(`supervisor-agent: ${event} listener threw: ${(e && e.stack) || e}\n`);
 }
 
 function toIntSafe(v) {

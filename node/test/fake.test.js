@@ -199,3 +199,94 @@ test("a zstd body declaring more than the limit is refused before decompressing"
   frame.writeBigUInt64LE(200n * 1024n * 1024n, 5);
   assert.throws(() => decompress(frame, 100 * 1024 * 1024), /declares 209715200 bytes, over the limit of 104857600/);
 });
+
+/** Runs fn with process.stderr.write captured; returns what was written. */
+async function stderrOf(fn) {
+  const write = process.stderr.write;
+  let out = "";
+  process.stderr.write = (chunk, ...rest) => {
+    out += String(chunk);
+    return true;
+  };
+  try {
+    await fn();
+  } finally {
+    process.stderr.write = write;
+  }
+  return out;
+}
+
+/** Records unhandled rejections while fn runs (each would kill a Node 20 process: exit 1). */
+async function unhandledRejectionsOf(fn) {
+  const seen = [];
+  const record = (e) => seen.push(e);
+  process.on("unhandledRejection", record);
+  try {
+    await fn();
+    await new Promise((r) => setTimeout(r, 20)); // unhandled rejections are reported after a turn
+  } finally {
+    process.off("unhandledRejection", record);
+  }
+  return seen;
+}
+
+test("a throwing hot_reload listener does not close the connection", async () => {
+  const fake = new Fake({ restore: {} });
+  const agent = await fake.agent();
+  let closedWith = null;
+  agent.on("close", (e) => {
+    closedWith = e;
+  });
+  const seen = [];
+  const err = await stderrOf(async () => {
+    const rejections = await unhandledRejectionsOf(async () => {
+      agent.on("hot_reload", () => {
+        throw new TypeError("bug");
+      });
+      agent.on("hot_reload", (m) => seen.push(m.module)); // the listeners after it still run
+      agent.on("evolution_result", async () => {
+        throw new RangeError("async bug");
+      });
+      agent.on("cancel_request", () => {
+        throw new Error("cancel bug");
+      });
+      fake.send({ type: "hot_reload", code: "x = 1", module: "tools", backup_checkpoint_id: "" });
+      fake.send({ type: "evolution_result", success: true, decision: "promoted", metrics: {}, reason: "" });
+      fake.send({ type: "cancel_request", request_id: "nobody" });
+      fake.send({ type: "process_request", request_id: "r1", data: { message: "hi" } });
+      const it = agent.requests()[Symbol.asyncIterator]();
+      const next = await it.next();
+      assert.equal(closedWith, null, `connection closed: ${closedWith && closedWith.message}`);
+      assert.equal(next.done, false);
+      assert.equal(next.value.requestId, "r1");
+      assert.equal(await agent.log("memory_add", { n: 1 }), 1);
+    });
+    assert.deepEqual(rejections, []);
+  });
+  assert.deepEqual(seen, ["tools"]);
+  assert.match(err, /hot_reload listener threw: TypeError: bug/);
+  assert.match(err, /evolution_result listener threw: RangeError: async bug/);
+  assert.match(err, /cancel_request listener threw: Error: cancel bug/);
+  agent.close();
+});
+
+test("a throwing shutdown listener neither kills the process nor stops onShutdown's final checkpoint", async () => {
+  const fake = new Fake({ restore: {} });
+  const agent = await fake.agent({ onShutdown: (m) => ({ final: m.reason }) });
+  let rejections;
+  const err = await stderrOf(async () => {
+    rejections = await unhandledRejectionsOf(async () => {
+      agent.on("shutdown", () => {
+        throw new TypeError("shutdown bug");
+      });
+      fake.send({ type: "shutdown", reason: "supervisor is stopping", create_checkpoint: true });
+      const it = agent.requests()[Symbol.asyncIterator]();
+      assert.deepEqual(await it.next(), { value: undefined, done: true });
+    });
+  });
+  assert.deepEqual(rejections, [], `unhandled rejection (exit 1 in a real agent): ${rejections[0]}`);
+  assert.deepEqual(fake.received.findLast((m) => m.type === "checkpoint")?.data, { final: "supervisor is stopping" });
+  assert.match(err, /shutdown listener threw: TypeError: shutdown bug/);
+  assert.equal(agent.closed, false);
+  agent.close();
+});
