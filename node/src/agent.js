@@ -8,6 +8,7 @@ import { Encoder } from "@msgpack/msgpack";
 import {
   CheckpointFailed,
   Disconnected,
+  InvalidMessage,
   NotDurable,
   NotUnderSupervisor,
   ProtocolError,
@@ -356,12 +357,27 @@ export class Agent extends EventEmitter {
     return wrote === WROTE ? p : Promise.all([p, wrote]).then(() => last);
   }
 
-  /** Log one entry (ack: true); resolves with its sequence once it is durable. Rejects with WalFull, WalFailed, SequenceConflict, InvalidMessage or NotDurable. */
+  /**
+   * Log one entry (ack: true); resolves with its sequence once it is durable. Rejects with WalFull, WalFailed,
+   * SequenceConflict, InvalidMessage or NotDurable. An entry over walEntryLimit rejects with InvalidMessage at once
+   * and is not sent: the supervisor's refusal of it names no sequence, so it would fail every entry in flight.
+   */
   log(operation, params = {}) {
     if (this.closed) return Promise.reject(new NotDurable(`connection ended: ${this.closeReason?.message}`));
-    const seq = ++this._seq;
-    const msg = this._stamp({ type: "wal_entry", ack: true, data: { operation, params, sequence: seq } });
-    return this._sendEntry(encodeFrame(msg), seq, seq);
+    const seq = this._seq + 1;
+    const frame = encodeFrame(this._stamp({ type: "wal_entry", ack: true, data: { operation, params, sequence: seq } }));
+    if (frame.length - 4 > this.walEntryLimit) {
+      const size = frame.length - 4;
+      return Promise.reject(
+        new InvalidMessage(
+          `INVALID_MESSAGE: wal_entry (${JSON.stringify(operation)}) of ${size} bytes is over the supervisor's wal_entry limit of ${this.walEntryLimit} bytes (10 KiB by default): nothing was sent. Log a key to data stored elsewhere.`,
+          { type: "wal_entry", field: "", rule: "too_large", size, limit: this.walEntryLimit },
+          "INVALID_MESSAGE",
+        ),
+      );
+    }
+    this._seq = seq;
+    return this._sendEntry(frame, seq, seq);
   }
 
   /** Log 1 to 100 entries ([operation, params] pairs) as one unit; resolves with the last sequence once durable. */

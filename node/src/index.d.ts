@@ -25,7 +25,7 @@ export interface AgentOptions {
   version?: number;
   /** The largest frame accepted from the supervisor (default 128 MiB); a longer declared length is a ProtocolError. */
   maxFrame?: number;
-  /** The WAL entry limit a step's entry must fit in (default 10240, the supervisor's default). */
+  /** The WAL entry limit (encoded message, bytes) a log() or step entry must fit in (default 10240, the supervisor's default); a bigger one is refused unsent. */
   walEntryLimit?: number;
   /** Called on shutdown with create_checkpoint: return the state to store as the final checkpoint (or nothing). */
   onShutdown?: (msg: Message) => ValueMap | null | undefined | Promise<ValueMap | null | undefined>;
@@ -98,7 +98,7 @@ export declare class Agent extends EventEmitter {
   /** Delivered requests not yet answered, by id. */
   readonly inflight: Map<string, Request>;
 
-  /** Log one entry with ack: true; resolves with its sequence once durable. */
+  /** Log one entry with ack: true; resolves with its sequence once durable. An entry over walEntryLimit rejects with InvalidMessage at once, unsent. */
   log(operation: string, params?: ValueMap): Promise<number>;
   /** Log 1 to 100 [operation, params] entries as one unit; resolves with the last sequence once durable. */
   logBatch(entries: [string, ValueMap][]): Promise<number>;

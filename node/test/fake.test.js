@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { PassThrough } from "node:stream";
 import { test } from "node:test";
 
-import { Agent, FrameReader, STEPS_KEY, StepMismatch, WalFull, decodePayload, encodeFrame } from "../src/index.js";
+import { Agent, FrameReader, InvalidMessage, STEPS_KEY, StepMismatch, WalFull, decodePayload, encodeFrame } from "../src/index.js";
 
 class Fake {
   constructor({ restore, failNext = null } = {}) {
@@ -289,4 +289,24 @@ test("a throwing shutdown listener neither kills the process nor stops onShutdow
   assert.match(err, /shutdown listener threw: TypeError: shutdown bug/);
   assert.equal(agent.closed, false);
   agent.close();
+});
+
+test("an entry over walEntryLimit rejects at once, unsent; the entry in flight beside it is durable", async () => {
+  const fake = new Fake({ restore: {} });
+  const agent = await fake.agent();
+  const small = agent.log("memory_add", { n: 1 });
+  await assert.rejects(
+    agent.log("memory_add", { blob: "x".repeat(10 * 1024) }),
+    (e) => e instanceof InvalidMessage && e.code === "INVALID_MESSAGE" && e.details.limit === 10240 && e.details.size > 10240,
+  );
+  assert.equal(await small, 1);
+  assert.equal(await agent.log("memory_add", { n: 2 }), 2); // no sequence spent on the refused entry
+  assert.deepEqual(
+    fake.received.filter((m) => m.type === "wal_entry").map((m) => m.data.sequence),
+    [1, 2],
+  );
+  agent.close();
+  const roomy = await new Fake({ restore: {} }).agent({ walEntryLimit: 64 * 1024 });
+  assert.equal(await roomy.log("memory_add", { blob: "x".repeat(10 * 1024) }), 1);
+  roomy.close();
 });
