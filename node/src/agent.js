@@ -22,7 +22,7 @@ import { compress, decompress, loadZstd, zstdInfo } from "./zstd.js";
 
 /** The checkpoint key under which the client keeps its table of steps. */
 export const STEPS_KEY = "__supervisor_steps__";
-/** The default size limit of one WAL entry (the supervisor's --max-wal-entry default): 10 KiB. */
+/** The size limit of one WAL entry, the supervisor's (SPEC §2; no flag changes it): 10 KiB. */
 export const DEFAULT_WAL_ENTRY_LIMIT = 10 * 1024;
 const RESULT_LIMIT = 1024 * 1024;
 const COMPRESS_OVER = 1024 * 1024;
@@ -513,7 +513,7 @@ export class Agent extends EventEmitter {
     const payload = encodeValue(msg);
     if (payload.length > this.walEntryLimit) {
       throw new StepResultTooLarge(
-        `step ${index} (${name}) of request ${rid}: its result makes a WAL entry of ${payload.length} bytes, over the limit of ${this.walEntryLimit} bytes (10 KiB unless the supervisor runs with --max-wal-entry): ` +
+        `step ${index} (${name}) of request ${rid}: its result makes a WAL entry of ${payload.length} bytes, over the limit of ${this.walEntryLimit} bytes (10 KiB, the supervisor's limit): ` +
           "store big results elsewhere (a file, an object store) and return their key from the step",
         { request_id: rid, index, name, size: payload.length, limit: this.walEntryLimit },
       );
