@@ -49,7 +49,9 @@
 // # The sequential judge
 //
 // A trial with mirrored requests is judged by a [Judge] instead: fed one
-// [Pair] per request answered by the candidate and the control shadow, asked
+// [Pair] per request answered by the candidate and the control shadow, or
+// answered by one of them and left unanswered by the other past its answer
+// deadline (the silent one failed it: [Pairer.Expire]), asked
 // for a [Verdict] after every pair, valid at every look (confidence
 // sequences and e-values, one error budget 1 − --evolution-confidence; the
 // Judge's doc comment says how it is split). It keeps constant memory, an

@@ -10,16 +10,22 @@ import (
 
 // Pair is one mirrored request as answered by the candidate and by the
 // control (or, with no control, by the candidate and the primary). The trial
-// builds a Pair only when both answers have arrived; duplicates, answers to
-// unknown ids and answers from one side only never become a Pair.
+// builds a Pair when both answers have arrived, or when one side answered
+// and the other did not by its deadline (that side is Missing); duplicates,
+// answers to unknown ids and requests neither side answered never become a
+// Pair.
 type Pair struct {
 	// Answer latencies: process_request written → request_result read.
 	// A latency that is NaN, ±Inf, zero or negative is not used (the pair
 	// still counts for errors and answers) and is counted in
 	// [Evidence.InvalidLatencies].
 	CandidateLatency, ControlLatency time.Duration
-	// The answer was an error.
+	// The answer was an error, or is missing.
 	CandidateFailed, ControlFailed bool
+	// No answer came by the deadline ([Pairer.Expire]); a missing answer
+	// counts as a failure (Add treats it so even if Failed is false), and
+	// its latency is not used.
+	CandidateMissing, ControlMissing bool
 	// The answer's data differs canonically from the primary's answer to the
 	// same request. Without a control ControlDisagrees is false.
 	CandidateDisagrees, ControlDisagrees bool
@@ -229,6 +235,8 @@ type Judge struct {
 
 	cur              snapshot
 	invalidLatencies int
+	candidateMissing int
+	controlMissing   int
 	errE, ansE       eCache
 
 	ev      Evidence // cached evidence of evSnap
@@ -264,6 +272,14 @@ func NewJudge(c JudgeConfig) *Judge {
 // Add records one pair. It costs a few arithmetic operations and allocates
 // nothing.
 func (j *Judge) Add(p Pair) {
+	if p.CandidateMissing {
+		p.CandidateFailed = true
+		j.candidateMissing++
+	}
+	if p.ControlMissing {
+		p.ControlFailed = true
+		j.controlMissing++
+	}
 	j.cur.pairs++
 	if p.CandidateFailed != p.ControlFailed {
 		if p.CandidateFailed {
@@ -282,7 +298,8 @@ func (j *Judge) Add(p Pair) {
 	}
 	j.cur.answers.n++
 	// Latency only from pairs where both answered without error: an error is
-	// often fast, and would make a failing candidate look quick.
+	// often fast, and would make a failing candidate look quick; a missing
+	// answer has no latency (Pairer.missingPairOf says why).
 	if !p.CandidateFailed && !p.ControlFailed {
 		if d, ok := logRatio(p.CandidateLatency, p.ControlLatency); ok {
 			j.cur.lat.add(d)
@@ -356,6 +373,10 @@ type Evidence struct {
 	ErrorRateChangeHigh   float64 `json:"error_rate_change_high"`
 	CandidateOnlyFailures int     `json:"candidate_only_failures"`
 	ControlOnlyFailures   int     `json:"control_only_failures"`
+	// CandidateMissing and ControlMissing are the pairs in which that side
+	// gave no answer by its deadline (each also a failure of that side).
+	CandidateMissing int `json:"candidate_missing"`
+	ControlMissing   int `json:"control_missing"`
 	// DisagreementExcess = P(candidate ≠ primary) − P(control ≠ primary)
 	// (without a control: P(candidate ≠ primary)), with bounds.
 	DisagreementExcess         float64 `json:"disagreement_excess"`
@@ -396,6 +417,7 @@ func (j *Judge) Evidence() Evidence {
 	e := j.ev
 	e.InvalidLatencies = j.invalidLatencies
 	e.InvalidMemory = j.invalidMemory
+	e.CandidateMissing, e.ControlMissing = j.candidateMissing, j.controlMissing
 	if j.memSet {
 		e.MemoryMeasured = true
 		if j.memControl > 0 {
@@ -525,8 +547,8 @@ func (j *Judge) Verdict(elapsed time.Duration) Verdict {
 		v.Reason = fmt.Sprintf("latency: the candidate is slower than %s beyond the %s tolerance: ratio %.3f, %s bounds %.3f–%.3f, over %d pairs",
 			versus, pct(c.MaxLatencyIncrease), e.LatencyRatio, conf, e.LatencyRatioLow, e.LatencyRatioHigh, e.LatencySamples)
 	case errReject:
-		v.Reason = fmt.Sprintf("errors: the candidate fails more often than %s beyond %s: error rate change %s, bounds %s..%s; in %d pairs only the candidate failed %d times, only the other side %d",
-			versus, abs3(c.MaxErrorRateIncrease), abs3(e.ErrorRateChange), abs3(e.ErrorRateChangeLow), abs3(e.ErrorRateChangeHigh), e.Samples, e.CandidateOnlyFailures, e.ControlOnlyFailures)
+		v.Reason = fmt.Sprintf("errors: the candidate fails more often than %s beyond %s: error rate change %s, bounds %s..%s; in %d pairs only the candidate failed %d times, only the other side %d%s",
+			versus, abs3(c.MaxErrorRateIncrease), abs3(e.ErrorRateChange), abs3(e.ErrorRateChangeLow), abs3(e.ErrorRateChangeHigh), e.Samples, e.CandidateOnlyFailures, e.ControlOnlyFailures, e.missing())
 	case ansReject:
 		what := "disagreement excess"
 		if !c.Control {
@@ -538,9 +560,9 @@ func (j *Judge) Verdict(elapsed time.Duration) Verdict {
 		v.Reason = fmt.Sprintf("memory: the candidate uses %s more memory than %s, over the %s limit", pct(e.MemoryIncrease), versus, pct(c.MaxMemoryIncrease))
 	case latProven && elapsed >= c.MinDuration:
 		v.Decision = VerdictPromoted
-		v.Reason = fmt.Sprintf("latency proven within %s of %s: ratio %.3f, %s bounds %.3f–%.3f, over %d pairs in %v; the trial showed no worse errors (change %s) or answers (excess %s)",
+		v.Reason = fmt.Sprintf("latency proven within %s of %s: ratio %.3f, %s bounds %.3f–%.3f, over %d pairs in %v; the trial showed no worse errors (change %s%s) or answers (excess %s)",
 			pct(c.MaxLatencyIncrease), versus, e.LatencyRatio, conf, e.LatencyRatioLow, e.LatencyRatioHigh, e.LatencySamples, elapsed.Round(time.Millisecond),
-			abs3(e.ErrorRateChange), abs3(e.DisagreementExcess))
+			abs3(e.ErrorRateChange), e.missing(), abs3(e.DisagreementExcess))
 	default:
 		v.Inconclusive = true
 		var why string
@@ -556,6 +578,15 @@ func (j *Judge) Verdict(elapsed time.Duration) Verdict {
 			c.MaxDuration, why, e.Samples)
 	}
 	return v
+}
+
+// missing is the missing answers for a reason: "" when none, else e.g.
+// "; no answer by the deadline: the candidate 12, the other side 0".
+func (e Evidence) missing() string {
+	if e.CandidateMissing == 0 && e.ControlMissing == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; no answer by the deadline: the candidate %d, the other side %d", e.CandidateMissing, e.ControlMissing)
 }
 
 // testResults is what each test says now.
@@ -616,11 +647,14 @@ const (
 	MetricDisagreementExcessHigh = "disagreement_excess_high"
 	MetricConfidence             = "confidence"
 	MetricControl                = "control"
+	MetricCandidateMissing       = "candidate_missing"
+	MetricControlMissing         = "control_missing"
 )
 
 // Metrics returns the evolution_result.metrics of SPEC §6: the seed's
 // latency_improvement (= latency_ratio − 1), error_rate_change and
-// memory_increase, and the evidence keys. Latency bounds before the burn-in
+// memory_increase, and the evidence keys (with the counts of answers
+// missing on each side). Latency bounds before the burn-in
 // and memory_increase before a sample are left out; control is 1 or 0.
 // Every value is finite.
 func (e Evidence) Metrics() map[string]float64 {
@@ -635,6 +669,8 @@ func (e Evidence) Metrics() map[string]float64 {
 		MetricDisagreementExcessHigh: clean(e.DisagreementExcessHigh),
 		MetricConfidence:             e.Confidence,
 		MetricControl:                0,
+		MetricCandidateMissing:       float64(e.CandidateMissing),
+		MetricControlMissing:         float64(e.ControlMissing),
 	}
 	if e.Control {
 		m[MetricControl] = 1

@@ -233,7 +233,7 @@ func TestEvidenceMetrics(t *testing.T) {
 	j.Add(equalPair())
 	m := j.Evidence().Metrics()
 	want := []string{"samples", "latency_ratio", "latency_improvement", "error_rate_change", "error_rate_change_low", "error_rate_change_high",
-		"disagreement_excess", "disagreement_excess_high", "confidence", "control"}
+		"disagreement_excess", "disagreement_excess_high", "confidence", "control", "candidate_missing", "control_missing"}
 	for _, k := range want {
 		if _, ok := m[k]; !ok {
 			t.Errorf("metrics lack %s: %v", k, m)
@@ -345,4 +345,31 @@ func FuzzJudge(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A missing answer is a failure of its side (even when the pair does not
+// say Failed), carries no latency, and the evidence counts it per side.
+func TestJudgeCountsMissingAnswersAsFailures(t *testing.T) {
+	j := judgeWith(t, func(c *JudgeConfig) { c.MinDuration = 0 })
+	for i := range 100 {
+		p := Pair{CandidateLatency: time.Duration(95+i%10) * ms, ControlLatency: time.Duration(95+(i*7)%10) * ms}
+		switch {
+		case i%10 < 3:
+			p = Pair{ControlLatency: 100 * ms, CandidateMissing: true} // Failed left false on purpose
+		case i == 5:
+			p = Pair{CandidateLatency: 100 * ms, ControlMissing: true, ControlFailed: true}
+		}
+		j.Add(p)
+	}
+	e := j.Evidence()
+	if e.CandidateMissing != 30 || e.ControlMissing != 1 || e.CandidateOnlyFailures != 30 || e.ControlOnlyFailures != 1 || e.LatencySamples != 69 {
+		t.Fatalf("evidence %+v", e)
+	}
+	if m := e.Metrics(); m[MetricCandidateMissing] != 30 || m[MetricControlMissing] != 1 {
+		t.Fatalf("metrics %v", m)
+	}
+	v := j.Verdict(time.Minute)
+	if v.Decision != VerdictRejected || !strings.HasPrefix(v.Reason, "errors:") || !strings.Contains(v.Reason, "no answer by the deadline: the candidate 30, the other side 1") {
+		t.Fatalf("verdict %s: %s", v.Decision, v.Reason)
+	}
 }

@@ -11,7 +11,7 @@ func TestPairerPairsAllAnswers(t *testing.T) {
 	t0 := time.Unix(0, 0)
 	same := AnswerOf(nil, true, "E") // any fixed answer
 	other := AnswerOf(nil, true, "F")
-	p := NewPairer(true, 4)
+	p := NewPairer(true, 4, 0)
 	p.Expect("a", t0)
 	p.Sending("a", RoleControl, t0.Add(time.Millisecond))
 	if _, ok, err := p.Answered("a", RoleCandidate, t0.Add(10*time.Millisecond), other); ok || err != nil {
@@ -59,7 +59,7 @@ func TestPairerPairsAllAnswers(t *testing.T) {
 
 func TestPairerWithoutControlComparesWithPrimary(t *testing.T) {
 	t0 := time.Unix(0, 0)
-	p := NewPairer(false, 0)
+	p := NewPairer(false, 0, 0)
 	p.Expect("a", t0)
 	ok1 := AnswerOf(nil, false, "")
 	if _, _, err := p.Answered("a", RoleControl, t0, ok1); !errors.Is(err, ErrUnknownAnswer) {
@@ -69,5 +69,193 @@ func TestPairerWithoutControlComparesWithPrimary(t *testing.T) {
 	pair, ok, _ := p.Answered("a", RolePrimary, t0.Add(2*time.Millisecond), AnswerOf(nil, true, "X"))
 	if !ok || pair.ControlLatency != 2*time.Millisecond || !pair.ControlFailed || pair.CandidateFailed || !pair.CandidateDisagrees || pair.ControlDisagrees {
 		t.Fatalf("pair %+v", pair)
+	}
+}
+
+// A request one side answered and the other did not by its deadline is
+// judged as the silent side's failure; the rule is the same for both sides.
+func TestPairerJudgesAMissingAnswerAsTheSilentSidesFailure(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	ok1 := AnswerOf(nil, false, "")
+	for _, tc := range []struct {
+		name           string
+		silent, spoken Role
+		want           Pair
+	}{
+		{"candidate silent", RoleCandidate, RoleControl,
+			Pair{ControlLatency: 10 * time.Millisecond, CandidateFailed: true, CandidateMissing: true, CandidateDisagrees: true}},
+		{"control silent", RoleControl, RoleCandidate,
+			Pair{CandidateLatency: 10 * time.Millisecond, ControlFailed: true, ControlMissing: true, ControlDisagrees: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := NewPairer(true, 0, 0)
+			p.Expect("a", t0)
+			p.Answered("a", RolePrimary, t0.Add(5*time.Millisecond), ok1)
+			if _, done, err := p.Answered("a", tc.spoken, t0.Add(10*time.Millisecond), ok1); done || err != nil {
+				t.Fatalf("answered: done %v, %v", done, err)
+			}
+			// The silent side gets max(10 × 10 ms, 1 s) after the answer.
+			if got := p.Expire(t0.Add(10*time.Millisecond + answerWaitMin - 1)); len(got) != 0 {
+				t.Fatalf("judged before the deadline: %+v", got)
+			}
+			got := p.Expire(t0.Add(10*time.Millisecond + answerWaitMin))
+			if len(got) != 1 || got[0] != tc.want {
+				t.Fatalf("expired %+v, want [%+v]", got, tc.want)
+			}
+			if again := p.Expire(t0.Add(time.Hour)); len(again) != 0 {
+				t.Fatalf("judged twice: %+v", again)
+			}
+			if _, _, err := p.Answered("a", tc.silent, t0.Add(2*time.Second), ok1); !errors.Is(err, ErrLateAnswer) {
+				t.Fatalf("late answer: %v", err)
+			}
+			if _, _, err := p.Answered("a", tc.silent, t0.Add(3*time.Second), ok1); !errors.Is(err, ErrUnknownAnswer) {
+				t.Fatalf("second late answer: %v", err)
+			}
+			if _, _, err := p.Answered("a", tc.spoken, t0.Add(3*time.Second), ok1); !errors.Is(err, ErrUnknownAnswer) {
+				t.Fatalf("the answered side's second answer: %v", err)
+			}
+			st := p.Stats()
+			missing := map[Role]int{RoleCandidate: st.CandidateMissing, RoleControl: st.ControlMissing}
+			if missing[tc.silent] != 1 || missing[tc.spoken] != 0 || st.Pairs != 0 || st.Pending != 0 || st.Late != 1 || st.Unknown != 2 || st.Dropped != 0 {
+				t.Fatalf("stats %+v", st)
+			}
+		})
+	}
+}
+
+// The deadline follows the first answer's latency (10×, at least 1 s) and
+// is capped by the request timeout given to NewPairer.
+func TestPairerAnswerDeadline(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	ok1 := AnswerOf(nil, false, "")
+	for _, tc := range []struct {
+		name     string
+		maxWait  time.Duration
+		latency  time.Duration
+		deadline time.Duration // after the first answer
+	}{
+		{"fast agent: the floor", 0, 20 * time.Millisecond, time.Second},
+		{"slow agent: 10 × its latency", 0, 2 * time.Second, 20 * time.Second},
+		{"capped by the request timeout", 5 * time.Second, 2 * time.Second, 5 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := NewPairer(true, 0, tc.maxWait)
+			p.Expect("a", t0)
+			p.Answered("a", RolePrimary, t0.Add(tc.latency), ok1)
+			at := t0.Add(tc.latency)
+			p.Answered("a", RoleControl, at, ok1)
+			if got := p.Expire(at.Add(tc.deadline - time.Millisecond)); len(got) != 0 {
+				t.Fatalf("judged %v after the answer, before its deadline %v", tc.deadline-time.Millisecond, tc.deadline)
+			}
+			if got := p.Expire(at.Add(tc.deadline)); len(got) != 1 || !got[0].CandidateMissing {
+				t.Fatalf("at the deadline: %+v", got)
+			}
+		})
+	}
+}
+
+// What is not the agents' doing is no evidence: requests neither shadow
+// answered wait (a trial that ends judges nothing of them), requests evicted
+// for room are Dropped, and a side that answers in time, even slowly, makes
+// an ordinary pair.
+func TestPairerMissingIsOnlyOneSidesSilence(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	ok1 := AnswerOf(nil, false, "")
+	p := NewPairer(true, 2, 0)
+	p.Expect("both-silent", t0)
+	p.Answered("both-silent", RolePrimary, t0.Add(time.Millisecond), ok1)
+	p.Expect("slow", t0)
+	p.Answered("slow", RolePrimary, t0.Add(time.Millisecond), ok1)
+	p.Answered("slow", RoleControl, t0.Add(time.Millisecond), ok1)
+	if pair, done, _ := p.Answered("slow", RoleCandidate, t0.Add(900*time.Millisecond), ok1); !done || pair.CandidateMissing { // within the 1 s floor
+		t.Fatalf("slow answer in time: pair %+v, %v", pair, done)
+	}
+	p.Expect("evicted", t0)
+	p.Answered("evicted", RoleControl, t0.Add(time.Millisecond), ok1)
+	if got := p.Expire(t0.Add(500 * time.Millisecond)); len(got) != 0 {
+		t.Fatalf("expired %+v", got)
+	}
+	p.Expect("x", t0.Add(600*time.Millisecond)) // room: "both-silent" goes
+	p.Expect("y", t0.Add(600*time.Millisecond)) // room: "evicted" goes before its deadline
+	if got := p.Expire(t0.Add(time.Hour)); len(got) != 0 {
+		t.Fatalf("expired %+v: neither an eviction nor two silent shadows is evidence", got)
+	}
+	if _, _, err := p.Answered("evicted", RoleCandidate, t0.Add(time.Second), ok1); !errors.Is(err, ErrUnknownAnswer) {
+		t.Fatalf("answer to an evicted request: %v", err)
+	}
+	st := p.Stats()
+	if st.Dropped != 2 || st.CandidateMissing != 0 || st.ControlMissing != 0 || st.Pending != 2 || st.Pairs != 1 || st.Unknown != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	// Both shadows answered: the pair awaits only the primary, never expires.
+	p.Answered("x", RoleControl, t0.Add(time.Second), ok1)
+	p.Answered("x", RoleCandidate, t0.Add(time.Second), ok1)
+	if got := p.Expire(t0.Add(time.Hour)); len(got) != 0 {
+		t.Fatalf("expired %+v", got)
+	}
+	if pair, done, _ := p.Answered("x", RolePrimary, t0.Add(2*time.Hour), ok1); !done || pair.CandidateMissing || pair.ControlMissing {
+		t.Fatalf("pair %+v, %v", pair, done)
+	}
+}
+
+// Without the primary's answer at the deadline nobody's agreement is known;
+// without a control the primary is the side compared, and its silence
+// counts against it.
+func TestPairerMissingWithoutThePrimary(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	ok1 := AnswerOf(nil, false, "")
+	p := NewPairer(true, 0, 0)
+	p.Expect("a", t0)
+	p.Answered("a", RoleControl, t0.Add(10*time.Millisecond), ok1)
+	got := p.Expire(t0.Add(time.Hour))
+	want := Pair{ControlLatency: 10 * time.Millisecond, CandidateFailed: true, CandidateMissing: true}
+	if len(got) != 1 || got[0] != want {
+		t.Fatalf("expired %+v, want [%+v]", got, want)
+	}
+	if _, _, err := p.Answered("a", RolePrimary, t0.Add(2*time.Hour), ok1); !errors.Is(err, ErrLateAnswer) {
+		t.Fatalf("the primary's late answer: %v", err)
+	}
+	if st := p.Stats(); st.Late != 0 || st.Unknown != 0 {
+		t.Fatalf("the primary's late answer counted: %+v", st)
+	}
+
+	q := NewPairer(false, 0, 0)
+	q.Expect("b", t0)
+	q.Answered("b", RoleCandidate, t0.Add(10*time.Millisecond), ok1)
+	got = q.Expire(t0.Add(time.Hour))
+	want = Pair{CandidateLatency: 10 * time.Millisecond, ControlFailed: true, ControlMissing: true}
+	if len(got) != 1 || got[0] != want {
+		t.Fatalf("no control, primary silent: expired %+v, want [%+v]", got, want)
+	}
+	q.Expect("c", t0)
+	q.Answered("c", RolePrimary, t0.Add(10*time.Millisecond), ok1)
+	got = q.Expire(t0.Add(time.Hour))
+	want = Pair{ControlLatency: 10 * time.Millisecond, CandidateFailed: true, CandidateMissing: true, CandidateDisagrees: true}
+	if len(got) != 1 || got[0] != want {
+		t.Fatalf("no control, candidate silent: expired %+v, want [%+v]", got, want)
+	}
+}
+
+// The ids kept to recognise late answers are bounded like the pending ones.
+func TestPairerLateAnswersBounded(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	ok1 := AnswerOf(nil, false, "")
+	p := NewPairer(true, 4, 0)
+	for i := range 100 {
+		id := fmt.Sprint(i)
+		p.Expect(id, t0)
+		p.Answered(id, RoleControl, t0, ok1)
+		if got := p.Expire(t0.Add(time.Hour)); len(got) != 1 {
+			t.Fatalf("request %d: expired %d", i, len(got))
+		}
+	}
+	if len(p.late) > 4 || len(p.lateOrder) > 4 {
+		t.Fatalf("%d late ids kept (%d in order), bound 4", len(p.late), len(p.lateOrder))
+	}
+	if _, _, err := p.Answered("99", RoleCandidate, t0, ok1); !errors.Is(err, ErrLateAnswer) {
+		t.Fatalf("newest late answer: %v", err)
+	}
+	if _, _, err := p.Answered("0", RoleCandidate, t0, ok1); !errors.Is(err, ErrUnknownAnswer) {
+		t.Fatalf("oldest late answer, forgotten: %v", err)
 	}
 }

@@ -174,7 +174,7 @@ func (s *Supervisor) openTrial(h schema.Hypothesis, backup checkpoint.Meta) (t *
 	id := observe.NewUUID()
 	cfg := s.cfg.judgeConfig()
 	t = &trial{id: id, intent: h, backup: backup, dir: filepath.Join(s.cfg.DataDir, "shadow", id), control: cfg.Control,
-		collector: evolution.NewCollector(), pairs: evolution.NewPairer(cfg.Control, 0), started: time.Now(),
+		collector: evolution.NewCollector(), pairs: evolution.NewPairer(cfg.Control, 0, s.cfg.RequestTimeout), started: time.Now(),
 		cfg: cfg, met: s.met, verdict: make(chan struct{}, 1)}
 	defer func() {
 		if err != nil {

@@ -18,7 +18,7 @@ import (
 // a larger one would be kept as "truncated" and the evidence lost.
 func TestTrialRecordFitsAnAuditRecord(t *testing.T) {
 	cfg := evolution.DefaultJudgeConfig()
-	tr := &trial{control: true, cfg: cfg, pairs: evolution.NewPairer(true, 0), judge: evolution.NewJudge(cfg),
+	tr := &trial{control: true, cfg: cfg, pairs: evolution.NewPairer(true, 0, 0), judge: evolution.NewJudge(cfg),
 		met: observe.NewMetrics(func() float64 { return 0 }, func() float64 { return 0 })}
 	t0 := time.Now()
 	long := func(s string) msgpack.RawMessage {
