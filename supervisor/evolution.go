@@ -378,6 +378,7 @@ func (s *Supervisor) concludeTrial() {
 	t.final = t.record(v)
 	p := t.pairs.Stats()
 	s.log.Info("evolution trial decided", "trial", t.id, "decision", d.Decision, "pairs", p.Pairs, "mirrored", p.Mirrored,
+		"candidate_missing", p.CandidateMissing, "control_missing", p.ControlMissing, "late", p.Late,
 		"duplicates", p.Duplicates, "unknown", p.Unknown, "dropped", p.Dropped, "reason", d.Reason)
 	if d.Promote {
 		// Recorded durably (the ledger fsyncs) before it is applied: on the

@@ -50,10 +50,17 @@ func (s *Supervisor) primaryResult(in *conn.Instance, m *schema.RequestResult) {
 // shadowResult pairs a shadow's answer to a mirrored request for the trial's
 // judge; it never reaches an HTTP client. An answer the trial was not
 // waiting for (a request not mirrored to it, a second answer) is counted
-// and answered INVALID_MESSAGE, like the primary's.
+// and answered INVALID_MESSAGE, like the primary's; one that came after
+// its deadline (the request was judged with it missing) is only counted.
 func (s *Supervisor) shadowResult(in *conn.Instance, t *trial, sh *shadow, m *schema.RequestResult) {
 	err := t.answered(sh.role, m, time.Now())
 	if err == nil {
+		return
+	}
+	if errors.Is(err, evolution.ErrLateAnswer) {
+		// Slow, not wrong: the request was judged with this answer
+		// missing; nothing to tell the shadow.
+		s.met.EvolutionIgnored.WithLabelValues("late").Inc()
 		return
 	}
 	why, reason := "no request with this request_id was mirrored to this shadow and awaits its answer", "unknown"

@@ -159,6 +159,8 @@ func (t *trial) Send(id string, frame []byte) {
 // evolution.ErrDuplicateAnswer) is an answer the trial was not waiting for:
 // for a shadow's, an INVALID_MESSAGE; for the primary's (checked by the
 // request table), one to a request sent before mirroring began.
+// evolution.ErrLateAnswer is an answer after its deadline: the request was
+// already judged with it missing (expire).
 func (t *trial) answered(role evolution.Role, m *schema.RequestResult, at time.Time) error {
 	code := ""
 	if m.Error != nil {
@@ -181,10 +183,26 @@ func (t *trial) answered(role evolution.Role, m *schema.RequestResult, at time.T
 	return nil
 }
 
-// verdictNow asks the judge (owner loop, on its tick and at the end), and
-// publishes the evidence to the gauges. A verdict to continue carries the
-// evidence so far.
+// expire gives the judge the requests one shadow answered and the other
+// left unanswered past its deadline at now, as the silent side's failures
+// (evolution.Pairer.Expire).
+func (t *trial) expire(now time.Time) {
+	pairs := t.pairs.Expire(now)
+	if len(pairs) == 0 {
+		return
+	}
+	t.mu.Lock()
+	for _, p := range pairs {
+		t.judge.Add(p)
+	}
+	t.mu.Unlock()
+}
+
+// verdictNow asks the judge (owner loop, on its tick and at the end), once
+// the answers missing by now are in, and publishes the evidence to the
+// gauges. A verdict to continue carries the evidence so far.
 func (t *trial) verdictNow() evolution.Verdict {
+	t.expire(time.Now())
 	t.mu.Lock()
 	v := t.judge.Verdict(time.Since(t.started))
 	if v.Decision == evolution.VerdictContinue {
@@ -331,5 +349,10 @@ func thin[T any](s []T, n int) []T {
 // describe is a trial's one-line summary for logs.
 func (t *trial) describe() string {
 	st := t.pairs.Stats()
-	return fmt.Sprintf("%d pairs of %d mirrored requests", st.Pairs, st.Mirrored)
+	d := fmt.Sprintf("%d pairs of %d mirrored requests", st.Pairs, st.Mirrored)
+	if st.CandidateMissing > 0 || st.ControlMissing > 0 {
+		d += fmt.Sprintf(", %d more with an answer missing (the candidate's %d, the other side's %d)",
+			st.CandidateMissing+st.ControlMissing, st.CandidateMissing, st.ControlMissing)
+	}
+	return d
 }

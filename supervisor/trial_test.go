@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -65,5 +66,62 @@ func TestTrialDetailsAreClipped(t *testing.T) {
 	}
 	if len(d.Trial.Target) > 1024 || len(d.Trial.Reason) > 4096 {
 		t.Fatalf("the trial's target (%d bytes) and reason (%d bytes) are published unclipped", len(d.Trial.Target), len(d.Trial.Reason))
+	}
+}
+
+// A shadow that reads every request and heartbeats but never answers 30% of
+// them is judged on those answers: the candidate's silence rejects it (it
+// was once promoted with "no worse errors (change +0.000)", the unanswered
+// requests left pending, never judged); the control's silence counts
+// against the control, not the candidate.
+func TestTrialJudgesUnansweredRequests(t *testing.T) {
+	for _, tc := range []struct {
+		silent       evolution.Role
+		wantDecision string
+	}{
+		{evolution.RoleCandidate, evolution.VerdictRejected},
+		{evolution.RoleControl, evolution.VerdictPromoted},
+	} {
+		t.Run(tc.silent.String()+" silent", func(t *testing.T) {
+			cfg := evolution.DefaultJudgeConfig()
+			cfg.MinDuration, cfg.MaxDuration = 0, time.Hour
+			tr := &trial{control: true, cfg: cfg, pairs: evolution.NewPairer(true, 0, 0), judge: evolution.NewJudge(cfg),
+				started: time.Now().Add(-time.Minute), verdict: make(chan struct{}, 1),
+				met: observe.NewMetrics(func() float64 { return 0 }, func() float64 { return 0 })}
+			data, _ := msgpack.Marshal(map[string]any{"answer": 42})
+			// A minute ago: every answer deadline has passed by the trial's look.
+			t0 := time.Now().Add(-time.Minute)
+			unanswered := 0
+			for i := range 400 {
+				id := fmt.Sprintf("req-%d", i)
+				tr.pairs.Expect(id, t0)
+				for _, r := range []evolution.Role{evolution.RolePrimary, evolution.RoleControl, evolution.RoleCandidate} {
+					tr.pairs.Sending(id, r, t0)
+					if r == tc.silent && i%10 < 3 {
+						unanswered++
+						continue
+					}
+					lat := time.Duration(100+(i*37)%20) * time.Millisecond
+					if err := tr.answered(r, &schema.RequestResult{RequestID: id, Data: data}, t0.Add(lat)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			v := tr.verdictNow()
+			t.Logf("%s: %s", v.Decision, v.Reason)
+			if v.Decision != tc.wantDecision {
+				t.Fatalf("the %s never answered %d of 400 requests (the other shadow answered all): %s, want %s: %s",
+					tc.silent, unanswered, v.Decision, tc.wantDecision, v.Reason)
+			}
+			missing := map[evolution.Role]int{evolution.RoleCandidate: v.Evidence.CandidateMissing, evolution.RoleControl: v.Evidence.ControlMissing}
+			st := tr.pairs.Stats()
+			if missing[tc.silent] != unanswered || v.Evidence.Samples != 400 || st.Pending != 0 || st.Pairs != 400-unanswered ||
+				!strings.Contains(v.Reason, "no answer by the deadline") {
+				t.Fatalf("evidence %+v, pairs %+v, reason %s", v.Evidence, st, v.Reason)
+			}
+			if d := tr.describe(); !strings.Contains(d, fmt.Sprintf("%d more with an answer missing", unanswered)) {
+				t.Fatalf("describe: %s", d)
+			}
+		})
 	}
 }

@@ -665,6 +665,10 @@ func printEvolution(w io.Writer, e api.Evolution) error {
 	if p, ok := r["pairs"].(map[string]any); ok {
 		fmt.Fprintf(w, "requests   %v mirrored, %v paired, %v duplicate answers, %v unknown ids, %v dropped, %v unanswered\n",
 			p["mirrored"], p["pairs"], p["duplicates"], p["unknown"], p["dropped"], p["pending"])
+		if cm, ok := p["candidate_missing"]; ok { // records before missing answers were judged lack it
+			fmt.Fprintf(w, "missing    %v answers of the candidate, %v of the other side (past the deadline; judged as failures), %v late answers\n",
+				cm, p["control_missing"], p["late"])
+		}
 	}
 	if m, ok := r["metrics"].(map[string]any); ok {
 		keys := make([]string, 0, len(m))

@@ -165,7 +165,7 @@ func NewMetrics(heartbeatAge, walLastSeq func() float64, extra ...prometheus.Col
 		Name: "supervisor_evolution_samples", Help: "Pairs of answers judged in the running evolution trial (0: none running).",
 	})
 	m.EvolutionIgnored = a.NewCounterVec(prometheus.CounterOpts{
-		Name: "supervisor_evolution_answers_ignored_total", Help: "Shadows' answers left out of evolution trials, by reason (duplicate, unknown id).",
+		Name: "supervisor_evolution_answers_ignored_total", Help: "Shadows' answers left out of evolution trials, by reason (duplicate, unknown id, late: after its deadline, already judged missing).",
 	}, []string{"reason"})
 	m.EvolutionEvidence = a.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "supervisor_evolution_bound", Help: "The running evolution trial's current estimates and confidence bounds, by figure (latency_ratio_low, ...).",
