@@ -233,11 +233,13 @@ type Judge struct {
 	logProof, logLatReject, logErrors, logAnswers float64 // ln(1/α_i)
 	rhoProof, rhoReject                           float64 // mixture ρ in units of pairs
 
-	cur              snapshot
-	invalidLatencies int
-	candidateMissing int
-	controlMissing   int
-	errE, ansE       eCache
+	cur                snapshot
+	invalidLatencies   int
+	candidateMissing   int
+	controlMissing     int
+	candidateOwes      int
+	errE, ansE         eCache
+	owedErrE, owedAnsE eCache // the tests with what the candidate owes counted missing
 
 	ev      Evidence // cached evidence of evSnap
 	evSnap  snapshot
@@ -335,6 +337,16 @@ func logRatio(candidate, control time.Duration) (float64, bool) {
 	}
 	return math.Log(float64(candidate) / float64(control)), true
 }
+
+// SetCandidateOwes records how many requests the candidate still owes an
+// answer the other side already gave, within their answer deadline
+// ([Pairer.Expire]). A promotion waits while counting them all as missing
+// would make the test of errors or of answers reject: otherwise an agent
+// slow enough that the deadline outlasts the minimum trial time could be
+// promoted before its missing answers are judged. Only the promotion waits
+// (a rejection still needs the judged pairs alone), so every verdict keeps
+// its validity; a candidate that answers at last is promoted at a later look.
+func (j *Judge) SetCandidateOwes(n int) { j.candidateOwes = max(n, 0) }
 
 // SetMemory records the latest sampled memory (bytes, RSS of each shadow's
 // process group). A sample that is NaN, ±Inf, negative, or a zero control
@@ -530,8 +542,9 @@ func (j *Judge) Verdict(elapsed time.Duration) Verdict {
 	c := j.cfg
 	s := j.cur
 	t := j.tests()
-	latReject, latProven, errReject, ansReject, memReject := t.latReject, t.latProven, t.errReject, t.ansReject, t.memReject
-	if !latReject && !errReject && !ansReject && !memReject && !(latProven && elapsed >= c.MinDuration) && elapsed < c.MaxDuration {
+	latReject, errReject, ansReject, memReject := t.latReject, t.errReject, t.ansReject, t.memReject
+	promote := t.latProven && !t.held && elapsed >= c.MinDuration
+	if !latReject && !errReject && !ansReject && !memReject && !promote && elapsed < c.MaxDuration {
 		return Verdict{Decision: VerdictContinue}
 	}
 
@@ -558,11 +571,15 @@ func (j *Judge) Verdict(elapsed time.Duration) Verdict {
 			versus, abs3(c.MaxDisagreement), what, abs3(e.DisagreementExcess), abs3(e.DisagreementExcessLow), abs3(e.DisagreementExcessHigh), e.Samples, e.CandidateOnlyDisagreements, e.ControlOnlyDisagreements)
 	case memReject:
 		v.Reason = fmt.Sprintf("memory: the candidate uses %s more memory than %s, over the %s limit", pct(e.MemoryIncrease), versus, pct(c.MaxMemoryIncrease))
-	case latProven && elapsed >= c.MinDuration:
+	case promote:
 		v.Decision = VerdictPromoted
 		v.Reason = fmt.Sprintf("latency proven within %s of %s: ratio %.3f, %s bounds %.3f–%.3f, over %d pairs in %v; the trial showed no worse errors (change %s%s) or answers (excess %s)",
 			pct(c.MaxLatencyIncrease), versus, e.LatencyRatio, conf, e.LatencyRatioLow, e.LatencyRatioHigh, e.LatencySamples, elapsed.Round(time.Millisecond),
 			abs3(e.ErrorRateChange), e.missing(), abs3(e.DisagreementExcess))
+	case t.held:
+		v.Inconclusive = true
+		v.Reason = fmt.Sprintf("inconclusive: latency proven within %s, but at %v the candidate still owed %d answers %s had given, enough to show it worse were they missing; over %d pairs%s",
+			pct(c.MaxLatencyIncrease), c.MaxDuration, j.candidateOwes, versus, e.Samples, e.missing())
 	default:
 		v.Inconclusive = true
 		var why string
@@ -592,6 +609,9 @@ func (e Evidence) missing() string {
 // testResults is what each test says now.
 type testResults struct {
 	latReject, latProven, errReject, ansReject, memReject bool
+	// held: latency is proven but the answers the candidate owes, were
+	// they missing, would reject (SetCandidateOwes).
+	held bool
 }
 
 func (j *Judge) tests() testResults {
@@ -612,6 +632,12 @@ func (j *Judge) tests() testResults {
 	r.errReject = j.errE.logE(s.errs, c.MaxErrorRateIncrease) >= j.logErrors
 	r.ansReject = j.ansE.logE(s.answers, c.MaxDisagreement) >= j.logAnswers
 	r.memReject = j.memSet && j.memControl > 0 && !within(j.memCandidate/j.memControl-1, c.MaxMemoryIncrease)
+	if r.latProven && j.candidateOwes > 0 && !r.errReject && !r.ansReject {
+		errs, answers := s.errs, s.answers
+		errs.n, errs.plus = errs.n+j.candidateOwes, errs.plus+j.candidateOwes
+		answers.n, answers.plus = answers.n+j.candidateOwes, answers.plus+j.candidateOwes
+		r.held = j.owedErrE.logE(errs, c.MaxErrorRateIncrease) >= j.logErrors || j.owedAnsE.logE(answers, c.MaxDisagreement) >= j.logAnswers
+	}
 	return r
 }
 

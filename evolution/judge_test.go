@@ -373,3 +373,32 @@ func TestJudgeCountsMissingAnswersAsFailures(t *testing.T) {
 		t.Fatalf("verdict %s: %s", v.Decision, v.Reason)
 	}
 }
+
+// A promotion waits while the answers the candidate still owes (the other
+// side gave them, their deadline has not passed) would, were they missing,
+// show it worse; it comes once they are answered. At the longest trial the
+// wait is inconclusive, saying so.
+func TestJudgeHoldsPromotionWhileTheCandidateOwesAnswers(t *testing.T) {
+	j := judgeWith(t, func(c *JudgeConfig) { c.MinDuration, c.MaxDuration = 0, time.Hour })
+	for i := range 100 {
+		j.Add(Pair{CandidateLatency: time.Duration(95+i%10) * ms, ControlLatency: time.Duration(95+(i*7)%10) * ms})
+	}
+	if v := j.Verdict(time.Minute); v.Decision != VerdictPromoted {
+		t.Fatalf("equal candidate: %s: %s", v.Decision, v.Reason)
+	}
+	j.SetCandidateOwes(2) // too few to show anything
+	if v := j.Verdict(time.Minute); v.Decision != VerdictPromoted {
+		t.Fatalf("owing 2 of 102: %s: %s", v.Decision, v.Reason)
+	}
+	j.SetCandidateOwes(40)
+	if v := j.Verdict(time.Minute); v.Decision != VerdictContinue {
+		t.Fatalf("owing 40 of 140: %s: %s", v.Decision, v.Reason)
+	}
+	if v := j.Verdict(time.Hour); v.Decision != VerdictRejected || !v.Inconclusive || !strings.Contains(v.Reason, "still owed 40 answers") {
+		t.Fatalf("owing 40 at the longest trial: %s (inconclusive %v): %s", v.Decision, v.Inconclusive, v.Reason)
+	}
+	j.SetCandidateOwes(0)
+	if v := j.Verdict(time.Minute); v.Decision != VerdictPromoted {
+		t.Fatalf("answered at last: %s: %s", v.Decision, v.Reason)
+	}
+}

@@ -278,16 +278,25 @@ func (p *Pairer) answerWait(latency time.Duration) time.Duration {
 // requests were sent, for the judge. The silent side's answer is then
 // [ErrLateAnswer]. A request no side answered is left waiting: a trial that
 // ends, or shadows that both stall, say nothing of the candidate. An answer
-// read before Expire runs counts, even if read after its deadline. The
-// trial calls it on every look; it walks the pending requests (at most
-// about 3 × maxPending ids).
-func (p *Pairer) Expire(now time.Time) []Pair {
+// read before Expire runs counts, even if read after its deadline.
+//
+// candidateOwes is how many requests the other side answered and the
+// candidate has not, still within their deadline: answers that may yet go
+// missing, for [Judge.SetCandidateOwes]. The trial calls Expire on every
+// look; it walks the pending requests (at most about 3 × maxPending ids).
+func (p *Pairer) Expire(now time.Time) (pairs []Pair, candidateOwes int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []Pair
 	for _, id := range p.order {
 		pp := p.pending[id]
-		if pp == nil || pp.deadline.IsZero() || now.Before(pp.deadline) {
+		if pp == nil || pp.deadline.IsZero() {
+			continue
+		}
+		if now.Before(pp.deadline) {
+			if !pp.got[RoleCandidate] {
+				candidateOwes++
+			}
 			continue
 		}
 		delete(p.pending, id)
@@ -305,7 +314,7 @@ func (p *Pairer) Expire(now time.Time) []Pair {
 			p.lateOrder = p.lateOrder[1:]
 		}
 	}
-	return out
+	return out, candidateOwes
 }
 
 // missingPairOf builds the judge's pair for a request one side left

@@ -94,16 +94,21 @@ func TestPairerJudgesAMissingAnswerAsTheSilentSidesFailure(t *testing.T) {
 			if _, done, err := p.Answered("a", tc.spoken, t0.Add(10*time.Millisecond), ok1); done || err != nil {
 				t.Fatalf("answered: done %v, %v", done, err)
 			}
-			// The silent side gets max(10 × 10 ms, 1 s) after the answer.
-			if got := p.Expire(t0.Add(10*time.Millisecond + answerWaitMin - 1)); len(got) != 0 {
-				t.Fatalf("judged before the deadline: %+v", got)
+			// The silent side gets max(10 × 10 ms, 1 s) after the answer;
+			// until then the candidate, if silent, owes it.
+			wantOwes := 0
+			if tc.silent == RoleCandidate {
+				wantOwes = 1
 			}
-			got := p.Expire(t0.Add(10*time.Millisecond + answerWaitMin))
+			if got, owes := p.Expire(t0.Add(10*time.Millisecond + answerWaitMin - 1)); len(got) != 0 || owes != wantOwes {
+				t.Fatalf("before the deadline: judged %+v, the candidate owes %d, want none and %d", got, owes, wantOwes)
+			}
+			got, _ := p.Expire(t0.Add(10*time.Millisecond + answerWaitMin))
 			if len(got) != 1 || got[0] != tc.want {
 				t.Fatalf("expired %+v, want [%+v]", got, tc.want)
 			}
-			if again := p.Expire(t0.Add(time.Hour)); len(again) != 0 {
-				t.Fatalf("judged twice: %+v", again)
+			if again, owes := p.Expire(t0.Add(time.Hour)); len(again) != 0 || owes != 0 {
+				t.Fatalf("judged twice: %+v (owes %d)", again, owes)
 			}
 			if _, _, err := p.Answered("a", tc.silent, t0.Add(2*time.Second), ok1); !errors.Is(err, ErrLateAnswer) {
 				t.Fatalf("late answer: %v", err)
@@ -144,10 +149,10 @@ func TestPairerAnswerDeadline(t *testing.T) {
 			p.Answered("a", RolePrimary, t0.Add(tc.latency), ok1)
 			at := t0.Add(tc.latency)
 			p.Answered("a", RoleControl, at, ok1)
-			if got := p.Expire(at.Add(tc.deadline - time.Millisecond)); len(got) != 0 {
+			if got, _ := p.Expire(at.Add(tc.deadline - time.Millisecond)); len(got) != 0 {
 				t.Fatalf("judged %v after the answer, before its deadline %v", tc.deadline-time.Millisecond, tc.deadline)
 			}
-			if got := p.Expire(at.Add(tc.deadline)); len(got) != 1 || !got[0].CandidateMissing {
+			if got, _ := p.Expire(at.Add(tc.deadline)); len(got) != 1 || !got[0].CandidateMissing {
 				t.Fatalf("at the deadline: %+v", got)
 			}
 		})
@@ -172,12 +177,12 @@ func TestPairerMissingIsOnlyOneSidesSilence(t *testing.T) {
 	}
 	p.Expect("evicted", t0)
 	p.Answered("evicted", RoleControl, t0.Add(time.Millisecond), ok1)
-	if got := p.Expire(t0.Add(500 * time.Millisecond)); len(got) != 0 {
+	if got, _ := p.Expire(t0.Add(500 * time.Millisecond)); len(got) != 0 {
 		t.Fatalf("expired %+v", got)
 	}
 	p.Expect("x", t0.Add(600*time.Millisecond)) // room: "both-silent" goes
 	p.Expect("y", t0.Add(600*time.Millisecond)) // room: "evicted" goes before its deadline
-	if got := p.Expire(t0.Add(time.Hour)); len(got) != 0 {
+	if got, _ := p.Expire(t0.Add(time.Hour)); len(got) != 0 {
 		t.Fatalf("expired %+v: neither an eviction nor two silent shadows is evidence", got)
 	}
 	if _, _, err := p.Answered("evicted", RoleCandidate, t0.Add(time.Second), ok1); !errors.Is(err, ErrUnknownAnswer) {
@@ -190,7 +195,7 @@ func TestPairerMissingIsOnlyOneSidesSilence(t *testing.T) {
 	// Both shadows answered: the pair awaits only the primary, never expires.
 	p.Answered("x", RoleControl, t0.Add(time.Second), ok1)
 	p.Answered("x", RoleCandidate, t0.Add(time.Second), ok1)
-	if got := p.Expire(t0.Add(time.Hour)); len(got) != 0 {
+	if got, _ := p.Expire(t0.Add(time.Hour)); len(got) != 0 {
 		t.Fatalf("expired %+v", got)
 	}
 	if pair, done, _ := p.Answered("x", RolePrimary, t0.Add(2*time.Hour), ok1); !done || pair.CandidateMissing || pair.ControlMissing {
@@ -207,7 +212,7 @@ func TestPairerMissingWithoutThePrimary(t *testing.T) {
 	p := NewPairer(true, 0, 0)
 	p.Expect("a", t0)
 	p.Answered("a", RoleControl, t0.Add(10*time.Millisecond), ok1)
-	got := p.Expire(t0.Add(time.Hour))
+	got, _ := p.Expire(t0.Add(time.Hour))
 	want := Pair{ControlLatency: 10 * time.Millisecond, CandidateFailed: true, CandidateMissing: true}
 	if len(got) != 1 || got[0] != want {
 		t.Fatalf("expired %+v, want [%+v]", got, want)
@@ -222,14 +227,14 @@ func TestPairerMissingWithoutThePrimary(t *testing.T) {
 	q := NewPairer(false, 0, 0)
 	q.Expect("b", t0)
 	q.Answered("b", RoleCandidate, t0.Add(10*time.Millisecond), ok1)
-	got = q.Expire(t0.Add(time.Hour))
+	got, _ = q.Expire(t0.Add(time.Hour))
 	want = Pair{CandidateLatency: 10 * time.Millisecond, ControlFailed: true, ControlMissing: true}
 	if len(got) != 1 || got[0] != want {
 		t.Fatalf("no control, primary silent: expired %+v, want [%+v]", got, want)
 	}
 	q.Expect("c", t0)
 	q.Answered("c", RolePrimary, t0.Add(10*time.Millisecond), ok1)
-	got = q.Expire(t0.Add(time.Hour))
+	got, _ = q.Expire(t0.Add(time.Hour))
 	want = Pair{ControlLatency: 10 * time.Millisecond, CandidateFailed: true, CandidateMissing: true, CandidateDisagrees: true}
 	if len(got) != 1 || got[0] != want {
 		t.Fatalf("no control, candidate silent: expired %+v, want [%+v]", got, want)
@@ -245,7 +250,7 @@ func TestPairerLateAnswersBounded(t *testing.T) {
 		id := fmt.Sprint(i)
 		p.Expect(id, t0)
 		p.Answered(id, RoleControl, t0, ok1)
-		if got := p.Expire(t0.Add(time.Hour)); len(got) != 1 {
+		if got, _ := p.Expire(t0.Add(time.Hour)); len(got) != 1 {
 			t.Fatalf("request %d: expired %d", i, len(got))
 		}
 	}

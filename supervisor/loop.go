@@ -85,7 +85,9 @@ func (s *Supervisor) loop(ctx context.Context) error {
 			s.checkHeartbeat()
 
 		case <-s.trialVerdict():
-			s.concludeTrial()
+			// A look of the owner's own decides: it first counts the
+			// answers missing by now, and those the candidate still owes.
+			s.checkTrial()
 
 		case <-s.trialTicks(trialTick.C):
 			s.checkTrial()

@@ -61,8 +61,13 @@ type trial struct {
 	cfg evolution.JudgeConfig
 	met *observe.Metrics
 	// verdict is signalled (never blocking) when a pair made the judge
-	// decide; the owner loop then concludes the trial.
+	// decide; the owner loop then looks (checkTrial), and concludes the
+	// trial if its look decides too.
 	verdict chan struct{}
+	// settled is the first decided verdict of an owner's look: the
+	// decision stands, and later looks (the conclusion's) return it, so
+	// that answers arriving in between cannot turn it back to "continue".
+	settled *evolution.Verdict
 
 	mu      sync.Mutex
 	judge   *evolution.Judge
@@ -155,7 +160,8 @@ func (t *trial) Send(id string, frame []byte) {
 
 // answered takes role's request_result for the pairing (any reader
 // goroutine). A completed pair goes to the judge; when the judge decides,
-// the owner loop is woken. err (evolution.ErrUnknownAnswer,
+// the owner loop is woken to look (with the answers the candidate owes
+// counted, which this judge's look has only as of the last one). err (evolution.ErrUnknownAnswer,
 // evolution.ErrDuplicateAnswer) is an answer the trial was not waiting for:
 // for a shadow's, an INVALID_MESSAGE; for the primary's (checked by the
 // request table), one to a request sent before mirroring began.
@@ -186,22 +192,26 @@ func (t *trial) answered(role evolution.Role, m *schema.RequestResult, at time.T
 // expire gives the judge the requests one shadow answered and the other
 // left unanswered past its deadline at now, as the silent side's failures
 // (evolution.Pairer.Expire).
+// The judge also learns how many answers the candidate still owes, so
+// that it does not promote before they can be judged missing.
 func (t *trial) expire(now time.Time) {
-	pairs := t.pairs.Expire(now)
-	if len(pairs) == 0 {
-		return
-	}
+	pairs, owes := t.pairs.Expire(now)
 	t.mu.Lock()
 	for _, p := range pairs {
 		t.judge.Add(p)
 	}
+	t.judge.SetCandidateOwes(owes)
 	t.mu.Unlock()
 }
 
 // verdictNow asks the judge (owner loop, on its tick and at the end), once
 // the answers missing by now are in, and publishes the evidence to the
-// gauges. A verdict to continue carries the evidence so far.
+// gauges. A verdict to continue carries the evidence so far; once a look
+// has decided, every later one returns that decision (settled).
 func (t *trial) verdictNow() evolution.Verdict {
+	if t.settled != nil {
+		return *t.settled
+	}
 	t.expire(time.Now())
 	t.mu.Lock()
 	v := t.judge.Verdict(time.Since(t.started))
@@ -209,6 +219,9 @@ func (t *trial) verdictNow() evolution.Verdict {
 		v.Evidence = t.judge.Evidence()
 	}
 	t.mu.Unlock()
+	if v.Decision != evolution.VerdictContinue {
+		t.settled = &v
+	}
 	t.publishEvidence(v.Evidence)
 	return v
 }

@@ -77,20 +77,24 @@ func TestTrialDetailsAreClipped(t *testing.T) {
 func TestTrialJudgesUnansweredRequests(t *testing.T) {
 	for _, tc := range []struct {
 		silent       evolution.Role
+		ago          time.Duration // the answers' age at the trial's look
 		wantDecision string
 	}{
-		{evolution.RoleCandidate, evolution.VerdictRejected},
-		{evolution.RoleControl, evolution.VerdictPromoted},
+		{evolution.RoleCandidate, time.Minute, evolution.VerdictRejected},
+		{evolution.RoleControl, time.Minute, evolution.VerdictPromoted},
+		// Within the deadlines: nothing is missing yet, but the candidate
+		// owes 120 answers the control gave, and is not promoted.
+		{evolution.RoleCandidate, 0, evolution.VerdictContinue},
 	} {
-		t.Run(tc.silent.String()+" silent", func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s silent, looked at %v later", tc.silent, tc.ago), func(t *testing.T) {
 			cfg := evolution.DefaultJudgeConfig()
 			cfg.MinDuration, cfg.MaxDuration = 0, time.Hour
 			tr := &trial{control: true, cfg: cfg, pairs: evolution.NewPairer(true, 0, 0), judge: evolution.NewJudge(cfg),
 				started: time.Now().Add(-time.Minute), verdict: make(chan struct{}, 1),
 				met: observe.NewMetrics(func() float64 { return 0 }, func() float64 { return 0 })}
 			data, _ := msgpack.Marshal(map[string]any{"answer": 42})
-			// A minute ago: every answer deadline has passed by the trial's look.
-			t0 := time.Now().Add(-time.Minute)
+			// A minute ago, every answer deadline has passed by the trial's look.
+			t0 := time.Now().Add(-tc.ago)
 			unanswered := 0
 			for i := range 400 {
 				id := fmt.Sprintf("req-%d", i)
@@ -112,6 +116,12 @@ func TestTrialJudgesUnansweredRequests(t *testing.T) {
 			if v.Decision != tc.wantDecision {
 				t.Fatalf("the %s never answered %d of 400 requests (the other shadow answered all): %s, want %s: %s",
 					tc.silent, unanswered, v.Decision, tc.wantDecision, v.Reason)
+			}
+			if tc.wantDecision == evolution.VerdictContinue {
+				if e := v.Evidence; e.CandidateMissing != 0 || e.Samples != 400-unanswered {
+					t.Fatalf("evidence %+v: want %d pairs and no answer missing yet", e, 400-unanswered)
+				}
+				return
 			}
 			missing := map[evolution.Role]int{evolution.RoleCandidate: v.Evidence.CandidateMissing, evolution.RoleControl: v.Evidence.ControlMissing}
 			st := tr.pairs.Stats()
