@@ -322,23 +322,9 @@ func TestStatusWhenTheStoreHangs(t *testing.T) {
 // with its writer's entries only.
 func TestCopiedDataDirectory(t *testing.T) {
 	_, c := setup(t, "agents/copy")
-	dir1 := filepath.Join(t.TempDir(), "one")
-	d1 := openDataDir(t, dir1)
-	d1.append(1, 30)
-	d1.checkpoint()
-	d1.append(31, 50)
 	opts := replica.Options{SyncInterval: 50 * time.Millisecond, OwnerCheckInterval: 100 * time.Millisecond}
-	r1 := replica.New(c, d1.local(), opts)
-	r1.Start()
+	d1, r1, gen, d2 := runAndCopy(t, c, opts)
 	defer r1.Close(time.Second)
-	waitUploaded(t, r1, 50)
-	gen := r1.Status().Generation
-
-	dir2 := filepath.Join(t.TempDir(), "two")
-	if out, err := exec.Command("cp", "-a", dir1, dir2).CombinedOutput(); err != nil {
-		t.Fatalf("copy: %v %s", err, out)
-	}
-	d2 := openDataDir(t, dir2)
 	r2 := replica.New(c, d2.local(), opts)
 	r2.Start()
 	defer r2.Close(time.Second)
@@ -396,22 +382,8 @@ func TestCopiedDataDirectory(t *testing.T) {
 // generation of its own, and a restore reaches all of its 120 entries.
 func TestForkAfterTheCopyYielded(t *testing.T) {
 	_, c := setup(t, "agents/fork")
-	dir1 := filepath.Join(t.TempDir(), "one")
-	d1 := openDataDir(t, dir1)
-	d1.append(1, 30)
-	d1.checkpoint()
-	d1.append(31, 50)
-	r1 := replica.New(c, d1.local(), replica.Options{SyncInterval: 50 * time.Millisecond}) // looks every 10 s
-	r1.Start()
+	d1, r1, gen, d2 := runAndCopy(t, c, replica.Options{SyncInterval: 50 * time.Millisecond}) // "one" looks every 10 s
 	defer r1.Close(time.Second)
-	waitUploaded(t, r1, 50)
-	gen := r1.Status().Generation
-
-	dir2 := filepath.Join(t.TempDir(), "two")
-	if out, err := exec.Command("cp", "-a", dir1, dir2).CombinedOutput(); err != nil {
-		t.Fatalf("copy: %v %s", err, out)
-	}
-	d2 := openDataDir(t, dir2)
 	var logs strings.Builder
 	r2 := replica.New(c, d2.local(), replica.Options{SyncInterval: 50 * time.Millisecond, OwnerCheckInterval: 200 * time.Millisecond, Logger: slogTo(&logs)})
 	r2.Start()
@@ -455,6 +427,27 @@ func TestForkAfterTheCopyYielded(t *testing.T) {
 			t.Fatalf("the restore holds entry %d %q of the copy that yielded", e.Sequence, e.Data)
 		}
 	}
+}
+
+// runAndCopy runs directory "one" (entries 1..50, a checkpoint at 30)
+// replicated with opts until all is uploaded, then copies it, as a volume
+// clone would, into directory "two" (opened, not replicating yet).
+func runAndCopy(t *testing.T, c *replica.Client, opts replica.Options) (d1 *dataDir, r1 *replica.Replicator, gen string, d2 *dataDir) {
+	t.Helper()
+	dir1 := filepath.Join(t.TempDir(), "one")
+	d1 = openDataDir(t, dir1)
+	d1.append(1, 30)
+	d1.checkpoint()
+	d1.append(31, 50)
+	r1 = replica.New(c, d1.local(), opts)
+	r1.Start()
+	waitUploaded(t, r1, 50)
+	gen = r1.Status().Generation
+	dir2 := filepath.Join(t.TempDir(), "two")
+	if out, err := exec.Command("cp", "-a", dir1, dir2).CombinedOutput(); err != nil {
+		t.Fatalf("copy: %v %s", err, out)
+	}
+	return d1, r1, gen, openDataDir(t, dir2)
 }
 
 func (d *dataDir) appendTagged(from, to uint64, tag string) {
