@@ -429,6 +429,38 @@ func TestForkAfterTheCopyYielded(t *testing.T) {
 	}
 }
 
+// A chunk the store kept while its answer was lost (the client saw 500 and
+// retries the same key) is this run's own: the owner check that runs
+// before the retry does not take it for another writer's and start a new
+// generation.
+func TestChunkStoredWithItsAnswerLostIsOurs(t *testing.T) {
+	srv, _ := setup(t, "agents/lost")
+	d := openDataDir(t, t.TempDir())
+	d.append(1, 30)
+	d.checkpoint()
+	d.append(31, 50)
+	proxy := miniotest.StartProxy(t, srv)
+	var once sync.Once
+	proxy.Set(func(r *http.Request) miniotest.Fault {
+		f := miniotest.Pass
+		if r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/wal/") {
+			once.Do(func() { f = miniotest.LoseAnswer })
+		}
+		return f
+	})
+	var logs strings.Builder
+	r := replica.New(clientAt(t, proxy.Endpoint(), "agents/lost"), d.local(),
+		replica.Options{SyncInterval: 50 * time.Millisecond, OwnerCheckInterval: time.Millisecond, Logger: slogTo(&logs)})
+	r.Start()
+	defer r.Close(time.Second)
+	waitFor(t, func() bool { return r.Status().Generation != "" })
+	gen := r.Status().Generation
+	waitUploaded(t, r, 50)
+	if g := r.Status().Generation; g != gen || strings.Contains(logs.String(), "another writer") {
+		t.Fatalf("a chunk stored with its answer lost was taken for another writer's: generation %s, then %s\n%s", gen, g, logs.String())
+	}
+}
+
 // runAndCopy runs directory "one" (entries 1..50, a checkpoint at 30)
 // replicated with opts until all is uploaded, then copies it, as a volume
 // clone would, into directory "two" (opened, not replicating yet).

@@ -732,11 +732,10 @@ func (r *Replicator) put(ctx context.Context, rel string, b []byte) (int64, erro
 	if err := r.checkOwner(ctx, false); err != nil {
 		return 0, err
 	}
-	n, err := r.putRaw(ctx, rel, b)
-	if err == nil {
-		r.mine[rel] = true
-	}
-	return n, err
+	// Ours from the attempt on: a PUT the client saw fail may still have
+	// been stored, and checkFork must not take it for another writer's.
+	r.mine[rel] = true
+	return r.putRaw(ctx, rel, b)
 }
 
 func (r *Replicator) putRaw(ctx context.Context, rel string, b []byte) (int64, error) {

@@ -20,6 +20,10 @@ const (
 	Full
 	// Hang never answers (until the client gives up or the proxy stops).
 	Hang
+	// LoseAnswer passes the request to the server, which carries it out,
+	// and answers the client 500 InternalError: an answer lost on the way
+	// back (the client retries what was in fact stored).
+	LoseAnswer
 )
 
 // Proxy is a fault-injecting HTTP proxy in front of a Server: point
@@ -61,6 +65,12 @@ func StartProxy(t testing.TB, s *Server) *Proxy {
 			case <-r.Context().Done():
 			case <-p.closing:
 			}
+		case LoseAnswer:
+			rp.ServeHTTP(httptest.NewRecorder(), r)
+			w.Header().Set("Content-Type", "application/xml")
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = w.Write([]byte(`<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code>` +
+				`<Message>We encountered an internal error, please try again.</Message></Error>`))
 		default:
 			rp.ServeHTTP(w, r)
 		}
