@@ -338,9 +338,8 @@ func logRatio(candidate, control time.Duration) (float64, bool) {
 	return math.Log(float64(candidate) / float64(control)), true
 }
 
-// SetCandidateOwes records how many requests the candidate still owes an
-// answer the other side already gave, within their answer deadline
-// ([Pairer.Expire]). A promotion waits while counting them all as missing
+// SetCandidateOwes records how many more answers the candidate still owes
+// than the other side, within their answer deadline ([Pairer.Expire]). A promotion waits while counting them all as missing
 // would make the test of errors or of answers reject: otherwise an agent
 // slow enough that the deadline outlasts the minimum trial time could be
 // promoted before its missing answers are judged. Only the promotion waits

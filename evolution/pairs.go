@@ -280,14 +280,22 @@ func (p *Pairer) answerWait(latency time.Duration) time.Duration {
 // ends, or shadows that both stall, say nothing of the candidate. An answer
 // read before Expire runs counts, even if read after its deadline.
 //
-// candidateOwes is how many requests the other side answered and the
-// candidate has not, still within their deadline: answers that may yet go
-// missing, for [Judge.SetCandidateOwes]. The trial calls Expire on every
-// look; it walks the pending requests (at most about 3 × maxPending ids).
+// candidateOwes is how many more answers the candidate owes than the other
+// side, still within their deadline (requests one side answered and the
+// other not yet): answers that may yet go missing, for
+// [Judge.SetCandidateOwes]. It is the excess over the other side's, not the
+// candidate's count: under steady traffic each side is often the second to
+// answer a request for a moment (an equal candidate owes as many answers as
+// the control at any look, some 20 at 200 requests a second of 1 s ± 20%),
+// and counting those alone held the promotion of an equal candidate for
+// good (a simulation: 0 of 200 promoted at 40 owed). The trial calls Expire
+// on every look; it walks the pending requests (at most about 3 ×
+// maxPending ids).
 func (p *Pairer) Expire(now time.Time) (pairs []Pair, candidateOwes int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []Pair
+	otherOwes := 0
 	for _, id := range p.order {
 		pp := p.pending[id]
 		if pp == nil || pp.deadline.IsZero() {
@@ -296,6 +304,8 @@ func (p *Pairer) Expire(now time.Time) (pairs []Pair, candidateOwes int) {
 		if now.Before(pp.deadline) {
 			if !pp.got[RoleCandidate] {
 				candidateOwes++
+			} else {
+				otherOwes++
 			}
 			continue
 		}
@@ -314,7 +324,7 @@ func (p *Pairer) Expire(now time.Time) (pairs []Pair, candidateOwes int) {
 			p.lateOrder = p.lateOrder[1:]
 		}
 	}
-	return out, candidateOwes
+	return out, max(candidateOwes-otherOwes, 0)
 }
 
 // missingPairOf builds the judge's pair for a request one side left

@@ -264,3 +264,28 @@ func TestPairerLateAnswersBounded(t *testing.T) {
 		t.Fatalf("oldest late answer, forgotten: %v", err)
 	}
 }
+
+// What the candidate owes is its excess over the other side's: under
+// steady traffic each side is the second to answer some requests for a
+// moment, and an equal candidate must not be held for owing those.
+func TestPairerOwesTheExcessOnly(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ok1 := AnswerOf(nil, false, "")
+	p := NewPairer(true, 0, 0)
+	for _, tc := range []struct {
+		id    string
+		first Role
+	}{{"a", RoleControl}, {"b", RoleCandidate}, {"c", RoleControl}} {
+		p.Expect(tc.id, t0)
+		p.Answered(tc.id, RolePrimary, t0.Add(5*time.Millisecond), ok1)
+		p.Answered(tc.id, tc.first, t0.Add(10*time.Millisecond), ok1)
+	}
+	// The candidate owes a and c, the control b: an excess of 1.
+	if got, owes := p.Expire(t0.Add(20 * time.Millisecond)); len(got) != 0 || owes != 1 {
+		t.Fatalf("judged %+v, owes %d; want none and 1 (2 owed by the candidate, 1 by the control)", got, owes)
+	}
+	p.Answered("b", RoleControl, t0.Add(30*time.Millisecond), ok1)
+	if _, owes := p.Expire(t0.Add(40 * time.Millisecond)); owes != 2 {
+		t.Fatalf("owes %d once the control answered b, want 2", owes)
+	}
+}
