@@ -503,6 +503,12 @@ export class Agent extends EventEmitter {
     }
     req.signal.throwIfAborted();
     const result = await fn(req.signal);
+    if (req.signal.aborted) {
+      // Cancelled while fn ran: the request is over and never delivered
+      // again, so the result is not logged (its steps are gone).
+      this._dropSteps(rid);
+      req.signal.throwIfAborted();
+    }
     if (this.closed) throw new NotDurable(`connection ended before step ${index} (${name}) was logged: ${this.closeReason?.message}`);
     const seq = this._seq + 1;
     const msg = this._stamp({
@@ -562,6 +568,13 @@ export class Agent extends EventEmitter {
       this.logNoAck("request_done", { request_id: req.requestId });
     }
     await written;
+  }
+
+  /** Forget a finished request's steps: request_done (without ack) when it had any. */
+  _dropSteps(rid) {
+    if (!this._steps.has(rid)) return;
+    this._steps.delete(rid);
+    if (!this.closed) this.logNoAck("request_done", { request_id: rid });
   }
 
   // ---------- receiving ----------
@@ -666,6 +679,10 @@ export class Agent extends EventEmitter {
         const rid = String(m.request_id ?? "");
         const req = this._inflight.get(rid);
         if (req !== undefined) req._controller.abort();
+        // Cancelled is final (never delivered again): its steps, restored or
+        // logged, are forgotten (request_done), as the Python clients do, or
+        // they would stay in every checkpoint's step table for good.
+        this._dropSteps(rid);
         this._emit("cancel_request", m);
         return;
       }

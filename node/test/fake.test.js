@@ -310,3 +310,27 @@ test("an entry over walEntryLimit rejects at once, unsent; the entry in flight b
   assert.equal(await roomy.log("memory_add", { blob: "x".repeat(10 * 1024) }), 1);
   roomy.close();
 });
+
+test("a cancelled request's steps are forgotten (request_done): restored ones not in flight, and logged ones in flight", async () => {
+  const fake = new Fake({ restore: { wal_entries: [stepEntry(1, "old", 0, "llm", "x")], last_sequence: 1 } });
+  const agent = await fake.agent();
+  assert.deepEqual(Object.keys(agent.stepTable()), ["old"]);
+  fake.send({ type: "cancel_request", request_id: "old" }); // restored, never redelivered: cancelled for good
+  await fake.until((ms) => ms.some((m) => m.type === "wal_entry" && m.data.operation === "request_done"));
+  assert.deepEqual(fake.received.at(-1).data.params, { request_id: "old" });
+  assert.deepEqual(agent.stepTable(), {});
+
+  fake.send({ type: "process_request", request_id: "live", data: { message: "m" } });
+  const req = (await agent.requests()[Symbol.asyncIterator]().next()).value;
+  assert.equal(await req.step("first", () => 1), 1);
+  let release;
+  const running = req.step("second", () => new Promise((r) => (release = r)));
+  await new Promise((r) => setImmediate(r));
+  fake.send({ type: "cancel_request", request_id: "live" }); // cancelled while "second" runs
+  await fake.until((ms) => ms.filter((m) => m.type === "wal_entry" && m.data.operation === "request_done").length === 2);
+  release(2);
+  await assert.rejects(running, { name: "AbortError" });
+  assert.equal(fake.received.some((m) => m.type === "wal_entry" && m.data.params?.name === "second"), false, "a step cancelled while it ran is not logged");
+  assert.deepEqual(agent.stepTable(), {});
+  agent.close();
+});
