@@ -310,7 +310,9 @@ func TestLoopRestartsHungAgentAfterBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := testConfig(t)
 		h := startLoop(t, cfg, func(a *fakeAgent) {
-			a.ignoreTerm = true
+			a.mu.Lock()
+			a.ignoreTerm = true // SignalGroup reads it under mu (a spawn discarded at stop)
+			a.mu.Unlock()
 			a.send(t, &schema.Heartbeat{})
 			for a.recv(t) != nil { // reads its input, never heartbeats again
 			}
@@ -349,7 +351,9 @@ func TestHungAgentDoesNotResetBackoff(t *testing.T) {
 		cfg.BackoffMax = 30 * time.Second
 		cfg.MaxRestarts = 0
 		h := startLoop(t, cfg, func(a *fakeAgent) {
-			a.ignoreTerm = true
+			a.mu.Lock()
+			a.ignoreTerm = true // SignalGroup reads it under mu (a spawn discarded at stop)
+			a.mu.Unlock()
 			a.send(t, &schema.Heartbeat{})
 			for a.recv(t) != nil {
 			}
@@ -502,7 +506,9 @@ func TestLoopShutdownKillsAfterTimeout(t *testing.T) {
 		var shutdownAt time.Time
 		got := make(chan time.Time, 1)
 		h := startLoop(t, cfg, func(a *fakeAgent) {
-			a.ignoreTerm = true
+			a.mu.Lock()
+			a.ignoreTerm = true // SignalGroup reads it under mu (a spawn discarded at stop)
+			a.mu.Unlock()
 			a.send(t, &schema.Heartbeat{})
 			tick := time.NewTicker(time.Second)
 			defer tick.Stop()
