@@ -50,10 +50,12 @@
 // one. A running replicator that finds a newer claim on its generation
 // (looked for every OwnerCheckInterval, and before every delete) removes
 // what it wrote there after the other's start and begins its own; one that
-// finds another writer's chunk past its own uploads (a copy that yielded
-// after one more upload) begins its own too. A restore takes one generation whole: the most recently written
-// that offers a restore ([Inventory.Default]; newer ones holding nothing
-// restorable are passed over and reported) unless [Target] names another.
+// finds another writer's chunk past its own uploads still there ForkGrace
+// after its claim (a copy that yielded after one more upload and was killed
+// before it removed it) begins its own too. A restore takes one generation
+// whole: the most recently written that offers a restore
+// ([Inventory.Default]; newer ones holding nothing restorable are passed
+// over and reported) unless [Target] names another.
 //
 // The request journal alone does not make a generation restorable, except
 // when no generation of the replica holds a checkpoint or a WAL chunk (an

@@ -372,6 +372,64 @@ func TestCopiedDataDirectory(t *testing.T) {
 	}
 }
 
+// TestOriginalUploadsOnceMoreAfterTheCopyClaims: a copy ("two") of a
+// running directory claims its generation; the original ("one"), whose
+// last look at the claims came before that (every 10 s by default), uploads
+// one more chunk into it while the copy uploads its own: for a moment the
+// generation is forked. The original removes its chunk at its next look and
+// starts a generation of its own; the copy keeps the generation. Before,
+// the copy took the original's chunk for a fork at once and left too (both
+// in new generations, the one they shared abandoned).
+func TestOriginalUploadsOnceMoreAfterTheCopyClaims(t *testing.T) {
+	_, c := setup(t, "agents/once-more")
+	var logs1, logs2 strings.Builder
+	d1, r1, gen, d2 := runAndCopy(t, c, replica.Options{SyncInterval: 50 * time.Millisecond, Logger: slogTo(&logs1)}) // looks every 10 s
+	defer r1.Close(time.Second)
+	r2 := replica.New(c, d2.local(), replica.Options{SyncInterval: 50 * time.Millisecond, OwnerCheckInterval: 100 * time.Millisecond, Logger: slogTo(&logs2)})
+	r2.Start()
+	defer r2.Close(time.Second)
+	waitFor(t, func() bool { return r2.Status().State == "ok" })
+	if g := r2.Status().Generation; g != gen {
+		t.Fatalf("the copy started %s, want it to continue %s", g, gen)
+	}
+	d1.appendTagged(51, 60, "one")
+	waitUploaded(t, r1, 60)
+	if g := r1.Status().Generation; g != gen {
+		t.Skipf("the original looked at the claims before its upload (generation %s): no fork to test this time", g)
+	}
+	d2.appendTagged(51, 80, "two")
+	waitUploaded(t, r2, 80)
+	for deadline := time.Now().Add(40 * time.Second); r1.Status().Generation == gen; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("40 s on, the original still writes the generation the copy claimed")
+		}
+	}
+	d2.appendTagged(81, 120, "two")
+	waitUploaded(t, r2, 120)
+	if st := r2.Status(); st.Generation != gen {
+		t.Fatalf("the copy left the generation (now %s) while the original was still to remove its chunk:\n%s", st.Generation, logs2.String())
+	}
+	if !strings.Contains(logs1.String(), "own_objects_removed=1") {
+		t.Fatalf("the original did not remove the chunk it uploaded after the copy's claim:\n%s", logs1.String())
+	}
+	r1.Close(5 * time.Second)
+	r2.Close(5 * time.Second)
+	out := filepath.Join(t.TempDir(), "restored")
+	res, err := c.Restore(context.Background(), out, replica.Target{Generation: gen}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.LastSequence != 120 {
+		t.Fatalf("restore of %s: %+v; want the copy's entries through 120", gen, res)
+	}
+	_, entries, _ := readBack(t, out)
+	for _, e := range entries {
+		if e.Sequence > 50 && !strings.HasSuffix(string(e.Data), "-two") {
+			t.Fatalf("the generation holds entry %d %q of the original", e.Sequence, e.Data)
+		}
+	}
+}
+
 // TestForkAfterTheCopyYielded: a copy ("two") of a running directory
 // continues its generation and claims it; the original ("one"), whose last
 // look at the claims is recent (the default 10 s interval), uploads one
@@ -385,7 +443,8 @@ func TestForkAfterTheCopyYielded(t *testing.T) {
 	d1, r1, gen, d2 := runAndCopy(t, c, replica.Options{SyncInterval: 50 * time.Millisecond}) // "one" looks every 10 s
 	defer r1.Close(time.Second)
 	var logs strings.Builder
-	r2 := replica.New(c, d2.local(), replica.Options{SyncInterval: 50 * time.Millisecond, OwnerCheckInterval: 200 * time.Millisecond, Logger: slogTo(&logs)})
+	r2 := replica.New(c, d2.local(), replica.Options{SyncInterval: 50 * time.Millisecond, OwnerCheckInterval: 200 * time.Millisecond,
+		ForkGrace: time.Second, Logger: slogTo(&logs)})
 	r2.Start()
 	defer r2.Close(time.Second)
 	waitFor(t, func() bool { return r2.Status().State == "ok" })

@@ -70,6 +70,15 @@ type Options struct {
 	// listed again when the last look is older than this (before a delete,
 	// always), so that a second writer is found. Default 10s.
 	OwnerCheckInterval time.Duration
+	// ForkGrace: for this long after this run claimed its generation, a
+	// chunk another writer uploaded into it is taken for one that has not
+	// yet looked at the claims — a running original whose last look came
+	// just before the claim removes what it uploaded after the claim at its
+	// next look, within its OwnerCheckInterval — and not yet for a fork.
+	// Past it, such a chunk is a fork (its writer was killed or cannot
+	// delete), and this run starts a generation of its own. Default 30s
+	// (three default owner check intervals).
+	ForkGrace time.Duration
 }
 
 // stateFile, in the data directory, names the generation this directory
@@ -153,6 +162,7 @@ type Replicator struct {
 	claim    string          // its key
 	mine     map[string]bool // keys this run uploaded into gen
 	checked  time.Time       // the last look at gen's claims
+	claimed  time.Time       // when this run claimed gen (see ForkGrace)
 
 	rewound atomic.Bool // a rollback: start a new generation
 	started atomic.Bool
@@ -189,6 +199,9 @@ func New(c *Client, local Local, opts Options) *Replicator {
 	}
 	if opts.OwnerCheckInterval <= 0 {
 		opts.OwnerCheckInterval = 10 * time.Second
+	}
+	if opts.ForkGrace <= 0 {
+		opts.ForkGrace = 30 * time.Second
 	}
 	log := opts.Logger
 	if log == nil {
@@ -538,7 +551,7 @@ func (r *Replicator) claimGen(ctx context.Context, head uint64) error {
 	if err := atomicfile.WriteFile(r.local.DataDir, stateFile, sb); err != nil {
 		return fmt.Errorf("replica: record the generation in %s: %w", stateFile, err)
 	}
-	r.session, r.claim, r.checked = session, key, time.Now()
+	r.session, r.claim, r.checked, r.claimed = session, key, time.Now(), time.Now()
 	return nil
 }
 
@@ -613,10 +626,12 @@ func (r *Replicator) checkOwner(ctx context.Context, force bool) error {
 // writer uploaded into the generation after this run claimed it — a copy
 // of this data directory that yielded to this run only after one more
 // upload (its last pass within its owner check interval of this run's
-// claim, or killed during it). A restore trusts a forked generation only up
-// to the fork, so everything this run would upload above it is lost to a
-// restore while its status says ok: errLost instead, and the caller starts
-// a generation of its own from everything this directory holds.
+// claim, or killed during it). A running writer removes those chunks at its
+// next look at the claims, so within ForkGrace of the claim they are left
+// to it. Past that, a restore trusts the forked generation only up to the
+// fork, so everything this run would upload above it is lost to a restore
+// while its status says ok: errLost instead, and the caller starts a
+// generation of its own from everything this directory holds.
 func (r *Replicator) checkFork(ctx context.Context) error {
 	gens, _, err := r.c.listUnder(ctx, genDir(r.gen)+"wal/")
 	if err != nil {
@@ -636,6 +651,11 @@ func (r *Replicator) checkFork(ctx context.Context) error {
 		}
 	}
 	if g.ForkAt == nil && theirs == "" {
+		return nil
+	}
+	if time.Since(r.claimed) < r.opts.ForkGrace {
+		// A running original removes its chunks at its next look at the
+		// claims: both writers leaving would strand the generation.
 		return nil
 	}
 	r.log.Error("replica: another writer uploaded into this generation after this supervisor claimed it (a copy of this data directory that stopped only after one more upload); "+
