@@ -243,11 +243,32 @@ func readEvents(path string) []ev {
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	for sc.Scan() {
 		var e ev
-		if json.Unmarshal(sc.Bytes(), &e) == nil {
+		if decodeEventLine(sc.Bytes(), &e) {
 			out = append(out, e)
 		}
 	}
 	return out
+}
+
+// decodeEventLine decodes one line of an events file that agents append
+// to, one write(2) per event. A SIGKILL can cut such a write short at a
+// page boundary (the kernel checks for a fatal signal between the pages it
+// copies), and the next agent's first event is then appended to the torn
+// one: the line is recovered from the first '{' from which the rest of it
+// decodes. Before, that event was lost; a test that read the newest
+// agent's pid from its "start" event killed a dead one.
+func decodeEventLine(line []byte, v any) bool {
+	for off := 0; off < len(line); {
+		if json.Unmarshal(line[off:], v) == nil {
+			return true
+		}
+		i := bytes.IndexByte(line[off+1:], '{')
+		if i < 0 {
+			return false
+		}
+		off += 1 + i
+	}
+	return false
 }
 
 func (s *sup) allEvents() []ev { return readEvents(s.events) }
@@ -436,4 +457,22 @@ func auditRecords(t testing.TB, dataDir string) []map[string]any {
 		}
 	}
 	return out
+}
+
+// TestReadEventsAfterATornWrite: an agent killed while it appended an
+// event leaves the line cut short (seen here: 2 of 60 kill -9s of a writer
+// appending 330-byte lines cut one at a page boundary); the next agent's
+// "start" follows it on the same line and must still be read.
+func TestReadEventsAfterATornWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "events")
+	whole := `{"event":"applied","pid":7,"seq":41,"params":{"a":1}}` + "\n"
+	torn := `{"event":"applied","pid":7,"seq":42,"par`
+	next := `{"chain":"c","event":"start","pid":8,"params":{"b":{"c":2}}}` + "\n"
+	if err := os.WriteFile(path, []byte(whole+torn+next), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	evs := readEvents(path)
+	if len(evs) != 2 || evs[1].str("event") != "start" || evs[1].int("pid") != 8 {
+		t.Fatalf("events %v; want the applied of pid 7 and the start of pid 8", evs)
+	}
 }

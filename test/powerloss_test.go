@@ -567,7 +567,7 @@ func (pl *plRun) events() []plEvent {
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	for sc.Scan() {
 		var e plEvent
-		if json.Unmarshal(sc.Bytes(), &e) == nil {
+		if decodeEventLine(sc.Bytes(), &e) {
 			out = append(out, e)
 		}
 	}

@@ -2,7 +2,6 @@ package test
 
 import (
 	"bufio"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -140,7 +139,7 @@ func plRecords(t *testing.T, path, e string) []plEvent {
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	for sc.Scan() {
 		var ev plEvent
-		if json.Unmarshal(sc.Bytes(), &ev) == nil && ev.E == e {
+		if decodeEventLine(sc.Bytes(), &ev) && ev.E == e {
 			out = append(out, ev)
 		}
 	}
