@@ -213,6 +213,9 @@ func (c *Config) Validate() error {
 	if c.CheckpointRetain < 1 {
 		return bad("--checkpoint-retain must be at least 1, got %d", c.CheckpointRetain)
 	}
+	if c.CheckpointLevel < 0 || c.CheckpointLevel > 4 {
+		return bad("--checkpoint-level must be 1 (fastest) to 4 (best compression), or 0 for the default, got %d", c.CheckpointLevel)
+	}
 	if c.MaxFrameSize < 1024 {
 		return bad("--max-frame-size must be at least 1024 bytes, got %d", c.MaxFrameSize)
 	}

@@ -444,6 +444,10 @@ func (st *Stores) loadInfo() {
 	st.version.Store(info.ProtocolVersion)
 }
 
+// zstdLevel is --checkpoint-level n: klauspost's encoder levels, 1
+// SpeedFastest … 4 SpeedBestCompression (not zstd's numeric levels, which
+// EncoderLevelFromZstd maps 1 and 2 to SpeedFastest and 3 and 4 to
+// SpeedDefault).
 func zstdLevel(n int) zstd.EncoderLevel {
-	return zstd.EncoderLevelFromZstd(n)
+	return zstd.EncoderLevel(n)
 }
