@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -553,10 +554,27 @@ func jsonSafe(v any) any {
 	case []byte:
 		return fmt.Sprintf("%x", t)
 	case float32:
-		return float64(t)
+		return jsonFloat(float64(t))
+	case float64:
+		return jsonFloat(t)
 	default:
 		return t
 	}
+}
+
+// jsonFloat is f, or "NaN", "+Inf" or "-Inf", which JSON has no number for
+// (encoding/json refuses them, which stopped `wal dump` as if the WAL were
+// corrupt).
+func jsonFloat(f float64) any {
+	switch {
+	case math.IsNaN(f):
+		return "NaN"
+	case math.IsInf(f, 1):
+		return "+Inf"
+	case math.IsInf(f, -1):
+		return "-Inf"
+	}
+	return f
 }
 
 // evolutionsCmd is `supervisor evolutions list|show`.
