@@ -148,6 +148,9 @@ func (c *requestsCmd) cancel(args []string) error {
 	if len(pos) != 1 {
 		return usageErr("requests cancel", "give one request ID (see `supervisor requests list`)")
 	}
+	if err := statDataDir(*dataDir); err != nil {
+		return failed("requests cancel", err)
+	}
 	resp, err := supervisor.Call(*dataDir, supervisor.ControlRequest{Op: supervisor.OpCancelRequest, RequestID: pos[0]}, controlTimeout)
 	if err != nil {
 		if errors.Is(err, supervisor.ErrNotRunning) {
