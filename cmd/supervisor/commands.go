@@ -436,6 +436,9 @@ func (c *auditCmd) Run(_ context.Context, args []string) error {
 	if err := f.parseFlagsOnly(args); err != nil {
 		return err
 	}
+	if since < 0 {
+		return usageErr("audit", "--since %s is negative: give how far back to read, e.g. 1h", since)
+	}
 	if err := statDataDir(*dataDir); err != nil {
 		return failed("audit", err)
 	}
