@@ -261,6 +261,9 @@ func (b *Book) apply(rec *Record) {
 			r.Suspect = r.Status == StatusPending
 		}
 	case KindAnswered:
+		// An answer was delivered first: the first delivery is journaled
+		// only by the accepted record, so replay would say 0 attempts.
+		r.Attempts = max(r.Attempts, 1)
 		b.answerLocked(r, rec.Data, rec.Error, at)
 	case KindDropped:
 		if r.Status == StatusAnswered && r.Data != nil {
