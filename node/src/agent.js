@@ -27,6 +27,10 @@ export const DEFAULT_WAL_ENTRY_LIMIT = 10 * 1024;
 const RESULT_LIMIT = 1024 * 1024;
 const COMPRESS_OVER = 1024 * 1024;
 const MAX_DECOMPRESSED = 100 * 1024 * 1024;
+// The largest frame the supervisor reads from an agent: a checkpoint, 100 MiB of data plus a 16 KiB
+// envelope (SPEC §2; no flag changes it). A bigger frame is skipped unread and answered INVALID_MESSAGE
+// without a type: no reply the client could tie to its checkpoint, so the next ack would be taken for it.
+const CHECKPOINT_FRAME_LIMIT = 100 * 1024 * 1024 + 16 * 1024;
 const STEP_OPS = new Set(["request_step", "request_done"]);
 
 const isMap = (v) => v !== null && typeof v === "object" && !Array.isArray(v) && !(v instanceof Uint8Array);
@@ -460,8 +464,19 @@ export class Agent extends EventEmitter {
     } else {
       msg.data = data;
     }
+    const frame = encodeFrameOnce(this._stamp(msg));
+    if (frame.length - 4 > CHECKPOINT_FRAME_LIMIT) {
+      const size = frame.length - 4;
+      return Promise.reject(
+        new InvalidMessage(
+          `INVALID_MESSAGE: checkpoint of ${size} bytes${body !== null ? " (compressed)" : ""} is over the supervisor's largest frame of ${CHECKPOINT_FRAME_LIMIT} bytes (100 MiB of data): nothing was sent`,
+          { type: "checkpoint", field: "data", rule: "too_large", size, limit: CHECKPOINT_FRAME_LIMIT },
+          "INVALID_MESSAGE",
+        ),
+      );
+    }
     const p = new Promise((resolve, reject) => this._cpWaiters.push({ resolve, reject }));
-    this._writeFrame(encodeFrameOnce(this._stamp(msg))).catch(() => {});
+    this._writeFrame(frame).catch(() => {});
     return p;
   }
 

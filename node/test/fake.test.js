@@ -7,6 +7,9 @@ import { test } from "node:test";
 
 import { Agent, FrameReader, InvalidMessage, STEPS_KEY, StepMismatch, WalFull, decodePayload, encodeFrame } from "../src/index.js";
 
+// The largest frame the supervisor reads from an agent: a checkpoint of 100 MiB plus a 16 KiB envelope.
+const MAX_FROM_AGENT = 100 * 1024 * 1024 + 16 * 1024;
+
 class Fake {
   constructor({ restore, failNext = null } = {}) {
     this.toAgent = new PassThrough();
@@ -16,7 +19,15 @@ class Fake {
     this.waiters = [];
     const r = new FrameReader();
     this.fromAgent.on("data", (c) => {
-      for (const p of r.push(c)) this.onMessage(decodePayload(p));
+      for (const p of r.push(c)) {
+        if (p.length > MAX_FROM_AGENT) {
+          // as the supervisor does: skipped unread, answered without a type or a sequence
+          this.received.push({ type: null, skipped: p.length });
+          this.send({ type: "error", error: { code: "INVALID_MESSAGE", message: `invalid message: payload of ${p.length} bytes is above the largest accepted frame (${MAX_FROM_AGENT} bytes) (too_large)`, details: { rule: "too_large" } } });
+          continue;
+        }
+        this.onMessage(decodePayload(p));
+      }
     });
     if (restore) this.send({ type: "restore", checkpoint_id: "", snapshot: {}, wal_entries: [], last_sequence: 0, ...restore });
   }
@@ -332,5 +343,23 @@ test("a cancelled request's steps are forgotten (request_done): restored ones no
   await assert.rejects(running, { name: "AbortError" });
   assert.equal(fake.received.some((m) => m.type === "wal_entry" && m.data.params?.name === "second"), false, "a step cancelled while it ran is not logged");
   assert.deepEqual(agent.stepTable(), {});
+  agent.close();
+});
+
+test("an oversized checkpoint, refused without a type, never takes the next checkpoint's ack", async () => {
+  const fake = new Fake({ restore: {} });
+  const agent = await fake.agent();
+  // Node 20 cannot compress: a state over 100 MiB goes out plain, over the supervisor's largest frame
+  let bigOutcome = null;
+  agent.checkpoint({ blob: Buffer.alloc(MAX_FROM_AGENT + 32 * 1024, 120) }).then(
+    (id) => (bigOutcome = { id }),
+    (err) => (bigOutcome = { err }),
+  );
+  const small = await Promise.race([
+    agent.checkpoint({ small: 1 }),
+    new Promise((resolve) => setTimeout(() => resolve("no answer within 5 s"), 5000)),
+  ]);
+  assert.ok(typeof small === "string" && small.startsWith("cp-"), `the small checkpoint is stored and acknowledged, got ${small}`);
+  assert.ok(bigOutcome !== null && bigOutcome.err instanceof InvalidMessage, `the big one failed, got ${JSON.stringify(bigOutcome && bigOutcome.id)}`);
   agent.close();
 });

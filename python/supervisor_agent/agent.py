@@ -12,6 +12,7 @@ import msgpack
 
 from .errors import (
     Disconnected,
+    InvalidMessage,
     NotDurable,
     NotUnderSupervisor,
     SupervisorError,
@@ -37,6 +38,20 @@ ACCEPTS = ["cancel_request"]  # sent in every heartbeat: this client turns cance
 
 COMPRESS_OVER = 1 << 20
 MAX_DECOMPRESSED = 100 << 20
+# The largest frame the supervisor reads from an agent: a checkpoint, 100 MiB of
+# data plus a 16 KiB envelope (SPEC §2; no flag changes it). A bigger frame is
+# skipped unread and answered INVALID_MESSAGE without a type: no reply a client
+# could tie to its checkpoint, so the next checkpoint_ack would be taken for it.
+CHECKPOINT_FRAME_LIMIT = (100 << 20) + (16 << 10)
+
+
+def checkpoint_too_large(size: int, compressed: bool) -> InvalidMessage:
+    return InvalidMessage(
+        f"INVALID_MESSAGE: checkpoint of {size} bytes{' (compressed)' if compressed else ''} is over the "
+        f"supervisor's largest frame of {CHECKPOINT_FRAME_LIMIT} bytes (100 MiB of data): nothing was sent"
+        + ("" if compressed else "; install zstandard to send it compressed (v2)") + ".",
+        {"type": "checkpoint", "field": "data", "rule": "too_large", "size": size, "limit": CHECKPOINT_FRAME_LIMIT},
+    )
 
 try:  # optional: v2 compression
     import zstandard as _zstd
@@ -418,10 +433,13 @@ class Agent:
                                data=_zstd.ZstdCompressor(level=3, write_content_size=True).compress(body))
                 else:
                     msg["data"] = data
+                frame = self._encode(msg)
+                if len(frame) - 4 > CHECKPOINT_FRAME_LIMIT:
+                    raise checkpoint_too_large(len(frame) - 4, bool(msg.get("compressed")))
                 with self._cond:
                     self._cp_waiters.append(w)
                 try:
-                    self._send(msg)
+                    self._write(frame)
                 except BaseException:
                     with self._cond:
                         self._cp_waiters.remove(w)

@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, List, O
 
 import msgpack
 
-from .agent import COMPRESS_OVER, Restore, _decompress, _int, _zstd
+from .agent import CHECKPOINT_FRAME_LIMIT, COMPRESS_OVER, Restore, _decompress, _int, _zstd, checkpoint_too_large
 from .errors import (
     Disconnected,
     NotDurable,
@@ -654,8 +654,11 @@ class Agent:
                        data=_zstd.ZstdCompressor(level=3, write_content_size=True).compress(body))
         else:
             msg["data"] = data
+        frame = self._encode(msg)
+        if len(frame) - 4 > CHECKPOINT_FRAME_LIMIT:
+            raise checkpoint_too_large(len(frame) - 4, bool(msg.get("compressed")))
         fut: "asyncio.Future[str]" = self._loop.create_future()
-        self._write(self._encode(msg))
+        self._write(frame)
         self._cp_waiters.append(fut)
         await self._drain()
         if timeout is None:

@@ -20,7 +20,13 @@ import uuid
 from typing import Any, Dict, List, Optional
 
 from .agent import Agent
+from .errors import ProtocolError
 from .framing import encode_frame, read_frame
+
+# The largest frame the supervisor reads from an agent (a checkpoint: 100 MiB of
+# data plus a 16 KiB envelope). A bigger one (up to --max-frame-size) is skipped
+# unread and answered INVALID_MESSAGE naming neither its type nor a sequence.
+MAX_FROM_AGENT = (100 << 20) + (16 << 10)
 
 
 class FakeSupervisor:
@@ -130,10 +136,37 @@ class FakeSupervisor:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def _read(self) -> Optional[Dict[str, Any]]:
+        """The next frame the agent sent; one over MAX_FROM_AGENT is skipped and
+        answered as the supervisor answers it (rule too_large, no type)."""
+        import struct
+        while True:
+            h = self._r.read(4)
+            if not h:
+                return None
+            if len(h) < 4:
+                raise ProtocolError("truncated frame")
+            (n,) = struct.unpack(">I", h)
+            if n <= MAX_FROM_AGENT:
+                import io
+                return read_frame(io.BytesIO(h + self._r.read(n)))
+            left = n
+            while left:
+                c = self._r.read(min(left, 1 << 20))
+                if not c:
+                    return None
+                left -= len(c)
+            with self._cv:
+                self.received.append({"type": None, "skipped": n})
+            self.send({"type": "error", "error": {
+                "code": "INVALID_MESSAGE", "details": {"rule": "too_large"},
+                "message": f"invalid message: payload of {n} bytes is above the largest accepted frame "
+                           f"({MAX_FROM_AGENT} bytes) (too_large)"}})
+
     def _loop(self) -> None:
         while True:
             try:
-                m = read_frame(self._r)
+                m = self._read()
             except Exception:
                 return
             if m is None:
