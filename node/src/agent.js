@@ -392,9 +392,25 @@ export class Agent extends EventEmitter {
     if (this.closed) return Promise.reject(new NotDurable(`connection ended: ${this.closeReason?.message}`));
     const first = this._seq + 1;
     const data = entries.map(([operation, params], i) => ({ operation, params: params ?? {}, sequence: first + i }));
+    const frame = encodeFrame(this._stamp({ type: "wal_batch", ack: true, data }));
+    if (frame.length - 4 > this.walEntryLimit) {
+      // The supervisor checks every entry of a batch against the wal_entry limit, and its refusal names no
+      // sequence: sent, an oversized entry would fail every entry in flight beside the batch, as in log().
+      for (const e of data) {
+        const size = encodeValue(e).length;
+        if (size > this.walEntryLimit) {
+          return Promise.reject(
+            new InvalidMessage(
+              `INVALID_MESSAGE: wal_batch entry (${JSON.stringify(e.operation)}) of ${size} bytes is over the supervisor's wal_entry limit of ${this.walEntryLimit} bytes (10 KiB by default): nothing was sent. Log a key to data stored elsewhere.`,
+              { type: "wal_batch", field: "", rule: "too_large", size, limit: this.walEntryLimit },
+              "INVALID_MESSAGE",
+            ),
+          );
+        }
+      }
+    }
     this._seq = first + entries.length - 1;
-    const msg = this._stamp({ type: "wal_batch", ack: true, data });
-    return this._sendEntry(encodeFrame(msg), first, this._seq);
+    return this._sendEntry(frame, first, this._seq);
   }
 
   /** Send an entry without ack: true (the supervisor still logs it; nothing to wait for). Returns its sequence. */

@@ -5,6 +5,8 @@ import assert from "node:assert/strict";
 import { PassThrough } from "node:stream";
 import { test } from "node:test";
 
+import { Encoder } from "@msgpack/msgpack";
+
 import { Agent, FrameReader, InvalidMessage, STEPS_KEY, StepMismatch, WalFull, decodePayload, encodeFrame } from "../src/index.js";
 
 // The largest frame the supervisor reads from an agent: a checkpoint of 100 MiB plus a 16 KiB envelope.
@@ -40,7 +42,13 @@ class Fake {
     this.received.push(m);
     if ((m.type === "wal_entry" || m.type === "wal_batch") && m.ack) {
       const seqs = m.type === "wal_entry" ? [m.data.sequence] : m.data.map((e) => e.sequence);
-      if (this.failNext) {
+      const tooBig = m.type === "wal_batch" ? m.data.findIndex((e) => new Encoder().encode(e).length > 10 * 1024) : -1;
+      if (tooBig >= 0) {
+        // as the supervisor refuses it: at once, naming the entry's index but no sequence
+        this.send({ type: "error", error: { code: "INVALID_MESSAGE", message: `invalid message: wal_batch.data[${tooBig}]: entry over the 10240-byte wal_entry limit (too_large)`, details: { type: "wal_batch", field: `data[${tooBig}]`, rule: "too_large" } } });
+      } else if (this.holdAcks) {
+        this.held = seqs.at(-1);
+      } else if (this.failNext) {
         this.send({ type: "error", error: { code: this.failNext, message: "disk full", details: { first_sequence: seqs[0], last_sequence: seqs.at(-1) } } });
         this.failNext = null;
       } else {
@@ -361,5 +369,18 @@ test("an oversized checkpoint, refused without a type, never takes the next chec
   ]);
   assert.ok(typeof small === "string" && small.startsWith("cp-"), `the small checkpoint is stored and acknowledged, got ${small}`);
   assert.ok(bigOutcome !== null && bigOutcome.err instanceof InvalidMessage, `the big one failed, got ${JSON.stringify(bigOutcome && bigOutcome.id)}`);
+  agent.close();
+});
+
+test("a batch holding an entry over walEntryLimit never fails the entry in flight beside it", async () => {
+  const fake = new Fake({ restore: {} });
+  const agent = await fake.agent();
+  fake.holdAcks = true; // entry 1 waits for its fsync while the batch is refused at once
+  const small = agent.log("memory_add", { n: 1 });
+  const smallOutcome = small.then((seq) => ({ seq }), (err) => ({ err: err.message }));
+  await assert.rejects(agent.logBatch([["memory_add", { blob: "x".repeat(20000) }]]), InvalidMessage);
+  fake.holdAcks = false;
+  fake.send({ type: "wal_ack", sequence: fake.held ?? 1 });
+  assert.deepEqual(await smallOutcome, { seq: 1 }, "entry 1 is durable: the batch's refusal is not its error");
   agent.close();
 });

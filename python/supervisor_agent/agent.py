@@ -25,6 +25,7 @@ from .steps import (
     OP_STEP,
     RequestCancelled,
     StepTable,
+    batch_too_large,
     check_result_encodable,
     entry_too_large,
     mismatch,
@@ -341,8 +342,12 @@ class Agent:
         with self._seq_lock:
             first = self._seq + 1
             data = [{"operation": op, "params": p, "sequence": first + i} for i, (op, p) in enumerate(entries)]
+            frame = self._encode({"type": "wal_batch", "ack": True, "data": data})
+            err = batch_too_large(data, len(frame) - 4, self.wal_entry_limit)
+            if err is not None:
+                raise err
             self._seq = first + len(entries) - 1
-            self._send({"type": "wal_batch", "ack": True, "data": data})
+            self._write(frame)
             last = self._seq
         return Pending(self, first, last)
 

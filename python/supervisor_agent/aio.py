@@ -49,6 +49,7 @@ from .steps import (
     StepMismatch,
     StepResultTooLarge,
     StepTable,
+    batch_too_large,
     check_result_encodable,
     entry_too_large,
     mismatch,
@@ -538,7 +539,11 @@ class Agent:
             raise ValueError("a batch holds 1 to 100 entries")
         first = self._seq + 1
         data = [{"operation": op, "params": p, "sequence": first + i} for i, (op, p) in enumerate(entries)]
-        self._write(self._encode({"type": "wal_batch", "ack": True, "data": data}))
+        frame = self._encode({"type": "wal_batch", "ack": True, "data": data})
+        err = batch_too_large(data, len(frame) - 4, self.wal_entry_limit)
+        if err is not None:
+            raise err
+        self._write(frame)
         last = self._seq = first + len(entries) - 1
         fut = self._waiter(first, last)
         await self._drain()

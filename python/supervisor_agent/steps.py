@@ -53,6 +53,19 @@ def entry_too_large(operation: str, size: int, limit: int) -> InvalidMessage:
     )
 
 
+def batch_too_large(data: List[Dict[str, Any]], payload_size: int, limit: int) -> Optional[InvalidMessage]:
+    """The error for a wal_batch holding an entry over the wal_entry limit (None when it fits).
+    The supervisor checks every entry of a batch against that limit and its refusal names no
+    sequence, so the client would fail every entry in flight with the batch."""
+    if payload_size <= limit:  # no entry can be bigger than the whole payload
+        return None
+    for e in data:
+        n = len(msgpack.packb(e, use_bin_type=True))
+        if n > limit:
+            return entry_too_large(str(e.get("operation")), n, limit)
+    return None
+
+
 def mismatch(request_id: str, index: int, logged: str, called: str) -> StepMismatch:
     return StepMismatch(
         f"request {request_id}: step {index} was logged as {logged!r} but this delivery calls it {called!r}: "
