@@ -209,6 +209,12 @@ class Agent:
             if m.get("type") != "restore":
                 raise SupervisorError(f"expected a restore first, got {m.get('type')!r}")
             self._apply_restore(m)
+        # Callbacks and agent.events run on a thread of their own, in the order the
+        # messages came: a callback may log() or checkpoint() and wait for an ack that
+        # only the reader reads.
+        self._jobs: "queue.Queue[Optional[Callable[[], None]]]" = queue.Queue()
+        self._callbacks = threading.Thread(target=self._callback_loop, name="supervisor-callbacks", daemon=True)
+        self._callbacks.start()
         self._reader = threading.Thread(target=self._read_loop, name="supervisor-reader", daemon=True)
         self._reader.start()
         self._hb_interval = heartbeat_interval
@@ -495,6 +501,22 @@ class Agent:
         self.shutdown_requested.set()
         self.requests_q.put(None)
         self._closed.set()
+        self._jobs.put(None)  # the callbacks already queued run, then the thread ends
+
+    def _callback_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            job()
+
+    def _later(self, job: Callable[[], None]) -> None:
+        """Run job on the callback thread, after everything queued before it."""
+        self._jobs.put(job)
+
+    def _event(self, m: Dict[str, Any]) -> None:
+        """Put m on agent.events, in order with the callbacks."""
+        self._jobs.put(lambda: self.events.put(m))
 
     def _dispatch(self, m: Dict[str, Any]) -> None:
         t = m.get("type")
@@ -527,7 +549,7 @@ class Agent:
                     del self._wal_errors[:-256]
                     self._cond.notify_all()
             else:
-                self.events.put(m)
+                self._event(m)
         elif t == "process_request":
             d = m.get("data") or {}
             req = Request(str(m.get("request_id", "")), str(d.get("message", "")),
@@ -542,36 +564,44 @@ class Agent:
             if req is not None:  # an id we do not know (answered already) is ignored
                 req.cancel_event.set()
                 if self.on_cancel is not None:
-                    self._call(t, self.on_cancel, req)
+                    on_cancel = self.on_cancel
+                    self._later(lambda: self._call(t, on_cancel, req))
             else:  # not in flight but maybe restored with steps: cancelled is final, forget them
                 self._drop_steps(str(m.get("request_id", "")))
-            self.events.put(m)
+            self._event(m)
         elif t == "restore":
             self._apply_restore(m)
-            self.events.put(m)
+            self._event(m)
         elif t == "hot_reload":
             if self.on_hot_reload:
-                self._call(t, self.on_hot_reload, m)
-            self.events.put(m)
+                cb = self.on_hot_reload
+                self._later(lambda: self._call(t, cb, m))
+            self._event(m)
         elif t == "evolution_result":
             if self.on_evolution_result:
-                self._call(t, self.on_evolution_result, m)
-            self.events.put(m)
+                cb = self.on_evolution_result
+                self._later(lambda: self._call(t, cb, m))
+            self._event(m)
         elif t == "shutdown":
-            self.events.put(m)
-            if m.get("create_checkpoint") and self.on_shutdown is not None:
-                state = self._call(t, self.on_shutdown, m, "no final checkpoint")
-                if state is not None:
-                    threading.Thread(target=self._final_checkpoint, args=(state,), daemon=True).start()
-                    return
-            self.shutdown_requested.set()
-            self.requests_q.put(None)
+            self._event(m)
+            self._later(lambda: self._shutdown(m))
         else:
-            self.events.put(m)
+            self._event(m)
+
+    def _shutdown(self, m: Dict[str, Any]) -> None:
+        """A shutdown message, on the callback thread: on_shutdown's state is sent as the
+        final checkpoint (its ack read by the reader meanwhile), then requests() ends."""
+        if m.get("create_checkpoint") and self.on_shutdown is not None:
+            state = self._call("shutdown", self.on_shutdown, m, "no final checkpoint")
+            if state is not None:
+                self._final_checkpoint(state)
+                return
+        self.shutdown_requested.set()
+        self.requests_q.put(None)
 
     def _call(self, t: Any, cb: Callable[[Any], Any], arg: Any, consequence: str = "") -> Any:
-        """cb(arg) on the reader thread. What it raises is printed to stderr and the
-        reader goes on, as in the asyncio client: a callback's bug must not stop the
+        """cb(arg) on the callback thread. What it raises is printed to stderr and the
+        agent goes on, as in the asyncio client: a callback's bug must not stop the
         heartbeats and end requests() as if the supervisor had gone."""
         try:
             return cb(arg)

@@ -296,3 +296,22 @@ def test_oversized_log_raises_at_once_and_leaves_the_entry_in_flight_alone():
         assert sorted(sup.wal) == [1, 2]
         agent.wal_entry_limit = 64 << 10  # the limit is the caller's to raise
         assert agent.log("memory_add", {"blob": "x" * (10 << 10)}) == 3
+
+
+def test_sync_callback_can_log_durably():
+    # on_hot_reload/on_evolution_result/on_cancel run on the reader thread; a callback
+    # that records the reload durably (agent.log) waits for a wal_ack only that thread reads.
+    import time
+    got = []
+    with FakeSupervisor() as sup:
+        def on_reload(m):
+            try:
+                got.append(agent.log("state_update", {"code": m["code"]}, timeout=3))
+            except Exception as e:  # what the reader thread would print and swallow
+                got.append(e)
+        agent = sup.agent(on_hot_reload=on_reload)
+        sup.send({"type": "hot_reload", "code": "new", "module": "memory", "backup_checkpoint_id": ""})
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert got == [1]
