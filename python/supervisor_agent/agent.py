@@ -105,7 +105,12 @@ class Request:
             raise RequestCancelled(f"request {self.request_id} was cancelled: step {name!r} not run",
                                    {"request_id": self.request_id, "index": index, "name": name})
         result = fn()
-        self._agent._log_step(self.request_id, index, name, result).wait(timeout)
+        pending = self._agent._log_step(self.request_id, index, name, result, self.cancel_event)
+        if pending is None:  # cancelled while fn ran: the request is over, its steps gone
+            self._agent._forget(self)
+            raise RequestCancelled(f"request {self.request_id} was cancelled while step {name!r} ran: not logged",
+                                   {"request_id": self.request_id, "index": index, "name": name})
+        pending.wait(timeout)
         return result
 
     def reply(self, data: Dict[Any, Any]) -> None:
@@ -381,9 +386,15 @@ class Agent:
         with self._seq_lock:
             return self._steps.get(request_id, index)
 
-    def _log_step(self, request_id: str, index: int, name: str, result: Any) -> Pending:
+    def _log_step(self, request_id: str, index: int, name: str, result: Any,
+                  cancelled: Optional[threading.Event] = None) -> Optional[Pending]:
+        """Log a step's result; None, logging nothing, once cancelled is set (looked at
+        under the lock the cancel's request_done takes: a step is either logged before
+        it or not at all)."""
         check_result_encodable(name, result)
         with self._seq_lock:
+            if cancelled is not None and cancelled.is_set():
+                return None
             seq = self._seq + 1
             frame = self._encode({"type": "wal_entry", "ack": True, "data": {
                 "operation": OP_STEP, "params": step_params(request_id, index, name, result), "sequence": seq}})
@@ -563,6 +574,9 @@ class Agent:
                 req = self._inflight.get(str(m.get("request_id", "")))
             if req is not None:  # an id we do not know (answered already) is ignored
                 req.cancel_event.set()
+                # Cancelled is final (never delivered again): its steps are forgotten now
+                # (request_done), whether or not the handler answers or steps again.
+                self._forget(req)
                 if self.on_cancel is not None:
                     on_cancel = self.on_cancel
                     self._later(lambda: self._call(t, on_cancel, req))

@@ -103,6 +103,40 @@ def test_sync_heartbeat_opts_in_and_cancel_sets_flag():
                                    for m in s.received))
 
 
+def test_sync_cancelled_handler_that_returns_leaves_no_steps():
+    # The handler sees req.cancelled and returns without a step or an answer: the
+    # request is over (never delivered again), so its steps must not stay in every
+    # checkpoint. A step whose fn ran while the cancel came is not logged either.
+    with FakeSupervisor() as sup:
+        agent = sup.agent()
+        sup.request("q", request_id=RID)
+        req = next(agent.requests())
+        assert req.step("first", lambda: 1) == 1
+        sup.cancel(RID)
+        assert req.cancel_event.wait(5)
+        sup.wait_for(lambda s: any(m["type"] == "wal_entry" and m["data"]["operation"] == "request_done"
+                                   for m in s.received))
+        assert agent.step_table == {}
+        agent.checkpoint({"k": 1})
+        assert sup.checkpoint == {"k": 1}
+
+    with FakeSupervisor() as sup:
+        agent = sup.agent()
+        rid2 = RID[:-1] + "2"
+        sup.request("q", request_id=rid2)
+        req = next(agent.requests())
+
+        def slow():
+            sup.cancel(rid2)
+            assert req.cancel_event.wait(5)
+            return "paid for, but the request is gone"
+        with pytest.raises(RequestCancelled):
+            req.step("llm", slow)
+        assert agent.step_table == {}
+        assert not any(m["type"] == "wal_entry" and m["data"]["operation"] == "request_step"
+                       and m["data"]["params"].get("request_id") == rid2 for m in sup.received)
+
+
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 20))
 
