@@ -106,6 +106,14 @@ func (l *Log) truncateAfter(seq uint64) (removed int, err error) {
 		}
 		if err == nil {
 			l.log.Warn("WAL entries removed after a sequence", "after", seq, "entries", removed, "last_sequence", l.s.lastSynced)
+		} else if isSyncFailure(err) {
+			// A deletion, rename or cut whose fsync failed may be undone
+			// by a power cut, taking the entries appended after it with
+			// it (a rewritten segment's new inode loses its name; a cut
+			// file gets its old size back). The log stops, as after any
+			// failed fsync; Reopen fsyncs the directory and the segment
+			// again from what is on disk.
+			err = l.failed(err)
 		}
 	}()
 	// Newest first, so a crash leaves a contiguous run of segments.
@@ -117,7 +125,7 @@ func (l *Log) truncateAfter(seq uint64) (removed int, err error) {
 		l.segs = l.segs[:i]
 		l.segMu.Unlock()
 		if err := atomicfile.SyncDir(l.dir); err != nil {
-			return removed, fmt.Errorf("wal: fsync directory after deleting segment %s: %w", segs[i].name(), err)
+			return removed, syncFailure{fmt.Errorf("wal: fsync directory after deleting segment %s: %w", segs[i].name(), err)}
 		}
 		removed += segs[i].entries
 	}
@@ -195,7 +203,15 @@ func (l *Log) cutAfter(seg segment, seq uint64) (removed int, out segment, err e
 			rec = appendRecord(nil, kept)
 		}
 		if err := replaceFile(l.dir, seg.name(), bytes.NewReader(head), body, bytes.NewReader(rec)); err != nil {
-			return removed, seg, fmt.Errorf("wal: rewrite segment %s without the entries after %d: %w", seg.name(), seq, err)
+			err = fmt.Errorf("wal: rewrite segment %s without the entries after %d: %w", seg.name(), seq, err)
+			if errors.Is(err, atomicfile.ErrNotDurable) {
+				// Renamed into place: the file is the rewritten one now,
+				// whether or not the directory fsync succeeded. Describe
+				// it as it is, as the in-place cut below does.
+				out.size = cut + int64(len(rec))
+				return removed, out, syncFailure{err}
+			}
+			return removed, seg, err
 		}
 		out.size = cut + int64(len(rec))
 		return removed, out, nil
@@ -210,7 +226,7 @@ func (l *Log) cutAfter(seg segment, seq uint64) (removed int, out segment, err e
 	}
 	out.size = cut // the file is cut now, whether or not the fsync below succeeds
 	if err := datasync(wf); err != nil {
-		return removed, out, fmt.Errorf("wal: fsync segment %s: %w", seg.name(), err)
+		return removed, out, syncFailure{fmt.Errorf("wal: fsync segment %s: %w", seg.name(), err)}
 	}
 	return removed, out, nil
 }
