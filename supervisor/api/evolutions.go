@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/agent-sidecar/supervisor/internal/clip"
@@ -77,8 +78,14 @@ func ReadEvolutions(path string, full bool) (evs []Evolution, skipped int, err e
 	return evs, skipped, nil
 }
 
+// ErrAmbiguousEvolution: the prefix given names more than one evolution.
+var ErrAmbiguousEvolution = errors.New("the prefix matches more than one evolution")
+
 // FindEvolution returns the evolution id (or a unique prefix of it, at
 // least 8 characters) from the audit log at path, with its whole record.
+// A prefix of several returns an error wrapping ErrAmbiguousEvolution that
+// names them (trial ids begin with their time: trials a minute apart share
+// their first 8 characters).
 func FindEvolution(path, id string) (Evolution, bool, error) {
 	evs, _, err := ReadEvolutions(path, true)
 	if err != nil {
@@ -86,14 +93,29 @@ func FindEvolution(path, id string) (Evolution, bool, error) {
 	}
 	var found []Evolution
 	for _, e := range evs {
-		if e.ID == id || len(id) >= 8 && len(e.ID) > len(id) && e.ID[:len(id)] == id {
+		if e.ID == id {
+			return e, true, nil
+		}
+		if len(id) >= 8 && len(e.ID) > len(id) && e.ID[:len(id)] == id {
 			found = append(found, e)
 		}
 	}
-	if len(found) != 1 {
+	switch len(found) {
+	case 0:
 		return Evolution{}, false, nil
+	case 1:
+		return found[0], true, nil
 	}
-	return found[0], true, nil
+	ids := make([]string, 0, 4)
+	for _, e := range found[:min(len(found), 4)] {
+		ids = append(ids, clip.String(e.ID, 64))
+	}
+	more := ""
+	if len(found) > 4 {
+		more = fmt.Sprintf(" and %d more", len(found)-4)
+	}
+	return Evolution{}, false, fmt.Errorf("%w: %q matches %d (%s%s): give more of the id",
+		ErrAmbiguousEvolution, clip.String(id, 64), len(found), strings.Join(ids, ", "), more)
 }
 
 // GET /v1/evolutions: every evolution recorded, oldest first, without
@@ -115,6 +137,10 @@ func (s *Server) handleEvolutions(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) handleEvolution(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	e, ok, err := FindEvolution(s.opts.AuditPath, id)
+	if errors.Is(err, ErrAmbiguousEvolution) {
+		writeJSON(w, http.StatusConflict, map[string]any{"error": err.Error()})
+		return
+	}
 	if err != nil {
 		writeJSON(w, http.StatusInternalServerError, map[string]any{"error": err.Error()})
 		return
