@@ -92,9 +92,10 @@
 // to log and count. [Store.Previous] does the same below a given checkpoint,
 // for falling back from a poison one.
 //
-// The restore point ([Store.SetRestorePoint], [Store.TakeRestorePoint]) is
-// what `supervisor restore` records when no supervisor is running: the next
-// one to start takes it (read and clear) and restores from that checkpoint.
+// The restore point ([Store.SetRestorePoint], [Store.PeekRestorePoint],
+// [Store.TakeRestorePoint]) is what `supervisor restore` records when no
+// supervisor is running: the next one to start reads it, restores from that
+// checkpoint, and clears it once it has acted on it.
 //
 // # Concurrency
 //

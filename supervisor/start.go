@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/internal/atomicfile"
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
@@ -224,10 +225,16 @@ func (s *Supervisor) open() error {
 		return fmt.Errorf("open the evolution ledger: %w", err)
 	}
 	s.ledger = ledger
-	if id, noWAL, ok, err := st.Checkpoints().TakeRestorePoint(); err != nil {
+	// The recorded point stays on disk until the first start has acted on
+	// it (assembleStart): a crash before that, or during a --no-wal
+	// rollback, applies it at the next start.
+	if id, noWAL, ok, err := st.Checkpoints().PeekRestorePoint(); err != nil {
 		s.log.Error("cannot read the recorded restore point; ignoring it", "err", err)
+		if errors.Is(err, checkpoint.ErrCorrupt) {
+			_, _, _, _ = st.Checkpoints().TakeRestorePoint() // damaged: cleared, so it cannot block every start
+		}
 	} else if ok {
-		s.lc.pendingPoint = &durable.Point{CheckpointID: id, NoWAL: noWAL}
+		s.lc.pendingPoint = &durable.Point{CheckpointID: id, NoWAL: noWAL, Recorded: true}
 		s.log.Info("restore point recorded by an operator will be used", "checkpoint_id", id, "no_wal", noWAL)
 	}
 	s.startReplica()

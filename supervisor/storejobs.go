@@ -151,6 +151,16 @@ func (s *Supervisor) assembleStart(p *startPrep) {
 			p.err = fmt.Errorf("roll back to checkpoint %s for a --no-wal restore: %w", p.point.CheckpointID, err)
 		}
 	}
+	if pt := p.point; pt != nil && pt.Recorded {
+		// Acted on — applied (a --no-wal rollback done: a crash from now on
+		// restores the checkpoint it kept, the newest good one), unusable,
+		// or failed (the start goes on from the newest checkpoint, and a
+		// rollback applied later would discard what the agent logs
+		// meanwhile) — so it is cleared before the agent is started.
+		if _, _, _, err := s.st.Checkpoints().TakeRestorePoint(); err != nil {
+			s.log.Error("cannot clear the recorded restore point; remove DATA_DIR/checkpoints/restore-point.json before the next start, or it is applied again", "err", err)
+		}
+	}
 }
 
 // storeCheckpoint stores one queued checkpoint and acknowledges it. Store

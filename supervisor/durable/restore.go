@@ -15,6 +15,9 @@ import (
 type Point struct {
 	CheckpointID string // an operator's choice; "" = the newest good checkpoint
 	NoWAL        bool   // the checkpoint alone (operator's --no-wal)
+	// Recorded: read from the data directory's restore point file (set by
+	// `supervisor restore` while no supervisor ran); cleared once acted on.
+	Recorded bool
 	// olderThan: the newest good checkpoint older than this id (the crash-loop
 	// fallback); ignored when checkpointID is set.
 	OlderThan string
