@@ -385,13 +385,8 @@ func TestOriginalUploadsOnceMoreAfterTheCopyClaims(t *testing.T) {
 	var logs1, logs2 strings.Builder
 	d1, r1, gen, d2 := runAndCopy(t, c, replica.Options{SyncInterval: 50 * time.Millisecond, Logger: slogTo(&logs1)}) // looks every 10 s
 	defer r1.Close(time.Second)
-	r2 := replica.New(c, d2.local(), replica.Options{SyncInterval: 50 * time.Millisecond, OwnerCheckInterval: 100 * time.Millisecond, Logger: slogTo(&logs2)})
-	r2.Start()
+	r2 := startCopy(t, c, d2, gen, replica.Options{SyncInterval: 50 * time.Millisecond, OwnerCheckInterval: 100 * time.Millisecond, Logger: slogTo(&logs2)})
 	defer r2.Close(time.Second)
-	waitFor(t, func() bool { return r2.Status().State == "ok" })
-	if g := r2.Status().Generation; g != gen {
-		t.Fatalf("the copy started %s, want it to continue %s", g, gen)
-	}
 	d1.appendTagged(51, 60, "one")
 	waitUploaded(t, r1, 60)
 	if g := r1.Status().Generation; g != gen {
@@ -443,14 +438,9 @@ func TestForkAfterTheCopyYielded(t *testing.T) {
 	d1, r1, gen, d2 := runAndCopy(t, c, replica.Options{SyncInterval: 50 * time.Millisecond}) // "one" looks every 10 s
 	defer r1.Close(time.Second)
 	var logs strings.Builder
-	r2 := replica.New(c, d2.local(), replica.Options{SyncInterval: 50 * time.Millisecond, OwnerCheckInterval: 200 * time.Millisecond,
+	r2 := startCopy(t, c, d2, gen, replica.Options{SyncInterval: 50 * time.Millisecond, OwnerCheckInterval: 200 * time.Millisecond,
 		ForkGrace: time.Second, Logger: slogTo(&logs)})
-	r2.Start()
 	defer r2.Close(time.Second)
-	waitFor(t, func() bool { return r2.Status().State == "ok" })
-	if g := r2.Status().Generation; g != gen {
-		t.Fatalf("the copy started %s, want it to continue %s", g, gen)
-	}
 	d1.appendTagged(51, 60, "one")
 	waitUploaded(t, r1, 60) // into the generation "two" claimed: a fork after 50
 	r1.Close(5 * time.Second)
@@ -539,6 +529,20 @@ func runAndCopy(t *testing.T, c *replica.Client, opts replica.Options) (d1 *data
 		t.Fatalf("copy: %v %s", err, out)
 	}
 	return d1, r1, gen, openDataDir(t, dir2)
+}
+
+// startCopy starts a replicator on the copy d2 made by runAndCopy and
+// waits until it continues generation gen.
+func startCopy(t *testing.T, c *replica.Client, d2 *dataDir, gen string, opts replica.Options) *replica.Replicator {
+	t.Helper()
+	r2 := replica.New(c, d2.local(), opts)
+	r2.Start()
+	waitFor(t, func() bool { return r2.Status().State == "ok" })
+	if g := r2.Status().Generation; g != gen {
+		r2.Close(time.Second)
+		t.Fatalf("the copy started %s, want it to continue %s", g, gen)
+	}
+	return r2
 }
 
 func (d *dataDir) appendTagged(from, to uint64, tag string) {
