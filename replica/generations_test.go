@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -404,8 +405,10 @@ func TestOriginalUploadsOnceMoreAfterTheCopyClaims(t *testing.T) {
 	if st := r2.Status(); st.Generation != gen {
 		t.Fatalf("the copy left the generation (now %s) while the original was still to remove its chunk:\n%s", st.Generation, logs2.String())
 	}
-	if !strings.Contains(logs1.String(), "own_objects_removed=1") {
-		t.Fatalf("the original did not remove the chunk it uploaded after the copy's claim:\n%s", logs1.String())
+	// The original's entries 51..60 may have gone up as one chunk or as
+	// several (its sync ticks can fall between the appends).
+	if !regexp.MustCompile(`own_objects_removed=[1-9]`).MatchString(logs1.String()) {
+		t.Fatalf("the original did not remove the chunks it uploaded after the copy's claim:\n%s", logs1.String())
 	}
 	r1.Close(5 * time.Second)
 	r2.Close(5 * time.Second)
