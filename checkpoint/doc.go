@@ -93,9 +93,10 @@
 // for falling back from a poison one.
 //
 // The restore point ([Store.SetRestorePoint], [Store.PeekRestorePoint],
-// [Store.TakeRestorePoint]) is what `supervisor restore` records when no
-// supervisor is running: the next one to start reads it, restores from that
-// checkpoint, and clears it once it has acted on it.
+// [Store.TakeRestorePoint]) is what `supervisor restore` records, with a
+// supervisor running or not: the next start of the agent (the next
+// supervisor's first, after a crash) restores from that checkpoint, and the
+// supervisor clears it once it has acted on it.
 //
 // # Concurrency
 //

@@ -79,7 +79,12 @@ func (s *Supervisor) startPrepared(p *startPrep) error {
 		s.lc.walFailed = nil // reopened (or never failed)
 	}
 	if p.err != nil {
-		s.lc.preparing, s.lc.pendingPoint = nil, nil
+		s.lc.preparing = nil
+		if s.lc.pendingPoint == p.point {
+			// An operator's point recorded while this start was assembled
+			// stays pending: the next attempt starts from it.
+			s.lc.pendingPoint = nil
+		}
 		s.dropEarly() // never sent a frame: it would not have started
 		s.publish()
 		return p.err

@@ -1,6 +1,8 @@
 package test
 
 import (
+	"errors"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -187,6 +189,12 @@ func TestRestoreByOperatorCommand(t *testing.T) {
 		if r.int("wal_entries") == 0 {
 			t.Fatal("WAL after the checkpoint was not replayed")
 		}
+		// Recorded before the agent was stopped for it, cleared once sent:
+		// a later restart does not roll back again.
+		waitFor(t, 10*time.Second, "restore-point.json cleared", func() bool {
+			_, err := os.Stat(filepath.Join(s.dataDir, "checkpoints", "restore-point.json"))
+			return errors.Is(err, fs.ErrNotExist)
+		})
 		// Replayed up to where the agent was: chain equals its own at that seq.
 		found := false
 		for _, e := range s.eventsOf("applied") {
@@ -319,6 +327,52 @@ func TestRestorePointWhenNotRunning(t *testing.T) {
 	if r.str("checkpoint_id") != a.str("checkpoint_id") {
 		t.Fatalf("restored from %s, want the recorded restore point %s", r.str("checkpoint_id"), a.str("checkpoint_id"))
 	}
+}
+
+// An operator restore asked of a running supervisor while its agent is
+// down (here in a restart back-off of an hour) is answered "sent when it
+// next starts". Before, the point was held only in memory: a supervisor
+// killed before that start came back from the newest checkpoint, and the
+// rollback the operator was promised never happened. It is now recorded
+// in the data directory before the answer.
+func TestRestorePointAskedWhileTheAgentIsDownSurvivesASupervisorKill(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	s1 := startSup(t, supOpts{dataDir: dir, flags: []string{"--backoff-initial", "1h", "--backoff-max", "1h", "--kill-timeout", "1s",
+		"--checkpoint-retain", "1000"},
+		agent: []string{"--heartbeat-interval", "50ms", "--wal-rate", "300", "--checkpoint-every", "30", "--crash-after", "2s"}})
+	a := s1.waitEvents("checkpoint_acked", 2, 30*time.Second)[0]
+	s1.waitOutput("msg=\"agent stopped\"", 30*time.Second) // the crash; the next start is an hour away
+	code, out, stderr := cli(t, "restore", "--data-dir", dir, "--checkpoint", a.str("checkpoint_id"))
+	if code != 0 || !strings.Contains(out, "next starts") {
+		t.Fatalf("restore while the agent is down: exit %d\n%s%s", code, out, stderr)
+	}
+	s1.signal(syscall.SIGKILL)
+	s1.wait(30 * time.Second)
+	newest := lastEvent(t, s1.eventsOf("checkpoint_acked"))
+	if newest.str("checkpoint_id") == a.str("checkpoint_id") {
+		t.Fatal("the operator's checkpoint is the newest: the test cannot tell the two apart")
+	}
+
+	s2 := startSup(t, supOpts{dataDir: dir, flags: fastFlags, agent: []string{"--heartbeat-interval", "50ms"},
+		events: filepath.Join(t.TempDir(), "events2.jsonl")})
+	r := s2.waitEvents("restored", 1, 30*time.Second)[0]
+	if r.str("checkpoint_id") != a.str("checkpoint_id") {
+		t.Fatalf("after the supervisor was killed, the agent was restored from %s, not the checkpoint the operator asked for, %s (the newest is %s)",
+			r.str("checkpoint_id"), a.str("checkpoint_id"), newest.str("checkpoint_id"))
+	}
+	// Acted on once: cleared, so a later restart does not roll back again.
+	waitFor(t, 10*time.Second, "restore-point.json cleared", func() bool {
+		_, err := os.Stat(filepath.Join(dir, "checkpoints", "restore-point.json"))
+		return errors.Is(err, fs.ErrNotExist)
+	})
+}
+
+func lastEvent(t *testing.T, es []ev) ev {
+	t.Helper()
+	if len(es) == 0 {
+		t.Fatal("no such event")
+	}
+	return es[len(es)-1]
 }
 
 // newestCheckpointFile returns the path of the newest (by id) checkpoint file.
