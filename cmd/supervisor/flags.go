@@ -216,7 +216,7 @@ func (f *flagSet) applyEnv() error {
 		if !ok {
 			return
 		}
-		if serr := fl.Value.Set(v); serr != nil {
+		if serr := f.Set(fl.Name, v); serr != nil { // Set: Visit sees it as given
 			err = usageErr(f.cmd, "environment variable %s=%q (for --%s): %v", envName(fl.Name), truncate(v, 64), fl.Name, serr)
 		}
 	})

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -111,6 +112,27 @@ func parseRun(e env, args []string) (supervisor.Config, string, error) {
 	switch {
 	case dashdash && len(command) == 0:
 		return cfg, "", usageErr("run", "nothing after --: give the agent command (supervisor run [flags] -- AGENT_COMMAND [ARGS...]), or leave out -- to run the built-in demo agent")
+	}
+	// Config's zero means "the default" for library callers; on the
+	// command line (or in the environment) a 0 is a mistake, refused
+	// rather than silently replaced.
+	var zero error
+	f.Visit(func(fl *flag.Flag) {
+		if zero != nil {
+			return
+		}
+		switch v := fl.Value.String(); {
+		case v != "0" && v != "0s":
+		case fl.Name == "request-retention" || fl.Name == "request-timeout":
+			zero = usageErr("run", "--%s must be a positive duration, got %s", fl.Name, v)
+		case fl.Name == "request-max-attempts":
+			zero = usageErr("run", "--request-max-attempts must be at least 1, got 0")
+		case fl.Name == "request-journal-bytes":
+			zero = usageErr("run", "--request-journal-bytes must be at least 4096, got 0")
+		}
+	})
+	if zero != nil {
+		return cfg, "", zero
 	}
 	p, err := supervisor.ParseRestartPolicy(*restart)
 	if err != nil {
