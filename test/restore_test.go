@@ -339,7 +339,7 @@ func TestRestorePointAskedWhileTheAgentIsDownSurvivesASupervisorKill(t *testing.
 	dir := filepath.Join(t.TempDir(), "data")
 	s1 := startSup(t, supOpts{dataDir: dir, flags: []string{"--backoff-initial", "1h", "--backoff-max", "1h", "--kill-timeout", "1s",
 		"--checkpoint-retain", "1000"},
-		agent: []string{"--heartbeat-interval", "50ms", "--wal-rate", "300", "--checkpoint-every", "30", "--crash-after", "2s"}})
+		agent: []string{"--heartbeat-interval", "50ms", "--wal-rate", "300", "--checkpoint-every", "30", "--crash-after", "4s"}})
 	a := s1.waitEvents("checkpoint_acked", 2, 30*time.Second)[0]
 	s1.waitOutput("msg=\"agent stopped\"", 30*time.Second) // the crash; the next start is an hour away
 	code, out, stderr := cli(t, "restore", "--data-dir", dir, "--checkpoint", a.str("checkpoint_id"))
