@@ -3,6 +3,8 @@ package supervisor
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/evolution"
 	"github.com/agent-sidecar/supervisor/schema"
+	"github.com/agent-sidecar/supervisor/supervisor/api"
 	"github.com/agent-sidecar/supervisor/supervisor/observe"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -133,5 +136,71 @@ func TestTrialJudgesUnansweredRequests(t *testing.T) {
 				t.Fatalf("describe: %s", d)
 			}
 		})
+	}
+}
+
+// An evolution whose agent answers in HTML (every '<', '>' and '&' is six
+// bytes in JSON) and gives a long reason is still listed with its trial id,
+// target, decision and reason by `supervisor evolutions` and
+// GET /v1/evolutions: the record once grew past the audit log's 16 KiB and
+// was kept as {"truncated": true} alone, the decision lost.
+func TestEvolutionRecordOfHTMLAnswersKeepsTheDecision(t *testing.T) {
+	cfg := evolution.DefaultJudgeConfig()
+	cfg.MinDuration = 0
+	met := observe.NewMetrics(func() float64 { return 0 }, func() float64 { return 0 })
+	tr := &trial{id: "01a2206f-7fd5-7000-8000-000000000001", control: true, cfg: cfg, pairs: evolution.NewPairer(true, 0, 0),
+		judge: evolution.NewJudge(cfg), met: met, collector: evolution.NewCollector(), started: time.Now().Add(-time.Minute),
+		verdict: make(chan struct{}, 1),
+		intent:  schema.Hypothesis{Target: "memory_system", Reason: strings.Repeat("The memory search ranks blocks by recency. ", 50)}}
+	t0 := time.Now().Add(-time.Minute)
+	html := func(variant string) msgpack.RawMessage {
+		b, _ := msgpack.Marshal(map[string]any{"html": strings.Repeat("<li><b>"+variant+"item</b></li>", 20)})
+		return b
+	}
+	for i := range 2000 {
+		id := fmt.Sprintf("01a2206f-8298-785b-88fd-%012d", i)
+		tr.pairs.Expect(id, t0)
+		for _, r := range []evolution.Role{evolution.RolePrimary, evolution.RoleControl, evolution.RoleCandidate} {
+			data := html("")
+			if r == evolution.RoleCandidate && i%10 == 0 {
+				data = html("v")
+			}
+			tr.pairs.Sending(id, r, t0)
+			if err := tr.answered(r, &schema.RequestResult{RequestID: id, Data: data}, t0.Add(time.Duration(10+i%7)*time.Millisecond)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	v := tr.verdictNow()
+	if v.Decision == evolution.VerdictContinue {
+		t.Fatalf("the judge has not decided: %+v", v.Evidence)
+	}
+	tr.final = tr.record(v)
+
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	audit, err := observe.OpenAudit(path, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := observe.NewRecorder(slog.New(slog.DiscardHandler))
+	rec.AttachAudit(audit)
+	s := &Supervisor{rec: rec, met: met}
+	d := evolution.Decision{Decision: v.Decision, Promote: v.Decision == evolution.VerdictPromoted, Reason: v.Reason, Metrics: v.Evidence.Metrics()}
+	s.decided(nil, tr, tr.intent, "backup-id", d)
+	if err := audit.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	evs, _, err := api.ReadEvolutions(path, false)
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("evolutions listed: %v %+v", err, evs)
+	}
+	e := evs[0]
+	if e.ID != tr.id || e.Target != "memory_system" || e.Decision != v.Decision || e.Reason != v.Reason || e.Samples != v.Evidence.Samples {
+		t.Fatalf("listed as %+v; the judge decided %s after %d pairs: %s", e, v.Decision, v.Evidence.Samples, v.Reason)
+	}
+	full, ok, err := api.FindEvolution(path, tr.id)
+	if err != nil || !ok || full.Record["evidence"] == nil {
+		t.Fatalf("shown as %v %v %+v", err, ok, full)
 	}
 }

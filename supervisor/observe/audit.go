@@ -3,12 +3,15 @@ package observe
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -89,9 +92,11 @@ const AuditDropped = "audit_records_dropped"
 
 // Audit records are bounded: string values the agent can influence (error
 // texts, keys, reasons) are cut at maxAuditValue bytes, and a record still
-// larger than maxAuditRecord keeps only its kind and a note.
+// larger than maxAuditRecord has its largest fields cut (strings to
+// maxAuditShort bytes) or dropped until it fits (shrinkAudit).
 const (
 	maxAuditValue  = 1 << 10
+	maxAuditShort  = 256
 	maxAuditRecord = 16 << 10
 )
 
@@ -242,12 +247,75 @@ func encodeAudit(kind string, fields map[string]any) ([]byte, error) {
 		return nil, fmt.Errorf("encode audit record: %w", err)
 	}
 	if len(b) > maxAuditRecord {
-		rec.Fields = map[string]any{"truncated": true, "record_bytes": len(b)}
-		if b, err = json.Marshal(rec); err != nil {
+		if b, err = shrinkAudit(rec, len(b)); err != nil {
 			return nil, fmt.Errorf("encode audit record: %w", err)
 		}
 	}
 	return append(b, '\n'), nil
+}
+
+// shrinkAudit encodes rec, whose encoding is size bytes, over
+// maxAuditRecord, cut down to fit: its fields, largest first, have their
+// strings cut at maxAuditShort bytes, then, if that is not enough, are
+// dropped (named in "truncated_fields"), until the record fits. So the
+// small fields that say what was decided (an evolution's trial, decision
+// and reason) survive a large one beside them: bounding each value is not
+// enough, since a string takes up to six times its bytes in JSON ('<' is
+// \u003c). Each field is encoded once to size it, and the record once
+// more at the end.
+func shrinkAudit(rec AuditRecord, size int) ([]byte, error) {
+	type field struct {
+		k string
+		n int // bytes in the record: "k":v,
+	}
+	sizeOf := func(k string, v any) int {
+		kb, _ := json.Marshal(k)
+		vb, err := json.Marshal(v)
+		if err != nil {
+			return 0
+		}
+		return len(kb) + len(vb) + 2
+	}
+	fields := make(map[string]any, len(rec.Fields)+3)
+	order := make([]field, 0, len(rec.Fields))
+	for k, v := range rec.Fields {
+		fields[k] = v
+		order = append(order, field{k, sizeOf(k, v)})
+	}
+	slices.SortFunc(order, func(a, b field) int { return cmp.Or(b.n-a.n, strings.Compare(a.k, b.k)) })
+	fields["truncated"], fields["record_bytes"] = true, size
+	rec.Fields = fields
+	// An estimate of the encoding's size, kept as fields change, with room
+	// for the note and the names of dropped fields.
+	est := size + 64
+	for _, f := range order {
+		if est <= maxAuditRecord {
+			break
+		}
+		if s, ok := fields[f.k].(string); ok && len(s) > maxAuditShort {
+			fields[f.k] = logging.Clip(s, maxAuditShort)
+			n := sizeOf(f.k, fields[f.k])
+			est -= f.n - n
+		}
+	}
+	var dropped []string
+	for _, f := range order {
+		if est <= maxAuditRecord {
+			break
+		}
+		est -= sizeOf(f.k, fields[f.k]) - len(f.k) - 3 // its name stays, in truncated_fields
+		delete(fields, f.k)
+		dropped = append(dropped, f.k)
+	}
+	if len(dropped) > 0 {
+		fields["truncated_fields"] = dropped
+	}
+	b, err := json.Marshal(rec)
+	if err == nil && len(b) > maxAuditRecord {
+		rec.Fields = map[string]any{"truncated": true, "record_bytes": size}
+		b, err = json.Marshal(rec)
+	}
+	return b, err
 }
 
 // writer appends queued records until Close, then what is left.
