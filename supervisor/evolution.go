@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -227,6 +228,47 @@ func (s *Supervisor) unpin(id string) {
 func (s *Supervisor) unpinNow(id string) {
 	if err := s.st.Checkpoints().Unpin(id); err != nil {
 		s.log.Warn("cannot unpin evolution backup", "checkpoint_id", id, "err", err)
+	}
+}
+
+// releaseDeadTrials releases what trials of an earlier run left when that
+// supervisor died without ending them (kill -9, a power cut): their scratch
+// stores under shadow/, and their backups' pins. Nothing else would ever
+// release them: the trial is gone, and a pinned checkpoint is never pruned.
+// The backup of a promotion the ledger holds stays pinned, as it does when
+// the promotion was made (it is the promoted code's backup_checkpoint_id).
+// Called by open, before any trial can start.
+func (s *Supervisor) releaseDeadTrials() {
+	dir := filepath.Join(s.cfg.DataDir, "shadow")
+	entries, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.log.Warn("cannot list the scratch stores of earlier evolution trials", "dir", dir, "err", err)
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			s.log.Warn("cannot remove an earlier evolution trial's scratch stores", "trial", e.Name(), "err", err)
+			continue
+		}
+		s.log.Info("removed the scratch stores of an evolution trial the supervisor did not end (it stopped during the trial)", "trial", e.Name())
+	}
+	promoted := map[string]bool{}
+	for _, p := range s.ledger.Promotions() {
+		promoted[p.BackupCheckpointID] = true
+	}
+	metas, err := s.st.Checkpoints().List()
+	if err != nil {
+		s.log.Warn("cannot list the checkpoints to release earlier evolution backups", "err", err)
+		return
+	}
+	for _, m := range metas {
+		if !m.Pinned || promoted[m.ID] {
+			continue
+		}
+		if err := s.st.Checkpoints().Unpin(m.ID); err != nil {
+			s.log.Warn("cannot unpin an earlier evolution trial's backup", "checkpoint_id", m.ID, "err", err)
+			continue
+		}
+		s.log.Info("unpinned the backup of an evolution trial the supervisor did not end (it stopped during the trial)", "checkpoint_id", m.ID)
 	}
 }
 

@@ -225,6 +225,7 @@ func (s *Supervisor) open() error {
 		return fmt.Errorf("open the evolution ledger: %w", err)
 	}
 	s.ledger = ledger
+	s.releaseDeadTrials()
 	// The recorded point stays on disk until the first start has acted on
 	// it (assembleStart): a crash before that, or during a --no-wal
 	// rollback, applies it at the next start.

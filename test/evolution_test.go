@@ -186,3 +186,38 @@ func TestEvolutionWithoutMetricsIsRejected(t *testing.T) {
 		t.Fatalf("result %v", res)
 	}
 }
+
+// A supervisor killed (-9) during an evolution trial leaves the trial's
+// backup pinned and its shadows' scratch stores behind. Nothing else would
+// ever release them (the trial is gone), so the next start does: the pinned
+// checkpoint is pruned again like any other, and shadow/ holds no dead
+// trial's data.
+func TestEvolutionTrialCutByASupervisorCrashIsReleased(t *testing.T) {
+	s := startSup(t, supOpts{flags: append(append([]string{}, evoFlags...), "--shadow-duration", "120s"), agent: evoAgent("latency_ms=1")})
+	dir := s.dataDir
+	pins := func() []string {
+		m, _ := filepath.Glob(filepath.Join(dir, "checkpoints", "*.pin"))
+		return m
+	}
+	scratch := func() []string {
+		var names []string
+		entries, _ := os.ReadDir(filepath.Join(dir, "shadow"))
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	s.waitOutput("evolution trial started", 60*time.Second)
+	if len(pins()) != 1 || len(scratch()) != 1 {
+		t.Fatalf("during the trial: pins %v, scratch %v; want the backup pinned and one trial's scratch", pins(), scratch())
+	}
+	s.signal(syscall.SIGKILL)
+	s.wait(30 * time.Second)
+
+	// Started again with an agent that proposes nothing.
+	s2 := startSup(t, supOpts{dataDir: dir, flags: fastFlags, agent: []string{"--heartbeat-interval", "50ms", "--checkpoint-every", "20", "--wal-rate", "100"}})
+	s2.waitOutput("agent is up", 30*time.Second)
+	waitFor(t, 10*time.Second, "the dead trial's pin and scratch stores released", func() bool {
+		return len(pins()) == 0 && len(scratch()) == 0
+	})
+}
