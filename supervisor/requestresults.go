@@ -15,9 +15,9 @@ import (
 
 // primaryResult handles the primary's answer: it completes the request (and
 // wakes a POST waiting for it), or is an INVALID_MESSAGE for an id that was
-// never sent or is already answered. A result for an expired request is
-// counted as late and dropped without a reply: the agent did nothing wrong,
-// it was slow.
+// never sent or is already answered. A result for an expired or cancelled
+// request is counted as late and kept beside it (late_answer in GET)
+// without a reply: the agent did nothing wrong, it was slow.
 func (s *Supervisor) primaryResult(in *conn.Instance, m *schema.RequestResult) {
 	outcome, took, trial, err := s.api.Requests().Finish(m)
 	if err != nil {

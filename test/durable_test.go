@@ -325,7 +325,7 @@ func TestBadRequestResults(t *testing.T) {
 	}
 
 	// A result after its request expired: the caller got 202 and then
-	// sees "expired"; the late result is counted and dropped, not an error.
+	// sees "expired"; the late result is counted and kept beside it, not an error.
 	before := len(readErrors())
 	code, body := s.post("/v1/requests?wait=5s", `{"message":"late"}`)
 	if code != 202 {

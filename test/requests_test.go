@@ -556,3 +556,32 @@ func TestRequestDiskFull(t *testing.T) {
 	id := postRequest(t, s, "after the disk has room again")
 	waitStatus(t, s, id, "answered", 30*time.Second)
 }
+
+// TestLateAnswerToExpiredRequestKept: an answer that comes after its
+// request expired is kept beside it (late_answer in GET), as
+// docs/operations.md and --request-timeout say; the request stays expired.
+func TestLateAnswerToExpiredRequestKept(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	log := filepath.Join(t.TempDir(), "agent.jsonl")
+	// The agent does not opt in to cancel_request: it answers after 3 s,
+	// the request expires after 1 s.
+	s := reqSup(t, dir, log, []string{"REQAGENT_DELAY=3s"}, "--request-timeout", "1s")
+	id := postRequest(t, s, "slow")
+	waitStatus(t, s, id, "expired", 30*time.Second)
+	waitFor(t, 30*time.Second, "the agent's answer", func() bool {
+		for _, e := range agentEvents(log) {
+			if e.str("ev") == "request" && e.str("id") == id {
+				return true
+			}
+		}
+		return false
+	})
+	var v reqView
+	waitFor(t, 30*time.Second, "the late answer kept beside the expired request", func() bool {
+		_, v = getRequest(t, s, id)
+		return v.Late != nil
+	})
+	if v.Status != "expired" || v.Error == nil || v.Error.Code != "REQUEST_EXPIRED" || !strings.Contains(string(v.Late.Data), `"echo":"slow"`) {
+		t.Errorf("GET: %+v (late %s), want expired with the agent's answer as late_answer", v, v.Late.Data)
+	}
+}

@@ -670,9 +670,9 @@ func (b *Book) Answer(id string, data json.RawMessage, rerr *ErrorBody) (outcome
 		}
 		b.cfg.Metrics.duplicates.Inc()
 		return "", took, ErrDuplicate
-	case StatusExpired:
-		return OutcomeLate, took, nil
-	case StatusCancelled:
+	case StatusExpired, StatusCancelled:
+		// The first late answer is kept beside the status (late_answer
+		// in GET); a second one is a duplicate.
 		if r.LateData != nil || r.LateError != nil {
 			b.cfg.Metrics.duplicates.Inc()
 			return "", took, ErrDuplicate
@@ -691,7 +691,7 @@ func (b *Book) Answer(id string, data json.RawMessage, rerr *ErrorBody) (outcome
 func (b *Book) answerLocked(r *Request, data json.RawMessage, rerr *ErrorBody, now time.Time) string {
 	r.inflight = 0
 	r.Suspect = false
-	if r.Status == StatusCancelled {
+	if r.Status == StatusCancelled || r.Status == StatusExpired {
 		if r.LateData == nil && r.LateError == nil {
 			r.LateData, r.LateError = data, rerr
 			b.chargeLocked(r, int64(len(data))+errorBytes(rerr))
