@@ -91,7 +91,9 @@ func (s *Server) journalRequest(w http.ResponseWriter, r *http.Request, key, dig
 			mirror.Send(id, frame)
 		}
 	}
-	if !created || wait <= 0 {
+	// A retry under an Idempotency-Key (a client whose first wait was cut
+	// short) waits for a request still pending as a first POST does.
+	if wait <= 0 || !created && v.Status != requests.StatusPending {
 		return viewAnswer(v, created)
 	}
 	accepted := map[string]any{"request_id": v.ID}
