@@ -661,7 +661,7 @@ func (b *Book) Answer(id string, data json.RawMessage, rerr *ErrorBody) (outcome
 		b.expireLocked(r, now) // its time was up before the sweep saw it
 	}
 	switch r.Status {
-	case StatusAnswered:
+	case StatusAnswered, StatusDropped: // dropped: answered, the data let go
 		b.cfg.Metrics.duplicates.Inc()
 		return "", took, ErrDuplicate
 	case StatusFailed:

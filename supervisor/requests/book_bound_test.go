@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // answerMany accepts and answers n requests r00, r01… with data, in order.
@@ -205,4 +207,32 @@ func TestHeldRequestsWithinTheBound(t *testing.T) {
 		t.Errorf("requests held under --request-journal-bytes %d MiB cost %.1f MiB of heap", maxBytes>>20, float64(heap)/(1<<20))
 	}
 	runtime.KeepAlive(b)
+}
+
+// TestSecondAnswerToDroppedResult: a request whose result was dropped
+// (MaxResultBytes) was answered: a second request_result for it is a
+// duplicate, ignored and counted, and nothing more is journaled. Before, it
+// was taken as a late answer (outcome "late", logged as arriving after an
+// expiry) and its data appended to the journal again each time.
+func TestSecondAnswerToDroppedResult(t *testing.T) {
+	b := testBook(t, fastDir(t), Config{MaxBytes: 1 << 30, Retention: 10 * time.Minute})
+	data, _ := json.Marshal(strings.Repeat("r", 1000000))
+	answerMany(t, b, 20, data)
+	if v, _ := b.Get("r00"); v.Status != StatusDropped {
+		t.Fatalf("r00: %s, want dropped", v.Status)
+	}
+	before := b.j.Size()
+	outcome, _, err := b.Answer("r00", data, nil)
+	if !errors.Is(err, ErrDuplicate) {
+		t.Errorf("a second answer to r00 (answered, its result dropped): outcome %q, err %v; want ErrDuplicate", outcome, err)
+	}
+	if n := testutil.ToFloat64(b.cfg.Metrics.duplicates); n != 1 {
+		t.Errorf("duplicates counted: %v, want 1", n)
+	}
+	if after := b.j.Size(); after != before {
+		t.Errorf("the journal grew by %d bytes for an ignored answer", after-before)
+	}
+	if v, _ := b.Get("r00"); v.Status != StatusDropped || v.LateData != nil {
+		t.Errorf("r00 after a second answer: %s, late %d bytes; want dropped, nothing kept", v.Status, len(v.LateData))
+	}
 }
