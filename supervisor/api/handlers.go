@@ -94,6 +94,11 @@ func (s *Server) journalRequest(w http.ResponseWriter, r *http.Request, key, dig
 	// A retry under an Idempotency-Key (a client whose first wait was cut
 	// short) waits for a request still pending as a first POST does.
 	if wait <= 0 || !created && v.Status != requests.StatusPending {
+		if !created && v.Final() {
+			if dv, ok := durableView(b, v.ID); ok {
+				v = dv
+			}
+		}
 		return viewAnswer(v, created)
 	}
 	accepted := map[string]any{"request_id": v.ID}
@@ -117,12 +122,24 @@ func (s *Server) journalRequest(w http.ResponseWriter, r *http.Request, key, dig
 	case <-r.Context().Done():
 		return http.StatusAccepted, accepted
 	}
-	if v, ok := b.Get(v.ID); ok && (v.Status == requests.StatusAnswered || v.Status == requests.StatusFailed) {
+	if v, ok := durableView(b, v.ID); ok && (v.Status == requests.StatusAnswered || v.Status == requests.StatusFailed) {
 		return viewAnswer(v, false)
 	} else if ok {
 		accepted["status"] = v.Status // expired or cancelled while waiting
 	}
 	return http.StatusAccepted, accepted
+}
+
+// durableView is request id as the book holds it, once the record that
+// finished it (its answer, expiry, cancellation, setting aside) is in the
+// journal: a client is never shown an answer that a supervisor killed a
+// moment later would not have — the request pending again, delivered again
+// and answered anew. (The book writes those records lazily, within 10 ms;
+// this writes them now.) A record that could not be written is shown as
+// held: nothing better can be said.
+func durableView(b *requests.Book, id string) (requests.View, bool) {
+	_ = b.FinishedDurably(id)
+	return b.Get(id)
 }
 
 // viewAnswer is POST's answer for a request: 200 with its result once
@@ -185,7 +202,7 @@ func (s *Server) handleGetRequest(w http.ResponseWriter, r *http.Request) {
 	var v requests.View
 	ok := false
 	if b := s.requests.Book(); b != nil {
-		v, ok = b.Get(id)
+		v, ok = durableView(b, id)
 	}
 	if !ok {
 		writeJSON(w, http.StatusNotFound, map[string]any{"error": fmt.Sprintf("no request %q: never accepted, or forgotten after --request-retention (%s)",
