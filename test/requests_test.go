@@ -585,3 +585,37 @@ func TestLateAnswerToExpiredRequestKept(t *testing.T) {
 		t.Errorf("GET: %+v (late %s), want expired with the agent's answer as late_answer", v, v.Late.Data)
 	}
 }
+
+// TestPoisonLimitLoweredAcrossRestart: the docs' remedy when a poison
+// request made the supervisor give up (--request-max-attempts not below
+// --max-restarts): start it again with a lower --request-max-attempts. A
+// request that already killed the agent alone that many times is set
+// aside at once, never delivered again; before, it was delivered once
+// more and killed the agent once more first.
+func TestPoisonLimitLoweredAcrossRestart(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	log := filepath.Join(t.TempDir(), "agent.jsonl")
+	env := []string{"REQAGENT_POISON_EXIT=poison"}
+	s := reqSup(t, dir, log, env, "--request-max-attempts", "5", "--max-restarts", "2")
+	waitFor(t, 30*time.Second, "the agent up", func() bool { return s.metric("supervisor_agent_up", `role="primary"`) == 1 })
+	id := postRequest(t, s, "poison")
+	if code := s.wait(60 * time.Second); code != 1 {
+		t.Fatalf("the supervisor exited %d, want 1 (gave up on the crash loop)", code)
+	}
+	before := len(deliveries(log, id))
+	if before < 3 {
+		t.Fatalf("delivered %d times before the supervisor gave up, want at least 3", before)
+	}
+
+	s = reqSup(t, dir, log, env, "--request-max-attempts", "3")
+	v := waitStatus(t, s, id, "failed", 30*time.Second)
+	if v.Error == nil || v.Error.Code != "REQUEST_POISON" {
+		t.Errorf("after the restart: %+v, want REQUEST_POISON", v)
+	}
+	sentinel := postRequest(t, s, "sentinel")
+	waitStatus(t, s, sentinel, "answered", 30*time.Second)
+	if got := deliveries(log, id); len(got) != before {
+		t.Errorf("delivered %d times after the restart with --request-max-attempts 3, having killed the agent alone %d times (attempts %v); want never again",
+			len(got)-before, before, got)
+	}
+}

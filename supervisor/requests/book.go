@@ -201,7 +201,14 @@ func OpenBook(dataDir string, cfg Config) (*Book, *Replay, error) {
 		b.order = append(b.order, r)
 	}
 	sort.Slice(b.order, func(i, k int) bool { return b.order[i].seq < b.order[k].seq })
+	now := cfg.Now()
 	for _, r := range b.order {
+		if !r.Final() && len(r.Deaths) >= cfg.MaxAttempts && r.Deaths[len(r.Deaths)-1].Alone {
+			// It killed the agent alone as often as --request-max-attempts
+			// allows (lowered since, or the record setting it aside lost
+			// to a crash): set aside now, never delivered again.
+			b.poisonLocked(r, now)
+		}
 		if !r.Final() {
 			b.open = append(b.open, r)
 		}
