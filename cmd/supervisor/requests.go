@@ -129,8 +129,12 @@ func (c *requestsCmd) show(args []string) error {
 			b, _ := json.Marshal(v.Error)
 			fmt.Fprintf(c.stdout, "error:      %s\n", b)
 		}
-		if v.LateData != nil || v.LateError != nil {
+		if v.LateData != nil {
 			fmt.Fprintf(c.stdout, "late answer kept beside the status: %s\n", v.LateData)
+		}
+		if v.LateError != nil {
+			b, _ := json.Marshal(v.LateError)
+			fmt.Fprintf(c.stdout, "late error kept beside the status: %s\n", b)
 		}
 		return nil
 	}
