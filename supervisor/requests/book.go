@@ -275,6 +275,8 @@ func (b *Book) apply(rec *Record) {
 	case KindDropped:
 		if r.Status == StatusAnswered && r.Data != nil {
 			b.dropLocked(r)
+		} else if r.LateData != nil {
+			b.dropLateLocked(r)
 		}
 	case KindExpired, KindCancelled, KindFailed:
 		if r.Final() {
@@ -304,6 +306,7 @@ func (b *Book) addLocked(r *Request) {
 	if r.Status == StatusAnswered {
 		b.resultBytes += int64(len(r.Data))
 	}
+	b.resultBytes += int64(len(r.LateData))
 	b.liveBytes += r.size
 }
 
@@ -361,6 +364,7 @@ func (b *Book) removeLocked(r *Request) {
 	if r.Status == StatusAnswered {
 		b.resultBytes -= int64(len(r.Data))
 	}
+	b.resultBytes -= int64(len(r.LateData))
 	if r.Key != "" && b.keys[r.Key] == r {
 		delete(b.keys, r.Key)
 	}
@@ -702,6 +706,7 @@ func (b *Book) answerLocked(r *Request, data json.RawMessage, rerr *ErrorBody, n
 		if r.LateData == nil && r.LateError == nil {
 			r.LateData, r.LateError = data, rerr
 			b.chargeLocked(r, int64(len(data))+errorBytes(rerr))
+			b.resultBytes += int64(len(data))
 		}
 		return OutcomeLate
 	}
@@ -735,7 +740,8 @@ const StatusDropped = "dropped"
 
 // boundResultsLocked keeps the results within MaxResultBytes: it drops the
 // data of the oldest answers other than keep (in acceptance order) until
-// they fit. Each drop is journaled (lazily: a drop lost to a crash is made
+// they fit — the answers' data and the late answers kept beside cancelled
+// or expired requests alike. Each drop is journaled (lazily: a drop lost to a crash is made
 // again at replay, oldest first), so that a restart does not bring the
 // data back from the answer's record: an answer dropped stays dropped.
 func (b *Book) boundResultsLocked(keep *Request) {
@@ -743,10 +749,17 @@ func (b *Book) boundResultsLocked(keep *Request) {
 		if b.resultBytes <= MaxResultBytes {
 			return
 		}
-		if r == keep || r.Status != StatusAnswered || r.Data == nil || b.reqs[r.ID] != r {
+		if r == keep || b.reqs[r.ID] != r {
 			continue
 		}
-		b.dropLocked(r)
+		switch {
+		case r.Status == StatusAnswered && r.Data != nil:
+			b.dropLocked(r)
+		case r.LateData != nil:
+			b.dropLateLocked(r)
+		default:
+			continue
+		}
 		if b.j != nil { // nil: Load
 			b.j.AppendLazy(&Record{Kind: KindDropped, ID: r.ID})
 		}
@@ -762,6 +775,18 @@ func (b *Book) dropLocked(r *Request) {
 	r.Status, r.Data = StatusDropped, nil
 	b.resultBytes -= n
 	b.chargeLocked(r, errorBytes(r.Error)-n)
+}
+
+// dropLateLocked drops the data of a late answer kept beside a cancelled or
+// expired request.
+func (b *Book) dropLateLocked(r *Request) {
+	n := int64(len(r.LateData))
+	r.LateError = &ErrorBody{Code: "RESULT_DROPPED", Message: fmt.Sprintf(
+		"the agent answered late (%d bytes), but the late answer was dropped: the supervisor holds at most %d bytes of results, newest first",
+		n, MaxResultBytes)}
+	r.LateData = nil
+	b.resultBytes -= n
+	b.chargeLocked(r, errorBytes(r.LateError)-n)
 }
 
 // Cancel cancels a pending request, durably: a request not yet delivered is

@@ -236,3 +236,67 @@ func TestSecondAnswerToDroppedResult(t *testing.T) {
 		t.Errorf("r00 after a second answer: %s, late %d bytes; want dropped, nothing kept", v.Status, len(v.LateData))
 	}
 }
+
+// heldDataBytes is the answers' data the book holds, late answers'
+// included, counted request by request.
+func heldDataBytes(b *Book) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var n int64
+	for _, r := range b.reqs {
+		n += int64(len(r.Data) + len(r.LateData))
+	}
+	return n
+}
+
+// TestLateAnswersBounded: the answers kept beside cancelled or expired
+// requests (late_answer) are results too: with the answers' data they stay
+// within MaxResultBytes, the oldest dropped first, the newest kept, and a
+// restart keeps the drops. Before, every late answer was held: 40 late
+// answers of 1 MB held 40 MB, whatever the 16 MiB promise.
+func TestLateAnswersBounded(t *testing.T) {
+	dir := fastDir(t)
+	var now atomic.Int64
+	now.Store(time.Now().UnixNano())
+	cfg := Config{MaxBytes: 1 << 30, Retention: time.Hour, Timeout: time.Minute, Now: func() time.Time { return time.Unix(0, now.Load()) }}
+	b := testBook(t, dir, cfg)
+	data, _ := json.Marshal(strings.Repeat("r", 1000000))
+	var ids []string
+	for i := range 40 {
+		id := fmt.Sprintf("r%02d", i)
+		if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), id, false); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	// Half cancelled, half expired; each then answered late.
+	for _, id := range ids[:20] {
+		if _, err := b.Cancel(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now.Add(int64(2 * time.Minute))
+	for _, id := range ids {
+		if outcome, _, err := b.Answer(id, data, nil); err != nil || outcome != OutcomeLate {
+			t.Fatalf("late answer to %s: %q, %v", id, outcome, err)
+		}
+	}
+	check := func(when string) {
+		t.Helper()
+		if n := heldDataBytes(b); n > MaxResultBytes {
+			t.Errorf("%s: %d bytes of results held, bound %d", when, n, MaxResultBytes)
+		}
+		if v, _ := b.Get(ids[39]); v.Status != StatusExpired || string(v.LateData) != string(data) {
+			t.Errorf("%s: the newest late answer is not kept (%s, %d bytes)", when, v.Status, len(v.LateData))
+		}
+		if v, _ := b.Get(ids[0]); v.Status != StatusCancelled || v.LateData != nil || v.LateError == nil || v.LateError.Code != "RESULT_DROPPED" {
+			t.Errorf("%s: the oldest late answer: %s, %d bytes, error %+v; want its data dropped (RESULT_DROPPED)", when, v.Status, len(v.LateData), v.LateError)
+		}
+	}
+	check("running")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = testBook(t, dir, cfg)
+	check("after a restart")
+}
