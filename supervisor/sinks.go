@@ -158,8 +158,9 @@ func (k *sinks) Checkpoint(in *conn.Instance, cp *schema.Checkpoint, arrived tim
 		job.stored = make(chan struct{})
 	}
 	s.bmet.CkptQueueBytes.Add(float64(size))
-	if !s.work.Queue(job, size, in.Abandoned()) {
-		// The instance is being finished; this checkpoint is not acknowledged.
+	if !s.work.Queue(job, size, k.queueCancel(in)) {
+		// A shadow being finished, or the worker stopping: this checkpoint
+		// is not stored.
 		s.bmet.CkptQueueBytes.Sub(float64(size))
 		return
 	}
@@ -178,6 +179,21 @@ func (k *sinks) Checkpoint(in *conn.Instance, cp *schema.Checkpoint, arrived tim
 		cp.Data, job = nil, ckptJob{}
 		debug.FreeOSMemory()
 	}
+}
+
+// queueCancel ends a checkpoint's wait for room in the store worker's
+// queue. A primary's checkpoint waits however long our storage takes, also
+// after the agent has exited: the final checkpoint it sent on shutdown, then
+// exiting without waiting long for the ack, is stored (SPEC §3: frames the
+// agent wrote before it stopped are kept). The owner waits for the
+// primary's reader (conn.Finished) before the worker is stopped, so only a
+// stopping worker ends that wait. A shadow's gives up once the owner lets
+// the shadow go (its trial's scratch store is about to close).
+func (k *sinks) queueCancel(in *conn.Instance) <-chan struct{} {
+	if k.role == RolePrimary {
+		return k.s.work.Stopping()
+	}
+	return in.Abandoned()
 }
 
 var _ conn.StreamSink = (*sinks)(nil)
@@ -216,7 +232,7 @@ func (k *sinks) CheckpointStaged(in *conn.Instance, w io.Writer, cp *schema.Chec
 	job := ckptJob{inst: in, dest: k.ckpts, staged: staged, stageErr: storeErr, size: size, watermark: wm, tailAt: at,
 		arrived: arrived, stored: make(chan struct{})}
 	s.bmet.CkptQueueBytes.Add(size)
-	if !s.work.Queue(job, size, in.Abandoned()) {
+	if !s.work.Queue(job, size, k.queueCancel(in)) {
 		s.bmet.CkptQueueBytes.Sub(size)
 		if staged != nil {
 			staged.Abort()

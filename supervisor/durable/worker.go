@@ -122,6 +122,10 @@ func (w *Worker[J]) Queue(job J, size int64, cancel <-chan struct{}) bool {
 	return true
 }
 
+// Stopping is closed once Stop has been called: a wait for room in the
+// queue that must not outlive the worker ends on it.
+func (w *Worker[J]) Stopping() <-chan struct{} { return w.done }
+
 // Release returns the bytes of a queued job once it has been handled.
 func (w *Worker[J]) Release(size int64) { w.gate.release(size) }
 
