@@ -45,6 +45,17 @@ func (s *Supervisor) instanceExited(in *agent, st agentproc.ExitStatus) (stop bo
 	uptime := now.Sub(in.Started())
 	s.log.Info("agent stopped", "pid", in.Proc().ID(), "status", desc, "reason", reason, "uptime", uptime.Round(time.Millisecond))
 
+	// Healthy is first heartbeat to last, not to now: the time an agent
+	// spent hung and being killed is not time it ran well (with the
+	// defaults, 5 s of --heartbeat-timeout and 5 s of --kill-timeout would
+	// reset the back-off of an agent that heartbeated once and hung). A
+	// healthy run resets the back-off however it ended: also by an
+	// operator's restore or a WAL failure, whose restarts return below
+	// before the policy is applied.
+	if first := in.FirstHeartbeatAt(); !first.IsZero() && in.LastHeartbeat().Sub(first) >= s.cfg.HealthyReset {
+		s.lc.bo.reset()
+	}
+
 	if s.lc.shutting {
 		// Checkpoints still queued are stored before Run returns (the store
 		// worker finishes its queue).
@@ -64,14 +75,6 @@ func (s *Supervisor) instanceExited(in *agent, st agentproc.ExitStatus) (stop bo
 		s.restartAfter(reason, true, s.lc.bo.wait())
 		return false, nil
 	}
-	// Healthy is first heartbeat to last, not to now: the time an agent
-	// spent hung and being killed is not time it ran well (with the
-	// defaults, 5 s of --heartbeat-timeout and 5 s of --kill-timeout would
-	// reset the back-off of an agent that heartbeated once and hung).
-	if first := in.FirstHeartbeatAt(); !first.IsZero() && in.LastHeartbeat().Sub(first) >= s.cfg.HealthyReset {
-		s.lc.bo.reset()
-	}
-
 	switch s.cfg.Restart {
 	case RestartNever:
 		if failed {
