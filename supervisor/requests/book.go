@@ -810,12 +810,15 @@ func (b *Book) Cancel(id string) (View, error) {
 	if r.Status == StatusCancelled {
 		return b.cancelledLocked(r)
 	}
+	now := b.cfg.Now()
+	if r.Status == StatusPending && !now.Before(r.Deadline) {
+		b.expireLocked(r, now) // its time was up before the sweep saw it, as in Answer
+	}
 	if r.Final() {
 		v := b.viewLocked(r)
 		b.mu.Unlock()
 		return v, ErrFinished
 	}
-	now := b.cfg.Now()
 	r.Status, r.Finished, r.Suspect = StatusCancelled, now, false
 	b.releaseBodyLocked(r)
 	close(r.done)

@@ -2,6 +2,7 @@ package requests
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -425,6 +426,31 @@ func TestExpiredWhileDownIsNeverDelivered(t *testing.T) {
 		}
 		if v, _ := b.Get("r1"); v.Status != StatusExpired {
 			t.Fatalf("r1 after the restart: %s, want expired", v.Status)
+		}
+	})
+}
+
+// A DELETE of a request whose --request-timeout has passed, before the
+// sweep (at most a second later) has expired it, answered 200 "cancelled":
+// the same request was "expired" a moment later to a GET that came first,
+// and the audit log recorded a cancellation of a request that had timed
+// out. It is expired now, as Answer does, and the cancel is refused
+// (ErrFinished: 409) with the request expired.
+func TestCancelAfterTheDeadlineFindsItExpired(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var skew atomic.Int64 // read by the book's sweeper too
+		now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+		b := testBook(t, t.TempDir(), Config{MaxBytes: 1 << 30, Timeout: time.Minute, Now: now})
+		if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), "r1", false); err != nil {
+			t.Fatal(err)
+		}
+		skew.Store(int64(2 * time.Minute)) // past the deadline; the sweep has not run
+		v, err := b.Cancel("r1")
+		if !errors.Is(err, ErrFinished) || v.Status != StatusExpired {
+			t.Fatalf("cancel after the deadline: %s, %v; want expired, ErrFinished", v.Status, err)
+		}
+		if v, _ := b.Get("r1"); v.Status != StatusExpired {
+			t.Fatalf("r1 after the cancel: %s, want expired", v.Status)
 		}
 	})
 }
