@@ -131,6 +131,16 @@ func dispatch(ctx context.Context, args []string, e env) error {
 	if verb == "--version" {
 		verb = "version"
 	}
+	if verb != "run" && verb != "demo-agent" {
+		// The read-only commands print what agents and clients wrote:
+		// escaped so it cannot drive the terminal (termSafe). run's
+		// output is its log, whose handler quotes such text, and the demo
+		// agent's stdout is its frame pipe.
+		out, errOut := newTermSafe(e.stdout), newTermSafe(e.stderr)
+		defer out.Flush()
+		defer errOut.Flush()
+		e.stdout, e.stderr = out, errOut
+	}
 	cmd, ok := commands(e)[verb]
 	if !ok {
 		return &cliError{err: fmt.Errorf("unknown command %q", verb), usage: true}
@@ -199,6 +209,10 @@ func exitCode(err error) int {
 // report prints err once, as "supervisor CMD: what went wrong", with a hint
 // to --help after a usage error.
 func report(w io.Writer, err error) {
+	// An error may quote what an agent or a client wrote (clipped).
+	t := newTermSafe(w)
+	defer t.Flush()
+	w = t
 	var ce *cliError
 	if err == nil || errors.Is(err, errHelp) || (errors.As(err, &ce) && ce.quiet) {
 		return
