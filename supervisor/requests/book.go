@@ -202,6 +202,19 @@ func OpenBook(dataDir string, cfg Config) (*Book, *Replay, error) {
 	}
 	sort.Slice(b.order, func(i, k int) bool { return b.order[i].seq < b.order[k].seq })
 	now := cfg.Now()
+	kept := b.order[:0]
+	for _, r := range b.order {
+		if r.Final() && cfg.Retention > 0 && now.Sub(r.Finished) >= cfg.Retention {
+			// Forgotten before this start (the journal keeps its records
+			// until a compaction): not served again, its Idempotency-Key
+			// free, as the sweep would have left it.
+			b.removeLocked(r)
+			continue
+		}
+		kept = append(kept, r)
+	}
+	clear(b.order[len(kept):])
+	b.order = kept
 	for _, r := range b.order {
 		if !r.Final() && len(r.Deaths) >= cfg.MaxAttempts && r.Deaths[len(r.Deaths)-1].Alone {
 			// It killed the agent alone as often as --request-max-attempts

@@ -454,3 +454,34 @@ func TestCancelAfterTheDeadlineFindsItExpired(t *testing.T) {
 		}
 	})
 }
+
+// A request forgotten after --request-retention while the supervisor was
+// down came back at the next start until the first sweep (the journal
+// keeps its records until a compaction): GET answered it, and its
+// Idempotency-Key still matched, so the same key with a new body was
+// refused (409) where a moment later it was a new request. It is forgotten
+// when the book is opened.
+func TestRetentionPassedWhileDownForgetsAtOpen(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		b := testBook(t, dir, Config{MaxBytes: 1 << 30, Retention: time.Minute})
+		if _, _, err := b.Accept("k1", "d1", json.RawMessage(`{"message":"x"}`), "r1", false); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := b.Answer("r1", json.RawMessage(`{"ok":true}`), nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		later := time.Now().Add(2 * time.Minute) // the supervisor was down meanwhile
+		b = testBook(t, dir, Config{MaxBytes: 1 << 30, Retention: time.Minute, Now: func() time.Time { return later }})
+		if v, ok := b.Get("r1"); ok {
+			t.Fatalf("r1, forgotten a minute before this start, is served: %s", v.Status)
+		}
+		v, created, err := b.Accept("k1", "d2", json.RawMessage(`{"message":"y"}`), "r2", false)
+		if err != nil || !created || v.ID != "r2" {
+			t.Fatalf("the same key with a new body after the retention: %+v created=%v err=%v; want a new request", v, created, err)
+		}
+	})
+}
