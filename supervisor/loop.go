@@ -18,6 +18,7 @@ func (s *Supervisor) loop(ctx context.Context) error {
 	s.lc.hbTimer = time.NewTimer(time.Hour)
 	s.lc.hbTimer.Stop()
 	var shutdownTimer <-chan time.Time
+	forced := false // ForceStop came before the stop it skips the wait of
 	done := ctx.Done()
 	trialTick := time.NewTicker(250 * time.Millisecond)
 	defer trialTick.Stop()
@@ -49,9 +50,20 @@ func (s *Supervisor) loop(ctx context.Context) error {
 			s.lc.cur.stopReason = "shutdown"
 			s.lc.cur.SendMsg(&schema.Shutdown{Reason: "supervisor is stopping", CreateCheckpoint: true})
 			shutdownTimer = time.After(s.cfg.ShutdownTimeout)
+			if forced {
+				s.log.Warn("second stop signal: killing the agent's process group without waiting")
+				_ = s.lc.cur.Proc().SignalGroup(syscall.SIGKILL)
+			}
 
 		case <-s.inbox.force:
-			if s.lc.cur != nil && s.lc.shutting {
+			if !s.lc.shutting {
+				// The first signal's stop (ctx) and this one were ready
+				// together, and this one was taken first: it applies
+				// once the stop begins.
+				forced = true
+				continue
+			}
+			if s.lc.cur != nil {
 				s.log.Warn("second stop signal: killing the agent's process group without waiting")
 				_ = s.lc.cur.Proc().SignalGroup(syscall.SIGKILL)
 			}
