@@ -173,7 +173,7 @@ func (s *Server) acceptRequest(w http.ResponseWriter, r *http.Request) (int, map
 	}
 	// What the journal keeps and the agent gets: the body as it was read
 	// (fields it does not know dropped).
-	body, err := json.Marshal(requests.Body{Message: *req.Message, Context: req.Context, UserID: req.UserID})
+	body, err := marshalNoHTMLEscape(requests.Body{Message: *req.Message, Context: req.Context, UserID: req.UserID})
 	if err != nil {
 		return http.StatusBadRequest, map[string]any{"error": "the body cannot be journaled: " + err.Error()}
 	}
@@ -207,4 +207,19 @@ func jsonDepth(v any, limit int) int {
 		return 0
 	}
 	return d + 1
+}
+
+// marshalNoHTMLEscape is json.Marshal without its HTML escaping: '<', '>'
+// and '&' stay one byte each, not six (\u003c). A body of HTML or code
+// kept that way in the request journal and in memory weighs what the
+// client sent, not up to six times as much against the pending bodies'
+// bound and --request-journal-bytes.
+func marshalNoHTMLEscape(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }

@@ -53,7 +53,7 @@ func msgpackToJSON(raw []byte) (json.RawMessage, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(v)
+	b, err := marshalNoHTMLEscape(v)
 	if err != nil {
 		return nil, err
 	}
