@@ -231,9 +231,25 @@ func OpenBook(dataDir string, cfg Config) (*Book, *Replay, error) {
 	// or the journal written before drops were journaled): the bound is
 	// kept now that the acceptance order is known, as Answer keeps it.
 	b.boundResultsLocked(nil)
+	var failing atomic.Bool // the last write failed: logged once per run of failures
 	j.Start(b.snapshot, func(n int64, err error) {
 		if cfg.Metrics != nil {
 			cfg.Metrics.journalBytes.Set(float64(j.Size()))
+		}
+		switch {
+		case err != nil && !failing.Swap(true):
+			// A waiter (Accept, Cancel) gets its error; the records
+			// written lazily — answers, expiries, drops, deaths — have
+			// nobody else to say so.
+			cfg.Log.Error("REQUEST JOURNAL WRITE FAILED: answers, expiries and cancellations not written are held in memory only, "+
+				"and lost if the supervisor stops before the journal is written again (a request whose answer is lost "+
+				"is delivered to the agent again after a restart); new requests are refused meanwhile. "+
+				"Check the disk holding DATA_DIR/requests (space, errors in dmesg)", "err", err)
+		case err == nil && failing.Swap(false):
+			// What failed was not retried: a compaction writes the
+			// book's whole state, the lost records' effects with it.
+			cfg.Log.Info("request journal writes succeed again; rewriting it with what the failed writes held")
+			j.Compact()
 		}
 	})
 	if rp.Corruption != nil {

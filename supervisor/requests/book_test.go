@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -485,3 +487,64 @@ func TestRetentionPassedWhileDownForgetsAtOpen(t *testing.T) {
 		}
 	})
 }
+
+// A lazily written record (an answer) whose write failed was dropped with
+// nothing said: the log stayed quiet, and once the disk worked again the
+// answer was still not on disk, so a restart brought the request back
+// pending and delivered it to the agent again. The failure is logged
+// once, and the first write that succeeds after it rewrites the journal
+// with the book's state, the lost answer in it.
+func TestLazyWriteFailureIsLoggedAndRepaired(t *testing.T) {
+	dir := t.TempDir()
+	var logs strings.Builder
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	b := testBook(t, dir, Config{MaxBytes: 1 << 30, Log: logger})
+	if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), "r1", false); err != nil {
+		t.Fatal(err)
+	}
+	// The disk fails: every write of the journal's file is refused.
+	bad, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	b.j.mu.Lock()
+	real := b.j.f
+	b.j.f = bad
+	b.j.mu.Unlock()
+	if _, _, err := b.Answer("r1", json.RawMessage(`{"ok":true}`), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.FinishedDurably("r1"); err == nil {
+		t.Fatal("the answer's write did not fail")
+	}
+	mu.Lock()
+	logged := strings.Count(logs.String(), "REQUEST JOURNAL WRITE FAILED")
+	mu.Unlock()
+	if logged != 1 {
+		t.Fatalf("the failed write is logged %d times, want once:\n%s", logged, logs.String())
+	}
+	// The disk works again; the next request's write succeeds.
+	b.j.mu.Lock()
+	b.j.f = real
+	b.j.mu.Unlock()
+	if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"y"}`), "r2", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = testBook(t, dir, Config{MaxBytes: 1 << 30})
+	if v, ok := b.Get("r1"); !ok || v.Status != StatusAnswered {
+		t.Fatalf("r1 after a restart: %s (found %v); want answered: its answer was lost to the failed write", v.Status, ok)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
