@@ -14,6 +14,7 @@ import (
 
 	"github.com/agent-sidecar/supervisor/checkpoint"
 	"github.com/agent-sidecar/supervisor/evolution"
+	"github.com/agent-sidecar/supervisor/internal/clip"
 	"github.com/agent-sidecar/supervisor/schema"
 	"github.com/agent-sidecar/supervisor/supervisor/agentproc"
 	"github.com/agent-sidecar/supervisor/supervisor/conn"
@@ -30,7 +31,7 @@ func (s *Supervisor) evolutionIntent(in *agent, m *schema.EvolutionIntent) {
 	}
 	if s.lc.trial != nil {
 		reject(fmt.Sprintf("another evolution (target %q, started %s ago) is being tested; propose again after its evolution_result",
-			s.lc.trial.intent.Target, time.Since(s.lc.trial.started).Round(time.Second)))
+			clip.String(s.lc.trial.intent.Target, 256), time.Since(s.lc.trial.started).Round(time.Second)))
 		return
 	}
 	if s.lc.shutting || in.stopping {
