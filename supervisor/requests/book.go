@@ -975,6 +975,7 @@ func (b *Book) deliver(tick bool) {
 		attempts := make([]int, len(due))
 		bodies := make([]json.RawMessage, len(due)) // read under the lock: a finished request lets go of its body
 		var recs []*Record
+		var numbered []int // due's indexes whose attempt recs number
 		for i, r := range due {
 			bodies[i] = r.Body
 			attempts[i] = r.Attempts
@@ -986,6 +987,7 @@ func (b *Book) deliver(tick bool) {
 				attempts[i] = r.Attempts + 1
 				r.Attempts = attempts[i]
 				recs = append(recs, &Record{Kind: KindDelivered, ID: r.ID, Attempt: attempts[i]})
+				numbered = append(numbered, i)
 			}
 		}
 		var t *Ticket
@@ -1001,6 +1003,14 @@ func (b *Book) deliver(tick bool) {
 			if err := t.Wait(); err != nil {
 				b.cfg.Log.Error("cannot journal request deliveries; retrying", "err", err)
 				b.mu.Lock()
+				// The numbers not journaled are given back: sent
+				// unjournaled, a restart would number a delivery the same
+				// again.
+				for _, i := range numbered {
+					if r := due[i]; r.Attempts == attempts[i] {
+						r.Attempts--
+					}
+				}
 				b.full = true // retried at the next tick
 				b.mu.Unlock()
 				return

@@ -3,7 +3,11 @@ package requests
 import (
 	"encoding/json"
 	"errors"
+	"log/slog"
+	"os"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -152,5 +156,76 @@ func TestBookAfterRestart(t *testing.T) {
 	a.none(t)
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A redelivery's attempt number is journaled before the agent sees it. When
+// that write failed, the number was kept in memory anyway, and the next
+// tick sent the request with it, unjournaled: after a restart the replay
+// did not know it, and the agent saw the same attempt number twice. Now a
+// failed write gives the number back: the delivery waits until it is
+// journaled, and numbers never repeat.
+func TestAttemptNotJournaledIsNotSent(t *testing.T) {
+	dir := t.TempDir()
+	var logs strings.Builder
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	failures := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Count(logs.String(), "cannot journal request deliveries")
+	}
+	b := testBook(t, dir, Config{MaxBytes: 1 << 30, Retention: time.Hour, Log: logger})
+	if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), "r1", false); err != nil {
+		t.Fatal(err)
+	}
+	a1 := newRecordingAgent()
+	b.AgentUp(a1)
+	seen := []uint64{a1.next(t).Attempt}
+	b.AgentGone("crashed")
+
+	// The disk fails: every write of the journal's file is refused.
+	bad, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	b.j.mu.Lock()
+	real := b.j.f
+	b.j.f = bad
+	b.j.mu.Unlock()
+	a2 := newRecordingAgent()
+	b.AgentUp(a2)
+	for deadline := time.Now().Add(30 * time.Second); failures() < 2; time.Sleep(10 * time.Millisecond) {
+		select {
+		case m := <-a2.got:
+			t.Fatalf("attempt %d was sent while its record could not be written", m.Attempt)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the delivery's journal write was not retried")
+		}
+	}
+	a2.none(t)
+
+	// The disk works again: the delivery is journaled and sent.
+	b.j.mu.Lock()
+	b.j.f = real
+	b.j.mu.Unlock()
+	seen = append(seen, a2.next(t).Attempt)
+	b.AgentGone("crashed")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = testBook(t, dir, Config{MaxBytes: 1 << 30, Retention: time.Hour})
+	a3 := newRecordingAgent()
+	b.AgentUp(a3)
+	seen = append(seen, a3.next(t).Attempt)
+	if !slices.Equal(seen, []uint64{1, 2, 3}) {
+		t.Fatalf("attempt numbers the agent saw across the failure and a restart: %v, want 1, 2, 3", seen)
 	}
 }
