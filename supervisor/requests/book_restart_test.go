@@ -3,11 +3,7 @@ package requests
 import (
 	"encoding/json"
 	"errors"
-	"log/slog"
-	"os"
 	"slices"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -167,19 +163,9 @@ func TestBookAfterRestart(t *testing.T) {
 // journaled, and numbers never repeat.
 func TestAttemptNotJournaledIsNotSent(t *testing.T) {
 	dir := t.TempDir()
-	var logs strings.Builder
-	var mu sync.Mutex
-	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		return logs.Write(p)
-	}), nil))
-	failures := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return strings.Count(logs.String(), "cannot journal request deliveries")
-	}
-	b := testBook(t, dir, Config{MaxBytes: 1 << 30, Retention: time.Hour, Log: logger})
+	var logs logCapture
+	failures := func() int { return logs.count("cannot journal request deliveries") }
+	b := testBook(t, dir, Config{MaxBytes: 1 << 30, Retention: time.Hour, Log: logs.logger()})
 	if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), "r1", false); err != nil {
 		t.Fatal(err)
 	}
@@ -188,16 +174,7 @@ func TestAttemptNotJournaledIsNotSent(t *testing.T) {
 	seen := []uint64{a1.next(t).Attempt}
 	b.AgentGone("crashed")
 
-	// The disk fails: every write of the journal's file is refused.
-	bad, err := os.Open(os.DevNull)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bad.Close()
-	b.j.mu.Lock()
-	real := b.j.f
-	b.j.f = bad
-	b.j.mu.Unlock()
+	heal := failJournal(t, b) // the disk fails
 	a2 := newRecordingAgent()
 	b.AgentUp(a2)
 	for deadline := time.Now().Add(30 * time.Second); failures() < 2; time.Sleep(10 * time.Millisecond) {
@@ -213,9 +190,7 @@ func TestAttemptNotJournaledIsNotSent(t *testing.T) {
 	a2.none(t)
 
 	// The disk works again: the delivery is journaled and sent.
-	b.j.mu.Lock()
-	b.j.f = real
-	b.j.mu.Unlock()
+	heal()
 	seen = append(seen, a2.next(t).Attempt)
 	b.AgentGone("crashed")
 	if err := b.Close(); err != nil {

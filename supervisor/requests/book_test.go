@@ -496,43 +496,23 @@ func TestRetentionPassedWhileDownForgetsAtOpen(t *testing.T) {
 // with the book's state, the lost answer in it.
 func TestLazyWriteFailureIsLoggedAndRepaired(t *testing.T) {
 	dir := t.TempDir()
-	var logs strings.Builder
-	var mu sync.Mutex
-	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		return logs.Write(p)
-	}), nil))
-	b := testBook(t, dir, Config{MaxBytes: 1 << 30, Log: logger})
+	var logs logCapture
+	b := testBook(t, dir, Config{MaxBytes: 1 << 30, Log: logs.logger()})
 	if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"x"}`), "r1", false); err != nil {
 		t.Fatal(err)
 	}
-	// The disk fails: every write of the journal's file is refused.
-	bad, err := os.Open(os.DevNull)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bad.Close()
-	b.j.mu.Lock()
-	real := b.j.f
-	b.j.f = bad
-	b.j.mu.Unlock()
+	heal := failJournal(t, b) // the disk fails
 	if _, _, err := b.Answer("r1", json.RawMessage(`{"ok":true}`), nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.FinishedDurably("r1"); err == nil {
 		t.Fatal("the answer's write did not fail")
 	}
-	mu.Lock()
-	logged := strings.Count(logs.String(), "REQUEST JOURNAL WRITE FAILED")
-	mu.Unlock()
-	if logged != 1 {
-		t.Fatalf("the failed write is logged %d times, want once:\n%s", logged, logs.String())
+	if n := logs.count("REQUEST JOURNAL WRITE FAILED"); n != 1 {
+		t.Fatalf("the failed write is logged %d times, want once:\n%s", n, logs.String())
 	}
 	// The disk works again; the next request's write succeeds.
-	b.j.mu.Lock()
-	b.j.f = real
-	b.j.mu.Unlock()
+	heal()
 	if _, _, err := b.Accept("", "", json.RawMessage(`{"message":"y"}`), "r2", false); err != nil {
 		t.Fatal(err)
 	}
@@ -545,6 +525,49 @@ func TestLazyWriteFailureIsLoggedAndRepaired(t *testing.T) {
 	}
 }
 
-type writerFunc func([]byte) (int, error)
+// logCapture is a logger whose output a test can count lines in.
+type logCapture struct {
+	mu   sync.Mutex
+	logs strings.Builder
+}
 
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+func (c *logCapture) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.logs.Write(p)
+}
+
+func (c *logCapture) logger() *slog.Logger { return slog.New(slog.NewTextHandler(c, nil)) }
+
+// count is how many times sub was logged.
+func (c *logCapture) count(sub string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.Count(c.logs.String(), sub)
+}
+
+func (c *logCapture) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.logs.String()
+}
+
+// failJournal makes every write of b's journal file fail (a read-only file
+// in its place) until the returned function puts the file back.
+func failJournal(t *testing.T, b *Book) (heal func()) {
+	t.Helper()
+	bad, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bad.Close() })
+	b.j.mu.Lock()
+	real := b.j.f
+	b.j.f = bad
+	b.j.mu.Unlock()
+	return func() {
+		b.j.mu.Lock()
+		b.j.f = real
+		b.j.mu.Unlock()
+	}
+}
